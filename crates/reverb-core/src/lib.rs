@@ -1,0 +1,17 @@
+//! The Reverb replay engine: tables of prioritized items referencing shared, reference-counted
+//! chunks; item selectors; rate limiters. Pure Rust, no I/O, no async runtime.
+
+pub mod chunk;
+pub mod error;
+pub mod rate_limiter;
+pub mod selectors;
+pub mod table;
+
+pub use chunk::{Chunk, ItemData};
+pub use error::{CoreError, Result};
+pub use rate_limiter::{RateLimiter, RateLimiterConfig};
+pub use selectors::{Selector, SelectorKind};
+pub use table::{InsertOutcome, SampledItem, Table, TableConfig};
+
+#[cfg(test)]
+mod table_tests;

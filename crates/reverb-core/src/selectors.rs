@@ -1,0 +1,602 @@
+//! Item selectors: which key a table samples or removes next.
+//!
+//! | selector | cost | probability returned |
+//! |---|---|---|
+//! | Uniform | O(1) | `1/n` |
+//! | Prioritized(α) | O(log n), sum tree | `p^α / Σ p^α` (`0^α = 0`; all-zero → uniform) |
+//! | Fifo / Lifo | O(log n) | 1.0 |
+//! | MinHeap / MaxHeap | O(log n); ties → least recently inserted/updated | 1.0 |
+
+use crate::{invalid_arg, CoreError, Result};
+use rand::{rngs::StdRng, Rng};
+use reverb_proto::key_distribution_options::{Distribution, Heap, Prioritized};
+use reverb_proto::KeyDistributionOptions;
+use std::collections::{BTreeMap, HashMap};
+
+/// Which selector to build, with its parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SelectorKind {
+    /// Uniform over all keys.
+    Uniform,
+    /// Proportional to `priority ^ priority_exponent`.
+    Prioritized {
+        /// The exponent α.
+        priority_exponent: f64,
+    },
+    /// Oldest inserted first.
+    Fifo,
+    /// Newest inserted first.
+    Lifo,
+    /// Lowest priority first.
+    MinHeap,
+    /// Highest priority first.
+    MaxHeap,
+}
+
+impl SelectorKind {
+    /// Builds the selector.
+    pub fn build(self) -> Result<Box<dyn Selector>> {
+        Ok(match self {
+            SelectorKind::Uniform => Box::new(Uniform::default()),
+            SelectorKind::Prioritized { priority_exponent } => {
+                if !(priority_exponent >= 0.0) || !priority_exponent.is_finite() {
+                    return Err(invalid_arg!(
+                        "priority_exponent must be a finite number >= 0, got {priority_exponent}"
+                    ));
+                }
+                Box::new(PrioritizedSelector::new(priority_exponent))
+            }
+            SelectorKind::Fifo => Box::new(Ordered::new(false)),
+            SelectorKind::Lifo => Box::new(Ordered::new(true)),
+            SelectorKind::MinHeap => Box::new(HeapSelector::new(true)),
+            SelectorKind::MaxHeap => Box::new(HeapSelector::new(false)),
+        })
+    }
+
+    /// The wire description (`KeyDistributionOptions`).
+    pub fn options(self) -> KeyDistributionOptions {
+        let (distribution, is_deterministic) = match self {
+            SelectorKind::Uniform => (Distribution::Uniform(true), false),
+            SelectorKind::Prioritized { priority_exponent } => {
+                (Distribution::Prioritized(Prioritized { priority_exponent }), false)
+            }
+            SelectorKind::Fifo => (Distribution::Fifo(true), true),
+            SelectorKind::Lifo => (Distribution::Lifo(true), true),
+            SelectorKind::MinHeap => (Distribution::Heap(Heap { min_heap: true }), true),
+            SelectorKind::MaxHeap => (Distribution::Heap(Heap { min_heap: false }), true),
+        };
+        KeyDistributionOptions { distribution: Some(distribution), is_deterministic }
+    }
+
+    /// Reads a wire description back.
+    pub fn from_options(options: &KeyDistributionOptions) -> Result<Self> {
+        Ok(match options.distribution {
+            Some(Distribution::Uniform(_)) => SelectorKind::Uniform,
+            Some(Distribution::Prioritized(p)) => {
+                SelectorKind::Prioritized { priority_exponent: p.priority_exponent }
+            }
+            Some(Distribution::Fifo(_)) => SelectorKind::Fifo,
+            Some(Distribution::Lifo(_)) => SelectorKind::Lifo,
+            Some(Distribution::Heap(Heap { min_heap: true })) => SelectorKind::MinHeap,
+            Some(Distribution::Heap(Heap { min_heap: false })) => SelectorKind::MaxHeap,
+            None => return Err(invalid_arg!("KeyDistributionOptions has no distribution set")),
+        })
+    }
+}
+
+/// A set of keys with priorities that can pick one key. Never called concurrently.
+pub trait Selector: Send {
+    /// Adds a key. Errors if it is already present.
+    fn insert(&mut self, key: u64, priority: f64) -> Result<()>;
+    /// Changes the priority of a present key.
+    fn update(&mut self, key: u64, priority: f64) -> Result<()>;
+    /// Removes a present key.
+    fn delete(&mut self, key: u64) -> Result<()>;
+    /// Picks a key and the probability it had of being picked; `None` when empty.
+    fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)>;
+    /// Removes every key.
+    fn clear(&mut self);
+    /// Number of keys.
+    fn len(&self) -> usize;
+    /// Whether there are no keys.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn missing(key: u64) -> CoreError {
+    CoreError::NotFound(format!("key {key} is not in the selector"))
+}
+
+fn duplicate(key: u64) -> CoreError {
+    CoreError::InvalidArgument(format!("key {key} is already in the selector"))
+}
+
+/// Uniform: a dense key vector plus its index; swap-remove keeps every operation O(1).
+#[derive(Default)]
+pub struct Uniform {
+    keys: Vec<u64>,
+    index: HashMap<u64, usize>,
+}
+
+impl Selector for Uniform {
+    fn insert(&mut self, key: u64, _priority: f64) -> Result<()> {
+        if self.index.contains_key(&key) {
+            return Err(duplicate(key));
+        }
+        self.index.insert(key, self.keys.len());
+        self.keys.push(key);
+        Ok(())
+    }
+    fn update(&mut self, key: u64, _priority: f64) -> Result<()> {
+        self.index.get(&key).map(|_| ()).ok_or_else(|| missing(key))
+    }
+    fn delete(&mut self, key: u64) -> Result<()> {
+        let pos = self.index.remove(&key).ok_or_else(|| missing(key))?;
+        self.keys.swap_remove(pos);
+        if pos < self.keys.len() {
+            self.index.insert(self.keys[pos], pos);
+        }
+        Ok(())
+    }
+    fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        let key = self.keys[rng.random_range(0..self.keys.len())];
+        Some((key, 1.0 / self.keys.len() as f64))
+    }
+    fn clear(&mut self) {
+        self.keys.clear();
+        self.index.clear();
+    }
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+/// Prioritized: a sum tree over dense slots. Every internal node is recomputed as the sum of its
+/// two children along the updated path, so rounding errors never accumulate.
+pub struct PrioritizedSelector {
+    exponent: f64,
+    /// `tree[capacity + slot]` holds slot weights; `tree[i] = tree[2i] + tree[2i+1]`.
+    tree: Vec<f64>,
+    capacity: usize,
+    keys: Vec<u64>,
+    index: HashMap<u64, usize>,
+}
+
+impl PrioritizedSelector {
+    fn new(exponent: f64) -> Self {
+        let capacity = 1024;
+        Self { exponent, tree: vec![0.0; 2 * capacity], capacity, keys: Vec::new(), index: HashMap::new() }
+    }
+
+    fn weight(&self, priority: f64) -> Result<f64> {
+        if !(priority >= 0.0) || !priority.is_finite() {
+            return Err(invalid_arg!("priority must be a finite number >= 0, got {priority}"));
+        }
+        // 0^α = 0 even for α = 0, so an item with priority 0 is never sampled.
+        Ok(if priority == 0.0 { 0.0 } else { priority.powf(self.exponent) })
+    }
+
+    fn set(&mut self, slot: usize, weight: f64) {
+        let mut i = self.capacity + slot;
+        self.tree[i] = weight;
+        while i > 1 {
+            i /= 2;
+            self.tree[i] = self.tree[2 * i] + self.tree[2 * i + 1];
+        }
+    }
+
+    fn grow(&mut self) {
+        let capacity = self.capacity * 2;
+        let mut tree = vec![0.0; 2 * capacity];
+        tree[capacity..capacity + self.keys.len()]
+            .copy_from_slice(&self.tree[self.capacity..self.capacity + self.keys.len()]);
+        for i in (1..capacity).rev() {
+            tree[i] = tree[2 * i] + tree[2 * i + 1];
+        }
+        self.tree = tree;
+        self.capacity = capacity;
+    }
+}
+
+impl Selector for PrioritizedSelector {
+    fn insert(&mut self, key: u64, priority: f64) -> Result<()> {
+        let weight = self.weight(priority)?;
+        if self.index.contains_key(&key) {
+            return Err(duplicate(key));
+        }
+        if self.keys.len() == self.capacity {
+            self.grow();
+        }
+        let slot = self.keys.len();
+        self.keys.push(key);
+        self.index.insert(key, slot);
+        self.set(slot, weight);
+        Ok(())
+    }
+    fn update(&mut self, key: u64, priority: f64) -> Result<()> {
+        let weight = self.weight(priority)?;
+        let slot = *self.index.get(&key).ok_or_else(|| missing(key))?;
+        self.set(slot, weight);
+        Ok(())
+    }
+    fn delete(&mut self, key: u64) -> Result<()> {
+        let slot = self.index.remove(&key).ok_or_else(|| missing(key))?;
+        let last = self.keys.len() - 1;
+        if slot != last {
+            let moved = self.keys[last];
+            let moved_weight = self.tree[self.capacity + last];
+            self.keys[slot] = moved;
+            self.index.insert(moved, slot);
+            self.set(slot, moved_weight);
+        }
+        self.set(last, 0.0);
+        self.keys.pop();
+        Ok(())
+    }
+    fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
+        let n = self.keys.len();
+        if n == 0 {
+            return None;
+        }
+        let total = self.tree[1];
+        if total <= 0.0 {
+            // Every weight is zero: fall back to uniform.
+            return Some((self.keys[rng.random_range(0..n)], 1.0 / n as f64));
+        }
+        let mut target = rng.random::<f64>() * total;
+        let mut i = 1;
+        while i < self.capacity {
+            let left = self.tree[2 * i];
+            // Skip zero-weight subtrees even when rounding would land on their edge.
+            if target < left || self.tree[2 * i + 1] <= 0.0 {
+                i *= 2;
+            } else {
+                target -= left;
+                i = 2 * i + 1;
+            }
+        }
+        let mut slot = i - self.capacity;
+        if slot >= n || self.tree[i] <= 0.0 {
+            // Rounding pushed us past the last weighted slot: take the last slot with weight.
+            slot = (0..n).rev().find(|&s| self.tree[self.capacity + s] > 0.0)?;
+        }
+        let weight = self.tree[self.capacity + slot];
+        Some((self.keys[slot], weight / total))
+    }
+    fn clear(&mut self) {
+        self.tree.iter_mut().for_each(|w| *w = 0.0);
+        self.keys.clear();
+        self.index.clear();
+    }
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+/// Fifo / Lifo: keys ordered by insertion sequence number.
+pub struct Ordered {
+    newest_first: bool,
+    next_seq: u64,
+    by_seq: BTreeMap<u64, u64>,
+    seq_of: HashMap<u64, u64>,
+}
+
+impl Ordered {
+    fn new(newest_first: bool) -> Self {
+        Self { newest_first, next_seq: 0, by_seq: BTreeMap::new(), seq_of: HashMap::new() }
+    }
+}
+
+impl Selector for Ordered {
+    fn insert(&mut self, key: u64, _priority: f64) -> Result<()> {
+        if self.seq_of.contains_key(&key) {
+            return Err(duplicate(key));
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.by_seq.insert(seq, key);
+        self.seq_of.insert(key, seq);
+        Ok(())
+    }
+    fn update(&mut self, key: u64, _priority: f64) -> Result<()> {
+        self.seq_of.get(&key).map(|_| ()).ok_or_else(|| missing(key))
+    }
+    fn delete(&mut self, key: u64) -> Result<()> {
+        let seq = self.seq_of.remove(&key).ok_or_else(|| missing(key))?;
+        self.by_seq.remove(&seq);
+        Ok(())
+    }
+    fn sample(&mut self, _rng: &mut StdRng) -> Option<(u64, f64)> {
+        let entry = if self.newest_first { self.by_seq.last_key_value() } else { self.by_seq.first_key_value() };
+        entry.map(|(_, &key)| (key, 1.0))
+    }
+    fn clear(&mut self) {
+        self.by_seq.clear();
+        self.seq_of.clear();
+    }
+    fn len(&self) -> usize {
+        self.seq_of.len()
+    }
+}
+
+/// A total order on f64 priorities (NaN is rejected before it gets here).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OrdF64(f64);
+impl Eq for OrdF64 {}
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// MinHeap / MaxHeap: keys ordered by (priority, last insert/update sequence), so ties go to the
+/// least recently inserted or updated key.
+pub struct HeapSelector {
+    min_heap: bool,
+    next_seq: u64,
+    ordered: BTreeMap<(OrdF64, u64), u64>,
+    position: HashMap<u64, (OrdF64, u64)>,
+}
+
+impl HeapSelector {
+    fn new(min_heap: bool) -> Self {
+        Self { min_heap, next_seq: 0, ordered: BTreeMap::new(), position: HashMap::new() }
+    }
+
+    fn position_for(&mut self, priority: f64) -> Result<(OrdF64, u64)> {
+        if priority.is_nan() {
+            return Err(invalid_arg!("priority must not be NaN"));
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        // Max-heap: order by negated priority so the first entry is always the one to pick.
+        Ok((OrdF64(if self.min_heap { priority } else { -priority }), seq))
+    }
+}
+
+impl Selector for HeapSelector {
+    fn insert(&mut self, key: u64, priority: f64) -> Result<()> {
+        if self.position.contains_key(&key) {
+            return Err(duplicate(key));
+        }
+        let pos = self.position_for(priority)?;
+        self.ordered.insert(pos, key);
+        self.position.insert(key, pos);
+        Ok(())
+    }
+    fn update(&mut self, key: u64, priority: f64) -> Result<()> {
+        if !self.position.contains_key(&key) {
+            return Err(missing(key));
+        }
+        let pos = self.position_for(priority)?;
+        let old = self.position.insert(key, pos).expect("checked above");
+        self.ordered.remove(&old);
+        self.ordered.insert(pos, key);
+        Ok(())
+    }
+    fn delete(&mut self, key: u64) -> Result<()> {
+        let pos = self.position.remove(&key).ok_or_else(|| missing(key))?;
+        self.ordered.remove(&pos);
+        Ok(())
+    }
+    fn sample(&mut self, _rng: &mut StdRng) -> Option<(u64, f64)> {
+        self.ordered.first_key_value().map(|(_, &key)| (key, 1.0))
+    }
+    fn clear(&mut self) {
+        self.ordered.clear();
+        self.position.clear();
+    }
+    fn len(&self) -> usize {
+        self.position.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+
+    fn rng() -> StdRng {
+        StdRng::seed_from_u64(7)
+    }
+
+    /// Draws `n` samples and returns the observed frequency of each key.
+    fn frequencies(sel: &mut dyn Selector, n: usize) -> HashMap<u64, f64> {
+        let mut rng = rng();
+        let mut counts = HashMap::new();
+        for _ in 0..n {
+            let (k, _) = sel.sample(&mut rng).unwrap();
+            *counts.entry(k).or_insert(0.0) += 1.0;
+        }
+        counts.values_mut().for_each(|c| *c /= n as f64);
+        counts
+    }
+
+    #[test]
+    fn uniform_distribution_and_probability() {
+        let mut s = SelectorKind::Uniform.build().unwrap();
+        for k in 0..10 {
+            s.insert(k, 1.0).unwrap();
+        }
+        s.delete(3).unwrap();
+        let (_, p) = s.sample(&mut rng()).unwrap();
+        assert!((p - 1.0 / 9.0).abs() < 1e-12);
+        let freq = frequencies(s.as_mut(), 90_000);
+        assert!(!freq.contains_key(&3));
+        for k in (0..10).filter(|&k| k != 3) {
+            // 5 standard deviations of a binomial(90000, 1/9) frequency is ~0.0052.
+            assert!((freq[&k] - 1.0 / 9.0).abs() < 0.006, "key {k}: {}", freq[&k]);
+        }
+    }
+
+    #[test]
+    fn prioritized_distribution_matches_weights() {
+        let mut s = SelectorKind::Prioritized { priority_exponent: 0.5 }.build().unwrap();
+        let priorities = [(1u64, 1.0), (2, 4.0), (3, 9.0), (4, 0.0), (5, 16.0)];
+        for (k, p) in priorities {
+            s.insert(k, p).unwrap();
+        }
+        // weights 1, 2, 3, 0, 4 -> total 10
+        let freq = frequencies(s.as_mut(), 100_000);
+        assert!(!freq.contains_key(&4), "zero priority is never sampled");
+        for (k, w) in [(1u64, 0.1), (2, 0.2), (3, 0.3), (5, 0.4)] {
+            assert!((freq[&k] - w).abs() < 0.008, "key {k}: {} vs {w}", freq[&k]);
+        }
+        let mut r = rng();
+        for _ in 0..100 {
+            let (k, p) = s.sample(&mut r).unwrap();
+            let expected = [(1u64, 0.1), (2, 0.2), (3, 0.3), (5, 0.4)].iter().find(|e| e.0 == k).unwrap().1;
+            assert!((p - expected).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn prioritized_zero_exponent_zero_priority_is_zero() {
+        let mut s = SelectorKind::Prioritized { priority_exponent: 0.0 }.build().unwrap();
+        s.insert(1, 0.0).unwrap();
+        s.insert(2, 5.0).unwrap();
+        let freq = frequencies(s.as_mut(), 1000);
+        assert_eq!(freq.get(&2), Some(&1.0));
+    }
+
+    #[test]
+    fn prioritized_all_zero_falls_back_to_uniform() {
+        let mut s = SelectorKind::Prioritized { priority_exponent: 1.0 }.build().unwrap();
+        for k in 0..4 {
+            s.insert(k, 0.0).unwrap();
+        }
+        let (_, p) = s.sample(&mut rng()).unwrap();
+        assert_eq!(p, 0.25);
+        let freq = frequencies(s.as_mut(), 40_000);
+        for k in 0..4 {
+            assert!((freq[&k] - 0.25).abs() < 0.015);
+        }
+    }
+
+    #[test]
+    fn prioritized_grows_updates_and_deletes() {
+        let mut s = SelectorKind::Prioritized { priority_exponent: 1.0 }.build().unwrap();
+        for k in 0..5000 {
+            s.insert(k, 1.0).unwrap();
+        }
+        for k in 0..4999 {
+            s.delete(k).unwrap();
+        }
+        let (k, p) = s.sample(&mut rng()).unwrap();
+        assert_eq!((k, p), (4999, 1.0));
+        s.update(4999, 0.0).unwrap();
+        s.insert(10_000, 2.0).unwrap();
+        assert_eq!(s.sample(&mut rng()).unwrap(), (10_000, 1.0));
+        assert!(s.insert(10_000, 1.0).is_err());
+        assert!(s.update(3, 1.0).is_err());
+        assert!(s.insert(1, -1.0).is_err());
+        assert!(s.insert(1, f64::NAN).is_err());
+    }
+
+    #[test]
+    fn fifo_and_lifo_order() {
+        let mut fifo = SelectorKind::Fifo.build().unwrap();
+        let mut lifo = SelectorKind::Lifo.build().unwrap();
+        for k in [5u64, 3, 9] {
+            fifo.insert(k, 0.0).unwrap();
+            lifo.insert(k, 0.0).unwrap();
+        }
+        assert_eq!(fifo.sample(&mut rng()), Some((5, 1.0)));
+        assert_eq!(lifo.sample(&mut rng()), Some((9, 1.0)));
+        fifo.delete(5).unwrap();
+        lifo.delete(9).unwrap();
+        assert_eq!(fifo.sample(&mut rng()), Some((3, 1.0)));
+        assert_eq!(lifo.sample(&mut rng()), Some((3, 1.0)));
+    }
+
+    #[test]
+    fn heap_ties_go_to_least_recently_touched() {
+        let mut min = SelectorKind::MinHeap.build().unwrap();
+        let mut max = SelectorKind::MaxHeap.build().unwrap();
+        for (k, p) in [(1u64, 2.0), (2, 1.0), (3, 1.0), (4, 3.0), (5, 3.0)] {
+            min.insert(k, p).unwrap();
+            max.insert(k, p).unwrap();
+        }
+        assert_eq!(min.sample(&mut rng()), Some((2, 1.0)));
+        assert_eq!(max.sample(&mut rng()), Some((4, 1.0)));
+        // Updating key 2 to the same priority makes it the most recently touched.
+        min.update(2, 1.0).unwrap();
+        assert_eq!(min.sample(&mut rng()), Some((3, 1.0)));
+        max.update(4, 3.0).unwrap();
+        assert_eq!(max.sample(&mut rng()), Some((5, 1.0)));
+    }
+
+    #[test]
+    fn options_round_trip() {
+        for kind in [
+            SelectorKind::Uniform,
+            SelectorKind::Prioritized { priority_exponent: 0.8 },
+            SelectorKind::Fifo,
+            SelectorKind::Lifo,
+            SelectorKind::MinHeap,
+            SelectorKind::MaxHeap,
+        ] {
+            assert_eq!(SelectorKind::from_options(&kind.options()).unwrap(), kind);
+        }
+        assert!(SelectorKind::Fifo.options().is_deterministic);
+        assert!(!SelectorKind::Uniform.options().is_deterministic);
+    }
+
+    proptest! {
+        // Any sequence of inserts/updates/deletes keeps every selector consistent with a model.
+        #[test]
+        fn selectors_agree_with_model(ops in proptest::collection::vec((0u8..3, 0u64..20, 0.0f64..10.0), 1..200)) {
+            let kinds = [SelectorKind::Uniform, SelectorKind::Prioritized { priority_exponent: 1.0 },
+                SelectorKind::Fifo, SelectorKind::Lifo, SelectorKind::MinHeap, SelectorKind::MaxHeap];
+            for kind in kinds {
+                let mut s = kind.build().unwrap();
+                let mut model: Vec<(u64, f64)> = Vec::new(); // insertion/update order
+                for &(op, key, prio) in &ops {
+                    let present = model.iter().position(|e| e.0 == key);
+                    match (op, present) {
+                        (0, None) => { s.insert(key, prio).unwrap(); model.push((key, prio)); }
+                        (0, Some(_)) => prop_assert!(s.insert(key, prio).is_err()),
+                        (1, Some(i)) => { s.update(key, prio).unwrap(); model.remove(i); model.push((key, prio)); }
+                        (1, None) => prop_assert!(s.update(key, prio).is_err()),
+                        (_, Some(i)) => { s.delete(key).unwrap(); model.remove(i); }
+                        (_, None) => prop_assert!(s.delete(key).is_err()),
+                    }
+                    prop_assert_eq!(s.len(), model.len());
+                    let got = s.sample(&mut rng());
+                    if model.is_empty() { prop_assert!(got.is_none()); continue; }
+                    let (k, p) = got.unwrap();
+                    prop_assert!(model.iter().any(|e| e.0 == k));
+                    match kind {
+                        SelectorKind::MinHeap => {
+                            let best = model.iter().fold(f64::INFINITY, |m, e| m.min(e.1));
+                            let expect = model.iter().find(|e| e.1 == best).unwrap().0;
+                            prop_assert_eq!((k, p), (expect, 1.0));
+                        }
+                        SelectorKind::MaxHeap => {
+                            let best = model.iter().fold(f64::NEG_INFINITY, |m, e| m.max(e.1));
+                            let expect = model.iter().find(|e| e.1 == best).unwrap().0;
+                            prop_assert_eq!((k, p), (expect, 1.0));
+                        }
+                        SelectorKind::Prioritized { .. } => {
+                            let total: f64 = model.iter().map(|e| e.1).sum();
+                            let w = model.iter().find(|e| e.0 == k).unwrap().1;
+                            let expect = if total > 0.0 { w / total } else { 1.0 / model.len() as f64 };
+                            prop_assert!((p - expect).abs() < 1e-9);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}

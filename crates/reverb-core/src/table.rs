@@ -1,0 +1,337 @@
+//! A table: items with priorities, a sampler, a remover, a max size, `max_times_sampled` and a
+//! rate limiter. Every operation is non-blocking and runs under one lock; callers that must wait
+//! (the gRPC service) wait on [`Table::changed`], which fires after every state change.
+
+use crate::chunk::ItemData;
+use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::selectors::{Selector, SelectorKind};
+use crate::{invalid_arg, Result};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rand::{rngs::StdRng, SeedableRng};
+use reverb_proto::{TableInfo, TableWorkerTime};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// Static settings of a table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableConfig {
+    /// Unique name within a server.
+    pub name: String,
+    /// Chooses what `sample` returns.
+    pub sampler: SelectorKind,
+    /// Chooses what is evicted when the table is over `max_size`.
+    pub remover: SelectorKind,
+    /// Most items held at once.
+    pub max_size: i64,
+    /// Items are deleted after this many samples; `< 1` means never.
+    pub max_times_sampled: i32,
+    /// When inserts and samples may go ahead.
+    pub rate_limiter: RateLimiterConfig,
+    /// Serialized `tensorflow.StructuredValue`, opaque to the server.
+    pub signature: Option<Bytes>,
+}
+
+/// One sampled item with the values it had when sampled.
+#[derive(Debug, Clone)]
+pub struct SampledItem {
+    /// The item (shared; its chunks stay alive while this is held).
+    pub item: Arc<ItemData>,
+    /// Priority at sampling time.
+    pub priority: f64,
+    /// Times sampled, counting this sample.
+    pub times_sampled: i32,
+    /// Probability the sampler had of picking it.
+    pub probability: f64,
+    /// Table size when sampled.
+    pub table_size: i64,
+}
+
+/// What `try_insert` did.
+#[derive(Debug)]
+pub enum InsertOutcome {
+    /// The item is stored.
+    Inserted,
+    /// The key existed: only its priority changed.
+    Updated,
+    /// The rate limiter does not allow the insert yet; the item is handed back.
+    Blocked(ItemData),
+}
+
+struct Entry {
+    data: Arc<ItemData>,
+    priority: f64,
+    times_sampled: i32,
+}
+
+struct State {
+    items: HashMap<u64, Entry>,
+    sampler: Box<dyn Selector>,
+    remover: Box<dyn Selector>,
+    limiter: RateLimiter,
+    episode_refs: HashMap<u64, u64>,
+    num_deleted_episodes: i64,
+    num_unique_samples: i64,
+    rng: StdRng,
+}
+
+/// A replay table. Share it as `Arc<Table>`.
+pub struct Table {
+    config: TableConfig,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Table {
+    /// Builds an empty table, checking its settings.
+    pub fn new(config: TableConfig) -> Result<Self> {
+        Self::with_rng(config, StdRng::from_os_rng())
+    }
+
+    /// Like [`Table::new`] with a seeded random generator (deterministic tests).
+    pub fn with_seed(config: TableConfig, seed: u64) -> Result<Self> {
+        Self::with_rng(config, StdRng::seed_from_u64(seed))
+    }
+
+    fn with_rng(config: TableConfig, rng: StdRng) -> Result<Self> {
+        if config.name.is_empty() {
+            return Err(invalid_arg!("Table name must not be empty"));
+        }
+        if config.max_size <= 0 {
+            return Err(invalid_arg!("max_size ({}) must be a positive integer", config.max_size));
+        }
+        let state = State {
+            items: HashMap::new(),
+            sampler: config.sampler.build()?,
+            remover: config.remover.build()?,
+            limiter: RateLimiter::new(config.rate_limiter)?,
+            episode_refs: HashMap::new(),
+            num_deleted_episodes: 0,
+            num_unique_samples: 0,
+            rng,
+        };
+        Ok(Self { config, state: Mutex::new(state), changed: Notify::new() })
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The static settings.
+    pub fn config(&self) -> &TableConfig {
+        &self.config
+    }
+
+    /// Fires (`notify_waiters`) after every change that could unblock an insert or a sample.
+    /// Register (`Notified::enable`) before calling `try_*`, then wait, to never miss a change.
+    pub fn changed(&self) -> &Notify {
+        &self.changed
+    }
+
+    /// Number of items stored.
+    pub fn size(&self) -> usize {
+        self.state.lock().items.len()
+    }
+
+    /// Whether `n` samples could be taken now (rate limiter only, like the reference).
+    pub fn can_sample(&self, n: i64) -> bool {
+        self.state.lock().limiter.can_sample(n)
+    }
+
+    /// Whether `n` items could be inserted now (rate limiter only).
+    pub fn can_insert(&self, n: i64) -> bool {
+        self.state.lock().limiter.can_insert(n)
+    }
+
+    fn check_priority(&self, priority: f64) -> Result<()> {
+        let ok = match self.config.sampler {
+            SelectorKind::Prioritized { .. } => priority >= 0.0 && priority.is_finite(),
+            _ => !priority.is_nan(),
+        } && match self.config.remover {
+            SelectorKind::Prioritized { .. } => priority >= 0.0 && priority.is_finite(),
+            _ => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(invalid_arg!(
+                "Priority {priority} is not valid for table '{}' (prioritized selectors need a finite priority >= 0)",
+                self.config.name
+            ))
+        }
+    }
+
+    /// Inserts an item, or updates the priority of an existing key. Evicts with the remover
+    /// after insertion when the table is over `max_size` (the new item may evict itself).
+    pub fn try_insert(&self, mut item: ItemData, priority: f64) -> Result<InsertOutcome> {
+        self.check_priority(priority)?;
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if let Some(entry) = st.items.get_mut(&item.key) {
+            st.sampler.update(item.key, priority)?;
+            st.remover.update(item.key, priority)?;
+            entry.priority = priority;
+            drop(guard);
+            self.changed.notify_waiters();
+            return Ok(InsertOutcome::Updated);
+        }
+        if !st.limiter.can_insert(1) {
+            return Ok(InsertOutcome::Blocked(item));
+        }
+        let key = item.key;
+        st.sampler.insert(key, priority)?;
+        if let Err(e) = st.remover.insert(key, priority) {
+            st.sampler.delete(key).expect("just inserted");
+            return Err(e);
+        }
+        if item.inserted_at.is_none() {
+            item.inserted_at = Some(now());
+        }
+        for chunk in &item.chunks {
+            *st.episode_refs.entry(chunk.episode_id()).or_insert(0) += 1;
+        }
+        st.items.insert(key, Entry { data: Arc::new(item), priority, times_sampled: 0 });
+        st.limiter.insert();
+        if st.items.len() as i64 > self.config.max_size {
+            if let Some((victim, _)) = st.remover.sample(&mut st.rng) {
+                st.delete_item(victim);
+            }
+        }
+        drop(guard);
+        self.changed.notify_waiters();
+        Ok(InsertOutcome::Inserted)
+    }
+
+    /// Samples up to `max_items` items while the rate limiter allows, stopping early once the
+    /// sampled chunks add up to `max_bytes`. Returns an empty batch when nothing may be sampled.
+    /// Items reaching `max_times_sampled` are deleted before the lock is released.
+    pub fn try_sample(&self, max_items: usize, max_bytes: usize) -> Vec<SampledItem> {
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        while out.len() < max_items && bytes < max_bytes && st.limiter.can_sample(1) {
+            let Some((key, probability)) = st.sampler.sample(&mut st.rng) else { break };
+            let table_size = st.items.len() as i64;
+            let entry = st.items.get_mut(&key).expect("selector and items agree");
+            entry.times_sampled += 1;
+            if entry.times_sampled == 1 {
+                st.num_unique_samples += 1;
+            }
+            st.limiter.sample();
+            bytes += entry.data.chunks.iter().map(|c| c.byte_size()).sum::<usize>();
+            out.push(SampledItem {
+                item: entry.data.clone(),
+                priority: entry.priority,
+                times_sampled: entry.times_sampled,
+                probability,
+                table_size,
+            });
+            let max = self.config.max_times_sampled;
+            if max > 0 && entry.times_sampled >= max {
+                st.delete_item(key);
+            }
+        }
+        drop(guard);
+        if !out.is_empty() {
+            self.changed.notify_waiters();
+        }
+        out
+    }
+
+    /// Deletes `deletes`, then applies `updates`; keys not in the table are ignored. All
+    /// priorities are checked first, so a bad one changes nothing.
+    pub fn mutate_items(&self, updates: &[(u64, f64)], deletes: &[u64]) -> Result<()> {
+        for &(_, p) in updates {
+            self.check_priority(p)?;
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        for key in deletes {
+            if st.items.contains_key(key) {
+                st.delete_item(*key);
+            }
+        }
+        for &(key, priority) in updates {
+            if let Some(entry) = st.items.get_mut(&key) {
+                st.sampler.update(key, priority)?;
+                st.remover.update(key, priority)?;
+                entry.priority = priority;
+            }
+        }
+        drop(guard);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Removes every item and zeroes the counters (rate limiter, deleted episodes, unique samples).
+    pub fn reset(&self) {
+        let mut st = self.state.lock();
+        st.items.clear();
+        st.sampler.clear();
+        st.remover.clear();
+        st.limiter.reset();
+        st.episode_refs.clear();
+        st.num_deleted_episodes = 0;
+        st.num_unique_samples = 0;
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// The `TableInfo` reported by `ServerInfo`.
+    pub fn info(&self) -> TableInfo {
+        let st = self.state.lock();
+        TableInfo {
+            name: self.config.name.clone(),
+            sampler_options: Some(self.config.sampler.options()),
+            remover_options: Some(self.config.remover.options()),
+            max_size: self.config.max_size,
+            max_times_sampled: self.config.max_times_sampled,
+            rate_limiter_info: Some(st.limiter.info()),
+            signature: self.config.signature.clone().unwrap_or_default(),
+            current_size: st.items.len() as i64,
+            num_episodes: st.episode_refs.len() as i64,
+            num_deleted_episodes: st.num_deleted_episodes,
+            num_unique_samples: st.num_unique_samples,
+            table_worker_time: Some(TableWorkerTime::default()),
+        }
+    }
+
+    /// The stored item with `key`, with its priority and times sampled.
+    pub fn get(&self, key: u64) -> Option<(Arc<ItemData>, f64, i32)> {
+        let st = self.state.lock();
+        st.items.get(&key).map(|e| (e.data.clone(), e.priority, e.times_sampled))
+    }
+}
+
+impl State {
+    fn delete_item(&mut self, key: u64) {
+        let Some(entry) = self.items.remove(&key) else { return };
+        self.sampler.delete(key).expect("selector and items agree");
+        self.remover.delete(key).expect("selector and items agree");
+        self.limiter.delete();
+        for chunk in &entry.data.chunks {
+            let episode = chunk.episode_id();
+            if let Some(refs) = self.episode_refs.get_mut(&episode) {
+                *refs -= 1;
+                if *refs == 0 {
+                    self.episode_refs.remove(&episode);
+                    self.num_deleted_episodes += 1;
+                }
+            }
+        }
+    }
+}
+
+fn now() -> prost_types::Timestamp {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}

@@ -1,0 +1,193 @@
+//! Table behaviour: eviction, max_times_sampled, rate limiting, chunk lifetimes, counters.
+
+use crate::*;
+use bytes::Bytes;
+use reverb_proto::{flat_trajectory, ChunkData, FlatTrajectory, SequenceRange};
+use std::sync::{Arc, Weak};
+
+fn limiter(min_size: i64) -> RateLimiterConfig {
+    RateLimiterConfig {
+        samples_per_insert: 1.0,
+        min_size_to_sample: min_size,
+        min_diff: -f64::MAX,
+        max_diff: f64::MAX,
+    }
+}
+
+fn config(sampler: SelectorKind, remover: SelectorKind, max_size: i64) -> TableConfig {
+    TableConfig {
+        name: "t".into(),
+        sampler,
+        remover,
+        max_size,
+        max_times_sampled: 0,
+        rate_limiter: limiter(1),
+        signature: None,
+    }
+}
+
+fn chunk(key: u64, episode: u64) -> Arc<Chunk> {
+    Arc::new(Chunk::new(ChunkData {
+        chunk_key: key,
+        sequence_range: Some(SequenceRange { episode_id: episode, start: 0, end: 0, sparse: false }),
+        data: Bytes::from(vec![0u8; 10]),
+        ..Default::default()
+    }))
+}
+
+fn item(key: u64, chunks: Vec<Arc<Chunk>>) -> ItemData {
+    let columns = chunks
+        .iter()
+        .map(|c| flat_trajectory::Column {
+            chunk_slices: vec![flat_trajectory::ChunkSlice { chunk_key: c.key(), offset: 0, length: 1, index: 0 }],
+            squeeze: false,
+        })
+        .collect();
+    ItemData {
+        key,
+        table: "t".into(),
+        trajectory: FlatTrajectory { columns },
+        inserted_at: None,
+        chunks,
+    }
+}
+
+fn insert(t: &Table, key: u64, priority: f64) {
+    assert!(matches!(t.try_insert(item(key, vec![chunk(key, key)]), priority).unwrap(), InsertOutcome::Inserted));
+}
+
+#[test]
+fn fifo_eviction_happens_after_insertion() {
+    let t = Table::new(config(SelectorKind::Uniform, SelectorKind::Fifo, 3)).unwrap();
+    for k in 1..=4 {
+        insert(&t, k, 1.0);
+    }
+    assert_eq!(t.size(), 3);
+    assert!(t.get(1).is_none(), "oldest evicted");
+    // A LIFO remover evicts the item that was just inserted.
+    let t = Table::new(config(SelectorKind::Uniform, SelectorKind::Lifo, 2)).unwrap();
+    for k in 1..=3 {
+        insert(&t, k, 1.0);
+    }
+    assert!(t.get(3).is_none() && t.get(1).is_some() && t.get(2).is_some());
+    let info = t.info();
+    assert_eq!(info.current_size, 2);
+    assert_eq!(info.num_deleted_episodes, 1);
+    assert_eq!(info.rate_limiter_info.unwrap().insert_stats.unwrap().completed, 3);
+}
+
+#[test]
+fn existing_key_only_updates_priority() {
+    let t = Table::new(config(SelectorKind::MaxHeap, SelectorKind::Fifo, 10)).unwrap();
+    insert(&t, 1, 1.0);
+    insert(&t, 2, 2.0);
+    assert!(matches!(t.try_insert(item(1, vec![chunk(9, 9)]), 5.0).unwrap(), InsertOutcome::Updated));
+    assert_eq!(t.size(), 2);
+    let s = t.try_sample(1, usize::MAX);
+    assert_eq!(s[0].item.key, 1);
+    assert_eq!(s[0].priority, 5.0);
+}
+
+#[test]
+fn max_times_sampled_deletes_inside_sampling() {
+    let mut c = config(SelectorKind::Fifo, SelectorKind::Fifo, 10);
+    c.max_times_sampled = 2;
+    let t = Table::new(c).unwrap();
+    insert(&t, 1, 1.0);
+    insert(&t, 2, 1.0);
+    let s = t.try_sample(10, usize::MAX);
+    let keys: Vec<u64> = s.iter().map(|s| s.item.key).collect();
+    assert_eq!(keys, vec![1, 1, 2, 2]);
+    assert_eq!(s[1].times_sampled, 2);
+    assert_eq!(s[0].table_size, 2);
+    assert_eq!(s[2].table_size, 1);
+    assert_eq!(t.size(), 0);
+    assert_eq!(t.info().num_unique_samples, 2);
+}
+
+#[test]
+fn queue_blocks_inserts_when_full_and_samples_when_empty() {
+    let mut c = config(SelectorKind::Fifo, SelectorKind::Fifo, 2);
+    c.max_times_sampled = 1;
+    c.rate_limiter = RateLimiterConfig { samples_per_insert: 1.0, min_size_to_sample: 1, min_diff: 0.0, max_diff: 2.0 };
+    let t = Table::new(c).unwrap();
+    assert!(t.try_sample(1, usize::MAX).is_empty());
+    insert(&t, 1, 0.0);
+    insert(&t, 2, 0.0);
+    match t.try_insert(item(3, vec![chunk(3, 3)]), 0.0).unwrap() {
+        InsertOutcome::Blocked(i) => assert_eq!(i.key, 3),
+        other => panic!("expected Blocked, got {other:?}"),
+    }
+    assert_eq!(t.try_sample(1, usize::MAX)[0].item.key, 1);
+    insert(&t, 3, 0.0);
+    let keys: Vec<u64> = t.try_sample(5, usize::MAX).iter().map(|s| s.item.key).collect();
+    assert_eq!(keys, vec![2, 3]);
+}
+
+#[test]
+fn sample_batch_stops_at_byte_budget() {
+    let t = Table::new(config(SelectorKind::Uniform, SelectorKind::Fifo, 10)).unwrap();
+    insert(&t, 1, 1.0);
+    // Each item carries 10 bytes: a 25 byte budget admits 3 samples (stops once >= 25).
+    assert_eq!(t.try_sample(100, 25).len(), 3);
+}
+
+#[test]
+fn chunks_shared_across_tables_live_until_last_item() {
+    let a = Table::new(config(SelectorKind::Uniform, SelectorKind::Fifo, 1)).unwrap();
+    let b = Table::new(config(SelectorKind::Uniform, SelectorKind::Fifo, 10)).unwrap();
+    let shared = chunk(100, 1);
+    let weak: Weak<Chunk> = Arc::downgrade(&shared);
+    a.try_insert(item(1, vec![shared.clone()]), 1.0).unwrap();
+    b.try_insert(item(2, vec![shared.clone()]), 1.0).unwrap();
+    drop(shared);
+    assert_eq!(weak.strong_count(), 2);
+    // Evict from table a: the chunk stays for table b.
+    insert(&a, 3, 1.0);
+    assert_eq!(weak.strong_count(), 1);
+    // A sample in flight keeps it alive past deletion.
+    let sampled = b.try_sample(1, usize::MAX);
+    b.mutate_items(&[], &[2]).unwrap();
+    assert!(weak.upgrade().is_some());
+    drop(sampled);
+    assert!(weak.upgrade().is_none(), "freed when the last reference is gone");
+}
+
+#[test]
+fn episode_counters() {
+    let t = Table::new(config(SelectorKind::Uniform, SelectorKind::Fifo, 10)).unwrap();
+    t.try_insert(item(1, vec![chunk(1, 7), chunk(2, 7)]), 1.0).unwrap();
+    t.try_insert(item(2, vec![chunk(3, 7)]), 1.0).unwrap();
+    t.try_insert(item(3, vec![chunk(4, 8)]), 1.0).unwrap();
+    assert_eq!(t.info().num_episodes, 2);
+    t.mutate_items(&[], &[1]).unwrap();
+    assert_eq!((t.info().num_episodes, t.info().num_deleted_episodes), (2, 0));
+    t.mutate_items(&[], &[2, 3, 999]).unwrap();
+    assert_eq!((t.info().num_episodes, t.info().num_deleted_episodes), (0, 2));
+    t.reset();
+    let info = t.info();
+    assert_eq!((info.num_deleted_episodes, info.current_size), (0, 0));
+    assert_eq!(info.rate_limiter_info.unwrap().insert_stats.unwrap().completed, 0);
+}
+
+#[test]
+fn mutate_checks_priorities_before_changing_anything() {
+    let t = Table::new(config(SelectorKind::Prioritized { priority_exponent: 1.0 }, SelectorKind::Fifo, 10)).unwrap();
+    insert(&t, 1, 1.0);
+    insert(&t, 2, 1.0);
+    assert!(t.mutate_items(&[(1, 3.0), (2, -1.0)], &[]).is_err());
+    assert_eq!(t.get(1).unwrap().1, 1.0);
+    assert!(t.try_insert(item(3, vec![]), f64::NAN).is_err());
+    assert_eq!(t.size(), 2);
+    t.mutate_items(&[(1, 3.0), (77, 1.0)], &[]).unwrap();
+    assert_eq!(t.get(1).unwrap().1, 3.0);
+}
+
+#[test]
+fn rejects_bad_config() {
+    let mut c = config(SelectorKind::Uniform, SelectorKind::Fifo, 0);
+    assert!(Table::new(c.clone()).is_err());
+    c.max_size = 1;
+    c.name = String::new();
+    assert!(Table::new(c).is_err());
+}

@@ -1,0 +1,17 @@
+//! Compiles `proto/` with protox (a pure-Rust protoc), so building needs no system protoc.
+use prost::Message;
+use std::path::PathBuf;
+
+fn main() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = ["reverb/reverb_service.proto", "reverb/checkpoint.proto"];
+    println!("cargo:rerun-if-changed={}", root.display());
+    let fds = protox::compile(files, [&root]).expect("compiling proto/ failed");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    // Python builds its message classes from this descriptor set (reverb/_proto.py).
+    std::fs::write(out.join("descriptor_set.bin"), fds.encode_to_vec()).unwrap();
+    tonic_prost_build::configure()
+        .bytes(".")
+        .compile_fds(fds)
+        .expect("generating Rust code from proto/ failed");
+}
