@@ -22,7 +22,10 @@ impl Chunk {
     }
     /// The episode the chunk's rows belong to.
     pub fn episode_id(&self) -> u64 {
-        self.data.sequence_range.as_ref().map_or(0, |r| r.episode_id)
+        self.data
+            .sequence_range
+            .as_ref()
+            .map_or(0, |r| r.episode_id)
     }
     /// The chunk as it goes back on the wire.
     pub fn data(&self) -> &ChunkData {

@@ -56,7 +56,12 @@ impl RateLimiter {
     /// A limiter with zeroed counters.
     pub fn new(config: RateLimiterConfig) -> Result<Self> {
         config.validate()?;
-        Ok(Self { config, inserts: 0, samples: 0, deletes: 0 })
+        Ok(Self {
+            config,
+            inserts: 0,
+            samples: 0,
+            deletes: 0,
+        })
     }
 
     /// The static settings.
@@ -123,8 +128,12 @@ impl RateLimiter {
             min_diff: self.config.min_diff,
             max_diff: self.config.max_diff,
             min_size_to_sample: self.config.min_size_to_sample,
-            insert_stats: Some(RateLimiterCallStats { completed: self.inserts }),
-            sample_stats: Some(RateLimiterCallStats { completed: self.samples }),
+            insert_stats: Some(RateLimiterCallStats {
+                completed: self.inserts,
+            }),
+            sample_stats: Some(RateLimiterCallStats {
+                completed: self.samples,
+            }),
         }
     }
 }
@@ -146,10 +155,27 @@ mod tests {
 
     #[test]
     fn rejects_invalid_settings() {
-        let ok = RateLimiterConfig { samples_per_insert: 1.0, min_size_to_sample: 1, min_diff: 0.0, max_diff: 1.0 };
-        assert!(RateLimiter::new(RateLimiterConfig { min_size_to_sample: 0, ..ok }).is_err());
-        assert!(RateLimiter::new(RateLimiterConfig { samples_per_insert: 0.0, ..ok }).is_err());
-        assert!(RateLimiter::new(RateLimiterConfig { min_diff: 2.0, ..ok }).is_err());
+        let ok = RateLimiterConfig {
+            samples_per_insert: 1.0,
+            min_size_to_sample: 1,
+            min_diff: 0.0,
+            max_diff: 1.0,
+        };
+        assert!(RateLimiter::new(RateLimiterConfig {
+            min_size_to_sample: 0,
+            ..ok
+        })
+        .is_err());
+        assert!(RateLimiter::new(RateLimiterConfig {
+            samples_per_insert: 0.0,
+            ..ok
+        })
+        .is_err());
+        assert!(RateLimiter::new(RateLimiterConfig {
+            min_diff: 2.0,
+            ..ok
+        })
+        .is_err());
     }
 
     #[test]

@@ -57,29 +57,37 @@ impl SelectorKind {
     pub fn options(self) -> KeyDistributionOptions {
         let (distribution, is_deterministic) = match self {
             SelectorKind::Uniform => (Distribution::Uniform(true), false),
-            SelectorKind::Prioritized { priority_exponent } => {
-                (Distribution::Prioritized(Prioritized { priority_exponent }), false)
-            }
+            SelectorKind::Prioritized { priority_exponent } => (
+                Distribution::Prioritized(Prioritized { priority_exponent }),
+                false,
+            ),
             SelectorKind::Fifo => (Distribution::Fifo(true), true),
             SelectorKind::Lifo => (Distribution::Lifo(true), true),
             SelectorKind::MinHeap => (Distribution::Heap(Heap { min_heap: true }), true),
             SelectorKind::MaxHeap => (Distribution::Heap(Heap { min_heap: false }), true),
         };
-        KeyDistributionOptions { distribution: Some(distribution), is_deterministic }
+        KeyDistributionOptions {
+            distribution: Some(distribution),
+            is_deterministic,
+        }
     }
 
     /// Reads a wire description back.
     pub fn from_options(options: &KeyDistributionOptions) -> Result<Self> {
         Ok(match options.distribution {
             Some(Distribution::Uniform(_)) => SelectorKind::Uniform,
-            Some(Distribution::Prioritized(p)) => {
-                SelectorKind::Prioritized { priority_exponent: p.priority_exponent }
-            }
+            Some(Distribution::Prioritized(p)) => SelectorKind::Prioritized {
+                priority_exponent: p.priority_exponent,
+            },
             Some(Distribution::Fifo(_)) => SelectorKind::Fifo,
             Some(Distribution::Lifo(_)) => SelectorKind::Lifo,
             Some(Distribution::Heap(Heap { min_heap: true })) => SelectorKind::MinHeap,
             Some(Distribution::Heap(Heap { min_heap: false })) => SelectorKind::MaxHeap,
-            None => return Err(invalid_arg!("KeyDistributionOptions has no distribution set")),
+            None => {
+                return Err(invalid_arg!(
+                    "KeyDistributionOptions has no distribution set"
+                ))
+            }
         })
     }
 }
@@ -169,15 +177,27 @@ pub struct PrioritizedSelector {
 impl PrioritizedSelector {
     fn new(exponent: f64) -> Self {
         let capacity = 1024;
-        Self { exponent, tree: vec![0.0; 2 * capacity], capacity, keys: Vec::new(), index: HashMap::new() }
+        Self {
+            exponent,
+            tree: vec![0.0; 2 * capacity],
+            capacity,
+            keys: Vec::new(),
+            index: HashMap::new(),
+        }
     }
 
     fn weight(&self, priority: f64) -> Result<f64> {
         if !(priority >= 0.0) || !priority.is_finite() {
-            return Err(invalid_arg!("priority must be a finite number >= 0, got {priority}"));
+            return Err(invalid_arg!(
+                "priority must be a finite number >= 0, got {priority}"
+            ));
         }
         // 0^α = 0 even for α = 0, so an item with priority 0 is never sampled.
-        Ok(if priority == 0.0 { 0.0 } else { priority.powf(self.exponent) })
+        Ok(if priority == 0.0 {
+            0.0
+        } else {
+            priority.powf(self.exponent)
+        })
     }
 
     fn set(&mut self, slot: usize, weight: f64) {
@@ -287,7 +307,12 @@ pub struct Ordered {
 
 impl Ordered {
     fn new(newest_first: bool) -> Self {
-        Self { newest_first, next_seq: 0, by_seq: BTreeMap::new(), seq_of: HashMap::new() }
+        Self {
+            newest_first,
+            next_seq: 0,
+            by_seq: BTreeMap::new(),
+            seq_of: HashMap::new(),
+        }
     }
 }
 
@@ -303,7 +328,10 @@ impl Selector for Ordered {
         Ok(())
     }
     fn update(&mut self, key: u64, _priority: f64) -> Result<()> {
-        self.seq_of.get(&key).map(|_| ()).ok_or_else(|| missing(key))
+        self.seq_of
+            .get(&key)
+            .map(|_| ())
+            .ok_or_else(|| missing(key))
     }
     fn delete(&mut self, key: u64) -> Result<()> {
         let seq = self.seq_of.remove(&key).ok_or_else(|| missing(key))?;
@@ -311,7 +339,11 @@ impl Selector for Ordered {
         Ok(())
     }
     fn sample(&mut self, _rng: &mut StdRng) -> Option<(u64, f64)> {
-        let entry = if self.newest_first { self.by_seq.last_key_value() } else { self.by_seq.first_key_value() };
+        let entry = if self.newest_first {
+            self.by_seq.last_key_value()
+        } else {
+            self.by_seq.first_key_value()
+        };
         entry.map(|(_, &key)| (key, 1.0))
     }
     fn clear(&mut self) {
@@ -349,7 +381,12 @@ pub struct HeapSelector {
 
 impl HeapSelector {
     fn new(min_heap: bool) -> Self {
-        Self { min_heap, next_seq: 0, ordered: BTreeMap::new(), position: HashMap::new() }
+        Self {
+            min_heap,
+            next_seq: 0,
+            ordered: BTreeMap::new(),
+            position: HashMap::new(),
+        }
     }
 
     fn position_for(&mut self, priority: f64) -> Result<(OrdF64, u64)> {
@@ -359,7 +396,10 @@ impl HeapSelector {
         let seq = self.next_seq;
         self.next_seq += 1;
         // Max-heap: order by negated priority so the first entry is always the one to pick.
-        Ok((OrdF64(if self.min_heap { priority } else { -priority }), seq))
+        Ok((
+            OrdF64(if self.min_heap { priority } else { -priority }),
+            seq,
+        ))
     }
 }
 
@@ -435,13 +475,21 @@ mod tests {
         assert!(!freq.contains_key(&3));
         for k in (0..10).filter(|&k| k != 3) {
             // 5 standard deviations of a binomial(90000, 1/9) frequency is ~0.0052.
-            assert!((freq[&k] - 1.0 / 9.0).abs() < 0.006, "key {k}: {}", freq[&k]);
+            assert!(
+                (freq[&k] - 1.0 / 9.0).abs() < 0.006,
+                "key {k}: {}",
+                freq[&k]
+            );
         }
     }
 
     #[test]
     fn prioritized_distribution_matches_weights() {
-        let mut s = SelectorKind::Prioritized { priority_exponent: 0.5 }.build().unwrap();
+        let mut s = SelectorKind::Prioritized {
+            priority_exponent: 0.5,
+        }
+        .build()
+        .unwrap();
         let priorities = [(1u64, 1.0), (2, 4.0), (3, 9.0), (4, 0.0), (5, 16.0)];
         for (k, p) in priorities {
             s.insert(k, p).unwrap();
@@ -455,14 +503,22 @@ mod tests {
         let mut r = rng();
         for _ in 0..100 {
             let (k, p) = s.sample(&mut r).unwrap();
-            let expected = [(1u64, 0.1), (2, 0.2), (3, 0.3), (5, 0.4)].iter().find(|e| e.0 == k).unwrap().1;
+            let expected = [(1u64, 0.1), (2, 0.2), (3, 0.3), (5, 0.4)]
+                .iter()
+                .find(|e| e.0 == k)
+                .unwrap()
+                .1;
             assert!((p - expected).abs() < 1e-12);
         }
     }
 
     #[test]
     fn prioritized_zero_exponent_zero_priority_is_zero() {
-        let mut s = SelectorKind::Prioritized { priority_exponent: 0.0 }.build().unwrap();
+        let mut s = SelectorKind::Prioritized {
+            priority_exponent: 0.0,
+        }
+        .build()
+        .unwrap();
         s.insert(1, 0.0).unwrap();
         s.insert(2, 5.0).unwrap();
         let freq = frequencies(s.as_mut(), 1000);
@@ -471,7 +527,11 @@ mod tests {
 
     #[test]
     fn prioritized_all_zero_falls_back_to_uniform() {
-        let mut s = SelectorKind::Prioritized { priority_exponent: 1.0 }.build().unwrap();
+        let mut s = SelectorKind::Prioritized {
+            priority_exponent: 1.0,
+        }
+        .build()
+        .unwrap();
         for k in 0..4 {
             s.insert(k, 0.0).unwrap();
         }
@@ -485,7 +545,11 @@ mod tests {
 
     #[test]
     fn prioritized_grows_updates_and_deletes() {
-        let mut s = SelectorKind::Prioritized { priority_exponent: 1.0 }.build().unwrap();
+        let mut s = SelectorKind::Prioritized {
+            priority_exponent: 1.0,
+        }
+        .build()
+        .unwrap();
         for k in 0..5000 {
             s.insert(k, 1.0).unwrap();
         }
@@ -540,7 +604,9 @@ mod tests {
     fn options_round_trip() {
         for kind in [
             SelectorKind::Uniform,
-            SelectorKind::Prioritized { priority_exponent: 0.8 },
+            SelectorKind::Prioritized {
+                priority_exponent: 0.8,
+            },
             SelectorKind::Fifo,
             SelectorKind::Lifo,
             SelectorKind::MinHeap,

@@ -85,7 +85,9 @@ pub struct Table {
 
 impl std::fmt::Debug for Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Table").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Table")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -105,7 +107,10 @@ impl Table {
             return Err(invalid_arg!("Table name must not be empty"));
         }
         if config.max_size <= 0 {
-            return Err(invalid_arg!("max_size ({}) must be a positive integer", config.max_size));
+            return Err(invalid_arg!(
+                "max_size ({}) must be a positive integer",
+                config.max_size
+            ));
         }
         let state = State {
             items: HashMap::new(),
@@ -117,7 +122,11 @@ impl Table {
             num_unique_samples: 0,
             rng,
         };
-        Ok(Self { config, state: Mutex::new(state), changed: Notify::new() })
+        Ok(Self {
+            config,
+            state: Mutex::new(state),
+            changed: Notify::new(),
+        })
     }
 
     /// The table's name.
@@ -198,7 +207,14 @@ impl Table {
         for chunk in &item.chunks {
             *st.episode_refs.entry(chunk.episode_id()).or_insert(0) += 1;
         }
-        st.items.insert(key, Entry { data: Arc::new(item), priority, times_sampled: 0 });
+        st.items.insert(
+            key,
+            Entry {
+                data: Arc::new(item),
+                priority,
+                times_sampled: 0,
+            },
+        );
         st.limiter.insert();
         if st.items.len() as i64 > self.config.max_size {
             if let Some((victim, _)) = st.remover.sample(&mut st.rng) {
@@ -219,7 +235,9 @@ impl Table {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         while out.len() < max_items && bytes < max_bytes && st.limiter.can_sample(1) {
-            let Some((key, probability)) = st.sampler.sample(&mut st.rng) else { break };
+            let Some((key, probability)) = st.sampler.sample(&mut st.rng) else {
+                break;
+            };
             let table_size = st.items.len() as i64;
             let entry = st.items.get_mut(&key).expect("selector and items agree");
             entry.times_sampled += 1;
@@ -227,7 +245,12 @@ impl Table {
                 st.num_unique_samples += 1;
             }
             st.limiter.sample();
-            bytes += entry.data.chunks.iter().map(|c| c.byte_size()).sum::<usize>();
+            bytes += entry
+                .data
+                .chunks
+                .iter()
+                .map(|c| c.byte_size())
+                .sum::<usize>();
             out.push(SampledItem {
                 item: entry.data.clone(),
                 priority: entry.priority,
@@ -308,13 +331,17 @@ impl Table {
     /// The stored item with `key`, with its priority and times sampled.
     pub fn get(&self, key: u64) -> Option<(Arc<ItemData>, f64, i32)> {
         let st = self.state.lock();
-        st.items.get(&key).map(|e| (e.data.clone(), e.priority, e.times_sampled))
+        st.items
+            .get(&key)
+            .map(|e| (e.data.clone(), e.priority, e.times_sampled))
     }
 }
 
 impl State {
     fn delete_item(&mut self, key: u64) {
-        let Some(entry) = self.items.remove(&key) else { return };
+        let Some(entry) = self.items.remove(&key) else {
+            return;
+        };
         self.sampler.delete(key).expect("selector and items agree");
         self.remover.delete(key).expect("selector and items agree");
         self.limiter.delete();
@@ -332,6 +359,11 @@ impl State {
 }
 
 fn now() -> prost_types::Timestamp {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    prost_types::Timestamp { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
 }

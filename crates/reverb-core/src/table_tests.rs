@@ -29,7 +29,12 @@ fn config(sampler: SelectorKind, remover: SelectorKind, max_size: i64) -> TableC
 fn chunk(key: u64, episode: u64) -> Arc<Chunk> {
     Arc::new(Chunk::new(ChunkData {
         chunk_key: key,
-        sequence_range: Some(SequenceRange { episode_id: episode, start: 0, end: 0, sparse: false }),
+        sequence_range: Some(SequenceRange {
+            episode_id: episode,
+            start: 0,
+            end: 0,
+            sparse: false,
+        }),
         data: Bytes::from(vec![0u8; 10]),
         ..Default::default()
     }))
@@ -39,7 +44,12 @@ fn item(key: u64, chunks: Vec<Arc<Chunk>>) -> ItemData {
     let columns = chunks
         .iter()
         .map(|c| flat_trajectory::Column {
-            chunk_slices: vec![flat_trajectory::ChunkSlice { chunk_key: c.key(), offset: 0, length: 1, index: 0 }],
+            chunk_slices: vec![flat_trajectory::ChunkSlice {
+                chunk_key: c.key(),
+                offset: 0,
+                length: 1,
+                index: 0,
+            }],
             squeeze: false,
         })
         .collect();
@@ -53,7 +63,11 @@ fn item(key: u64, chunks: Vec<Arc<Chunk>>) -> ItemData {
 }
 
 fn insert(t: &Table, key: u64, priority: f64) {
-    assert!(matches!(t.try_insert(item(key, vec![chunk(key, key)]), priority).unwrap(), InsertOutcome::Inserted));
+    assert!(matches!(
+        t.try_insert(item(key, vec![chunk(key, key)]), priority)
+            .unwrap(),
+        InsertOutcome::Inserted
+    ));
 }
 
 #[test]
@@ -73,7 +87,14 @@ fn fifo_eviction_happens_after_insertion() {
     let info = t.info();
     assert_eq!(info.current_size, 2);
     assert_eq!(info.num_deleted_episodes, 1);
-    assert_eq!(info.rate_limiter_info.unwrap().insert_stats.unwrap().completed, 3);
+    assert_eq!(
+        info.rate_limiter_info
+            .unwrap()
+            .insert_stats
+            .unwrap()
+            .completed,
+        3
+    );
 }
 
 #[test]
@@ -81,7 +102,10 @@ fn existing_key_only_updates_priority() {
     let t = Table::new(config(SelectorKind::MaxHeap, SelectorKind::Fifo, 10)).unwrap();
     insert(&t, 1, 1.0);
     insert(&t, 2, 2.0);
-    assert!(matches!(t.try_insert(item(1, vec![chunk(9, 9)]), 5.0).unwrap(), InsertOutcome::Updated));
+    assert!(matches!(
+        t.try_insert(item(1, vec![chunk(9, 9)]), 5.0).unwrap(),
+        InsertOutcome::Updated
+    ));
     assert_eq!(t.size(), 2);
     let s = t.try_sample(1, usize::MAX);
     assert_eq!(s[0].item.key, 1);
@@ -109,7 +133,12 @@ fn max_times_sampled_deletes_inside_sampling() {
 fn queue_blocks_inserts_when_full_and_samples_when_empty() {
     let mut c = config(SelectorKind::Fifo, SelectorKind::Fifo, 2);
     c.max_times_sampled = 1;
-    c.rate_limiter = RateLimiterConfig { samples_per_insert: 1.0, min_size_to_sample: 1, min_diff: 0.0, max_diff: 2.0 };
+    c.rate_limiter = RateLimiterConfig {
+        samples_per_insert: 1.0,
+        min_size_to_sample: 1,
+        min_diff: 0.0,
+        max_diff: 2.0,
+    };
     let t = Table::new(c).unwrap();
     assert!(t.try_sample(1, usize::MAX).is_empty());
     insert(&t, 1, 0.0);
@@ -120,7 +149,11 @@ fn queue_blocks_inserts_when_full_and_samples_when_empty() {
     }
     assert_eq!(t.try_sample(1, usize::MAX)[0].item.key, 1);
     insert(&t, 3, 0.0);
-    let keys: Vec<u64> = t.try_sample(5, usize::MAX).iter().map(|s| s.item.key).collect();
+    let keys: Vec<u64> = t
+        .try_sample(5, usize::MAX)
+        .iter()
+        .map(|s| s.item.key)
+        .collect();
     assert_eq!(keys, vec![2, 3]);
 }
 
@@ -150,29 +183,53 @@ fn chunks_shared_across_tables_live_until_last_item() {
     b.mutate_items(&[], &[2]).unwrap();
     assert!(weak.upgrade().is_some());
     drop(sampled);
-    assert!(weak.upgrade().is_none(), "freed when the last reference is gone");
+    assert!(
+        weak.upgrade().is_none(),
+        "freed when the last reference is gone"
+    );
 }
 
 #[test]
 fn episode_counters() {
     let t = Table::new(config(SelectorKind::Uniform, SelectorKind::Fifo, 10)).unwrap();
-    t.try_insert(item(1, vec![chunk(1, 7), chunk(2, 7)]), 1.0).unwrap();
+    t.try_insert(item(1, vec![chunk(1, 7), chunk(2, 7)]), 1.0)
+        .unwrap();
     t.try_insert(item(2, vec![chunk(3, 7)]), 1.0).unwrap();
     t.try_insert(item(3, vec![chunk(4, 8)]), 1.0).unwrap();
     assert_eq!(t.info().num_episodes, 2);
     t.mutate_items(&[], &[1]).unwrap();
-    assert_eq!((t.info().num_episodes, t.info().num_deleted_episodes), (2, 0));
+    assert_eq!(
+        (t.info().num_episodes, t.info().num_deleted_episodes),
+        (2, 0)
+    );
     t.mutate_items(&[], &[2, 3, 999]).unwrap();
-    assert_eq!((t.info().num_episodes, t.info().num_deleted_episodes), (0, 2));
+    assert_eq!(
+        (t.info().num_episodes, t.info().num_deleted_episodes),
+        (0, 2)
+    );
     t.reset();
     let info = t.info();
     assert_eq!((info.num_deleted_episodes, info.current_size), (0, 0));
-    assert_eq!(info.rate_limiter_info.unwrap().insert_stats.unwrap().completed, 0);
+    assert_eq!(
+        info.rate_limiter_info
+            .unwrap()
+            .insert_stats
+            .unwrap()
+            .completed,
+        0
+    );
 }
 
 #[test]
 fn mutate_checks_priorities_before_changing_anything() {
-    let t = Table::new(config(SelectorKind::Prioritized { priority_exponent: 1.0 }, SelectorKind::Fifo, 10)).unwrap();
+    let t = Table::new(config(
+        SelectorKind::Prioritized {
+            priority_exponent: 1.0,
+        },
+        SelectorKind::Fifo,
+        10,
+    ))
+    .unwrap();
     insert(&t, 1, 1.0);
     insert(&t, 2, 1.0);
     assert!(t.mutate_items(&[(1, 3.0), (2, -1.0)], &[]).is_err());

@@ -1,1 +1,25 @@
+//! The Reverb gRPC service over `reverb-core` tables, and a server you can start and stop.
+//!
+//! Data path: `InsertStream` stores chunk bytes per stream and inserts items into tables
+//! (waiting, not buffering, while a rate limiter blocks); `SampleStream` samples batches from a
+//! table and streams chunk bytes back without decoding them.
 
+mod insert;
+mod sample;
+mod server;
+mod service;
+
+pub use server::{Server, ServerOptions};
+pub use service::ReverbServiceImpl;
+
+use reverb_core::CoreError;
+use tonic::Status;
+
+/// Maps an engine error to its gRPC status.
+pub(crate) fn status(e: CoreError) -> Status {
+    match e {
+        CoreError::InvalidArgument(m) => Status::invalid_argument(m),
+        CoreError::NotFound(m) => Status::not_found(m),
+        CoreError::FailedPrecondition(m) => Status::failed_precondition(m),
+    }
+}

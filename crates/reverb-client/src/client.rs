@@ -1,0 +1,392 @@
+//! `Client`: unary calls, one-shot inserts and batched sampling, each bounded by a deadline.
+
+use crate::tensor::{decode_chunk, encode_chunk, Tensor};
+use crate::{runtime, ClientError, Result};
+use reverb_proto::flat_trajectory::{ChunkSlice, Column};
+use reverb_proto::reverb_service_client::ReverbServiceClient;
+use reverb_proto::*;
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+/// One sampled item: its info and one decoded tensor per column.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Key, priority, times sampled, probability, table size.
+    pub info: SampleInfo,
+    /// Columns, concatenated over their chunk slices (squeezed where flagged).
+    pub columns: Vec<Tensor>,
+}
+
+/// A connection to one server. Cheap to clone; connects lazily and reconnects as needed.
+#[derive(Clone)]
+pub struct Client {
+    address: String,
+    stub: ReverbServiceClient<Channel>,
+}
+
+const MAX_MESSAGE_SIZE: usize = 1 << 30;
+
+impl Client {
+    /// A client for `address` (`host:port`, optionally with a scheme). Does not connect yet.
+    pub fn new(address: &str) -> Result<Self> {
+        let uri = if address.contains("://") {
+            address.to_string()
+        } else {
+            format!("http://{address}")
+        };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| ClientError::invalid(format!("Invalid server address '{address}': {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true);
+        let channel = {
+            let _guard = runtime().enter();
+            endpoint.connect_lazy()
+        };
+        let stub = ReverbServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE);
+        Ok(Self {
+            address: address.to_string(),
+            stub,
+        })
+    }
+
+    /// The address given at construction.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn status(&self, status: tonic::Status) -> ClientError {
+        ClientError::from_status(status, &self.address)
+    }
+
+    /// Runs `fut` on the client runtime with an optional deadline.
+    fn block_on<T>(
+        &self,
+        what: &str,
+        timeout: Option<Duration>,
+        fut: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        runtime().block_on(async {
+            match timeout {
+                None => fut.await,
+                Some(t) => tokio::time::timeout(t, fut).await.unwrap_or_else(|_| {
+                    Err(ClientError::deadline(format!(
+                        "Deadline Exceeded: {what} on {} did not finish within {:.3}s",
+                        self.address,
+                        t.as_secs_f64()
+                    )))
+                }),
+            }
+        })
+    }
+
+    /// `ServerInfo`: every table's `TableInfo`.
+    pub fn server_info(&self, timeout: Option<Duration>) -> Result<Vec<TableInfo>> {
+        let mut stub = self.stub.clone();
+        self.block_on("ServerInfo", timeout, async {
+            let response = stub
+                .server_info(ServerInfoRequest {})
+                .await
+                .map_err(|s| self.status(s))?;
+            Ok(response.into_inner().table_info)
+        })
+    }
+
+    /// `MutatePriorities`: deletes, then updates; unknown keys are ignored by the server.
+    pub fn mutate_priorities(
+        &self,
+        table: &str,
+        updates: Vec<(u64, f64)>,
+        deletes: Vec<u64>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let mut stub = self.stub.clone();
+        let request = MutatePrioritiesRequest {
+            table: table.to_string(),
+            updates: updates
+                .into_iter()
+                .map(|(key, priority)| KeyWithPriority { key, priority })
+                .collect(),
+            delete_keys: deletes,
+        };
+        self.block_on("MutatePriorities", timeout, async {
+            stub.mutate_priorities(request)
+                .await
+                .map_err(|s| self.status(s))?;
+            Ok(())
+        })
+    }
+
+    /// `Reset`: empties a table.
+    pub fn reset(&self, table: &str, timeout: Option<Duration>) -> Result<()> {
+        let mut stub = self.stub.clone();
+        let request = ResetRequest {
+            table: table.to_string(),
+        };
+        self.block_on("Reset", timeout, async {
+            stub.reset(request).await.map_err(|s| self.status(s))?;
+            Ok(())
+        })
+    }
+
+    /// `Checkpoint`: returns the path the server wrote.
+    pub fn checkpoint(&self, timeout: Option<Duration>) -> Result<String> {
+        let mut stub = self.stub.clone();
+        self.block_on("Checkpoint", timeout, async {
+            let response = stub
+                .checkpoint(CheckpointRequest {})
+                .await
+                .map_err(|s| self.status(s))?;
+            Ok(response.into_inner().checkpoint_path)
+        })
+    }
+
+    /// Inserts one step (`columns`, each without a batch dimension) as one item per
+    /// `(table, priority)`; the items share the step's chunks. Returns the item keys once the
+    /// server has confirmed them all.
+    pub fn insert_step(
+        &self,
+        columns: Vec<Tensor>,
+        priorities: Vec<(String, f64)>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<u64>> {
+        if priorities.is_empty() {
+            return Err(ClientError::invalid("priorities must not be empty"));
+        }
+        if columns.is_empty() {
+            return Err(ClientError::invalid(
+                "data must contain at least one tensor",
+            ));
+        }
+        let episode_id: u64 = rand::random();
+        let range = SequenceRange {
+            episode_id,
+            start: 0,
+            end: 0,
+            sparse: false,
+        };
+        let mut chunks = Vec::with_capacity(columns.len());
+        let mut trajectory_columns = Vec::with_capacity(columns.len());
+        for mut column in columns {
+            column.shape.insert(0, 1);
+            let key: u64 = rand::random();
+            chunks.push(encode_chunk(key, range, std::slice::from_ref(&column)));
+            trajectory_columns.push(Column {
+                chunk_slices: vec![ChunkSlice {
+                    chunk_key: key,
+                    offset: 0,
+                    length: 1,
+                    index: 0,
+                }],
+                squeeze: false,
+            });
+        }
+        let trajectory = FlatTrajectory {
+            columns: trajectory_columns,
+        };
+        let items: Vec<PrioritizedItem> = priorities
+            .into_iter()
+            .map(|(table, priority)| PrioritizedItem {
+                key: rand::random(),
+                table,
+                priority,
+                flat_trajectory: Some(trajectory.clone()),
+                ..Default::default()
+            })
+            .collect();
+        let keys: Vec<u64> = items.iter().map(|i| i.key).collect();
+        let request = InsertStreamRequest {
+            chunks,
+            items,
+            keep_chunk_keys: Vec::new(),
+        };
+        self.insert_requests(vec![request], timeout)?;
+        Ok(keys)
+    }
+
+    /// Sends requests on one `InsertStream` and waits until every item is confirmed.
+    pub fn insert_requests(
+        &self,
+        requests: Vec<InsertStreamRequest>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let mut pending: std::collections::HashSet<u64> = requests
+            .iter()
+            .flat_map(|r| r.items.iter().map(|i| i.key))
+            .collect();
+        let mut stub = self.stub.clone();
+        self.block_on("InsertStream", timeout, async {
+            let (tx, rx) = mpsc::channel(requests.len().max(1));
+            for r in requests {
+                tx.send(r)
+                    .await
+                    .expect("channel has room for every request");
+            }
+            // Keep the request side open until all confirmations arrive.
+            let mut responses = stub
+                .insert_stream(ReceiverStream::new(rx))
+                .await
+                .map_err(|s| self.status(s))?
+                .into_inner();
+            while !pending.is_empty() {
+                match responses.message().await.map_err(|s| self.status(s))? {
+                    Some(r) => r.keys.iter().for_each(|k| {
+                        pending.remove(k);
+                    }),
+                    None => return Err(ClientError::new(
+                        Code::Internal,
+                        format!(
+                            "Server at {} closed the insert stream before confirming every item",
+                            self.address
+                        ),
+                    )),
+                }
+            }
+            drop(tx);
+            Ok(())
+        })
+    }
+
+    /// Samples `num_samples` items from `table` on one stream. `rate_limiter_timeout` bounds
+    /// each wait for the rate limiter on the server; `timeout` bounds the whole call.
+    pub fn sample(
+        &self,
+        table: &str,
+        num_samples: usize,
+        rate_limiter_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Sample>> {
+        if num_samples == 0 {
+            return Err(ClientError::invalid("num_samples must be >= 1"));
+        }
+        let request = SampleStreamRequest {
+            table: table.to_string(),
+            num_samples: num_samples as i64,
+            rate_limiter_timeout: Some(Timeout {
+                milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
+            }),
+        };
+        let mut stub = self.stub.clone();
+        self.block_on("SampleStream", timeout, async {
+            let (tx, rx) = mpsc::channel(1);
+            tx.send(request).await.expect("room for one request");
+            let mut responses = stub
+                .sample_stream(ReceiverStream::new(rx))
+                .await
+                .map_err(|s| self.status(s))?
+                .into_inner();
+            let mut samples = Vec::with_capacity(num_samples);
+            let mut partial: Option<(SampleInfo, Vec<ChunkData>)> = None;
+            while samples.len() < num_samples {
+                let response = responses
+                    .message()
+                    .await
+                    .map_err(|s| self.status(s))?
+                    .ok_or_else(|| {
+                        ClientError::new(
+                            Code::Internal,
+                            format!("Server at {} ended the sample stream early", self.address),
+                        )
+                    })?;
+                for entry in response.entries {
+                    let (_, chunks) = match (&mut partial, entry.info) {
+                        (None, Some(info)) => partial.insert((info, Vec::new())),
+                        (Some(p), None) => p,
+                        _ => {
+                            return Err(ClientError::data_loss(
+                                "Malformed sample stream: sample entries out of order",
+                            ))
+                        }
+                    };
+                    chunks.extend(entry.data);
+                    if entry.end_of_sequence {
+                        let (info, chunks) = partial.take().expect("set above");
+                        samples.push((info, chunks));
+                    }
+                }
+            }
+            drop(tx);
+            Ok(samples)
+        })?
+        .into_iter()
+        .map(|(info, chunks)| assemble(info, &chunks))
+        .collect()
+    }
+}
+
+/// Builds a sample's columns from its chunks.
+fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
+    let mut decoded: HashMap<u64, Vec<Tensor>> = HashMap::with_capacity(chunks.len());
+    for chunk in chunks {
+        if !decoded.contains_key(&chunk.chunk_key) {
+            decoded.insert(chunk.chunk_key, decode_chunk(chunk)?);
+        }
+    }
+    let item = info
+        .item
+        .as_ref()
+        .ok_or_else(|| ClientError::data_loss("Sample without an item"))?;
+    let trajectory = item
+        .flat_trajectory
+        .as_ref()
+        .ok_or_else(|| ClientError::data_loss("Item without trajectory"))?;
+    let columns = trajectory
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(c, column)| {
+            let mut out: Option<Tensor> = None;
+            for slice in &column.chunk_slices {
+                let tensor = decoded
+                    .get(&slice.chunk_key)
+                    .and_then(|ts| ts.get(slice.index as usize))
+                    .ok_or_else(|| {
+                        ClientError::data_loss(format!(
+                            "Column {c} references chunk {} (tensor {}) which the sample did not carry",
+                            slice.chunk_key, slice.index
+                        ))
+                    })?;
+                let (offset, length) = (slice.offset as usize, slice.length as usize);
+                if offset + length > tensor.rows() || tensor.shape.is_empty() {
+                    return Err(ClientError::data_loss(format!(
+                        "Column {c} slices rows {offset}..{} of a chunk with {} rows",
+                        offset + length,
+                        tensor.rows()
+                    )));
+                }
+                let row = tensor.row_bytes();
+                let bytes = &tensor.data[offset * row..(offset + length) * row];
+                match &mut out {
+                    None => {
+                        let mut shape = tensor.shape.clone();
+                        shape[0] = length as i64;
+                        out = Some(Tensor { dtype: tensor.dtype, shape, data: bytes.to_vec() });
+                    }
+                    Some(acc) => {
+                        if acc.dtype != tensor.dtype || acc.shape[1..] != tensor.shape[1..] {
+                            return Err(ClientError::data_loss(format!(
+                                "Column {c} mixes chunks of different dtypes or shapes"
+                            )));
+                        }
+                        acc.shape[0] += length as i64;
+                        acc.data.extend_from_slice(bytes);
+                    }
+                }
+            }
+            let mut tensor = out.ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
+            if column.squeeze {
+                tensor.shape.remove(0);
+            }
+            Ok(tensor)
+        })
+        .collect::<Result<Vec<Tensor>>>()?;
+    Ok(Sample { info, columns })
+}

@@ -1,0 +1,144 @@
+//! One `InsertStream`: chunks are kept per stream (pruned by `keep_chunk_keys`), items are
+//! resolved to their chunks and inserted; confirmed keys go back after each request.
+
+use crate::service::find_table;
+use crate::status;
+use reverb_core::{Chunk, InsertOutcome, ItemData, Table};
+use reverb_proto::{InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+type Tx = mpsc::Sender<Result<InsertStreamResponse, Status>>;
+
+pub(crate) async fn run(
+    tables: Arc<BTreeMap<String, Arc<Table>>>,
+    mut inbound: Streaming<InsertStreamRequest>,
+    tx: Tx,
+) {
+    let mut chunks: HashMap<u64, Arc<Chunk>> = HashMap::new();
+    loop {
+        let request = match inbound.message().await {
+            Ok(Some(r)) => r,
+            // End of stream, or the client went away / sent garbage: nothing more to do.
+            Ok(None) | Err(_) => return,
+        };
+        match handle(&tables, &mut chunks, request, &tx).await {
+            Ok(keys) if keys.is_empty() => {}
+            Ok(keys) => {
+                if tx.send(Ok(InsertStreamResponse { keys })).await.is_err() {
+                    return;
+                }
+            }
+            Err(Some(status)) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+            Err(None) => return, // client gone
+        }
+    }
+}
+
+/// Returns the confirmed keys; `Err(None)` when the client disconnected while we waited.
+async fn handle(
+    tables: &BTreeMap<String, Arc<Table>>,
+    chunks: &mut HashMap<u64, Arc<Chunk>>,
+    request: InsertStreamRequest,
+    tx: &Tx,
+) -> Result<Vec<u64>, Option<Status>> {
+    if request.chunks.is_empty() && request.items.is_empty() {
+        return Err(Some(Status::invalid_argument(
+            "InsertStreamRequest must contain at least one chunk or item",
+        )));
+    }
+    for data in request.chunks {
+        chunks.insert(data.chunk_key, Arc::new(Chunk::new(data)));
+    }
+    let mut confirmed = Vec::with_capacity(request.items.len());
+    for item in request.items {
+        let table = find_table(tables, &item.table)?;
+        let priority = item.priority;
+        let key = item.key;
+        let item = resolve(item, chunks)?;
+        insert_waiting(&table, item, priority, tx).await?;
+        confirmed.push(key);
+    }
+    if !request.keep_chunk_keys.is_empty() || !confirmed.is_empty() {
+        let keep: std::collections::HashSet<u64> = request.keep_chunk_keys.into_iter().collect();
+        chunks.retain(|k, _| keep.contains(k));
+    }
+    Ok(confirmed)
+}
+
+/// Checks an item's trajectory and attaches the chunks it references.
+fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Arc<Chunk>>) -> Result<ItemData, Status> {
+    let trajectory = item.flat_trajectory.as_ref().ok_or_else(|| {
+        Status::invalid_argument(format!("Item {} has no flat_trajectory", item.key))
+    })?;
+    if trajectory.columns.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "Item {} has no columns",
+            item.key
+        )));
+    }
+    let mut used: Vec<Arc<Chunk>> = Vec::new();
+    for (i, column) in trajectory.columns.iter().enumerate() {
+        if column.chunk_slices.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "Column {i} of item {} has no chunk slices",
+                item.key
+            )));
+        }
+        if column.squeeze && (column.chunk_slices.len() != 1 || column.chunk_slices[0].length != 1)
+        {
+            return Err(Status::invalid_argument(format!(
+                "Column {i} of item {} is squeezed but does not reference exactly one row",
+                item.key
+            )));
+        }
+        for slice in &column.chunk_slices {
+            if slice.offset < 0 || slice.length < 1 || slice.index < 0 {
+                return Err(Status::invalid_argument(format!(
+                    "Column {i} of item {} has an invalid chunk slice (offset {}, length {}, index {})",
+                    item.key, slice.offset, slice.length, slice.index
+                )));
+            }
+            let chunk = chunks.get(&slice.chunk_key).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "Could not find sequence chunk {} referenced by item {}",
+                    slice.chunk_key, item.key
+                ))
+            })?;
+            if !used.iter().any(|c| c.key() == slice.chunk_key) {
+                used.push(chunk.clone());
+            }
+        }
+    }
+    Ok(ItemData::from_proto(item, used))
+}
+
+/// Inserts, waiting while the rate limiter blocks; gives up if the client disconnects.
+async fn insert_waiting(
+    table: &Table,
+    mut item: ItemData,
+    priority: f64,
+    tx: &Tx,
+) -> Result<(), Option<Status>> {
+    loop {
+        let notified = table.changed().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match table
+            .try_insert(item, priority)
+            .map_err(|e| Some(status(e)))?
+        {
+            InsertOutcome::Blocked(back) => item = back,
+            _ => return Ok(()),
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tx.closed() => return Err(None),
+        }
+    }
+}

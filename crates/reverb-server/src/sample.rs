@@ -1,0 +1,144 @@
+//! One `SampleStream`: each request asks for `num_samples`; batches are sampled while the rate
+//! limiter allows and streamed back as entries of at most ~2 MiB responses.
+
+use crate::service::find_table;
+use reverb_core::{SampledItem, Table};
+use reverb_proto::sample_stream_response::SampleEntry;
+use reverb_proto::{SampleInfo, SampleStreamRequest, SampleStreamResponse};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::{Status, Streaming};
+
+type Tx = mpsc::Sender<Result<SampleStreamResponse, Status>>;
+
+/// Most chunk bytes one table call samples (the reference's kMaxSampleResponseSizeBytes).
+const MAX_BATCH_BYTES: usize = 1 << 20;
+/// A response is sent once it holds this many chunk bytes.
+const MAX_RESPONSE_BYTES: usize = 2 << 20;
+/// Most items one table call samples.
+const MAX_BATCH_ITEMS: usize = 1024;
+
+pub(crate) async fn run(
+    tables: Arc<BTreeMap<String, Arc<Table>>>,
+    mut inbound: Streaming<SampleStreamRequest>,
+    tx: Tx,
+) {
+    loop {
+        let request = match inbound.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) | Err(_) => return,
+        };
+        if let Err(status) = serve(&tables, request, &tx).await {
+            if let Some(status) = status {
+                let _ = tx.send(Err(status)).await;
+            }
+            return;
+        }
+    }
+}
+
+/// Serves one request; `Err(None)` when the client went away.
+async fn serve(
+    tables: &BTreeMap<String, Arc<Table>>,
+    request: SampleStreamRequest,
+    tx: &Tx,
+) -> Result<(), Option<Status>> {
+    if request.num_samples <= 0 {
+        return Err(Some(Status::invalid_argument(format!(
+            "num_samples must be > 0, got {}",
+            request.num_samples
+        ))));
+    }
+    let table = find_table(tables, &request.table)?;
+    // As in the reference, a missing or non-positive timeout means wait forever.
+    let timeout = request
+        .rate_limiter_timeout
+        .map(|t| t.milliseconds)
+        .filter(|&ms| ms > 0)
+        .map(|ms| Duration::from_millis(ms as u64));
+    let mut remaining = request.num_samples as usize;
+    while remaining > 0 {
+        let batch = sample_waiting(&table, remaining.min(MAX_BATCH_ITEMS), timeout, tx).await?;
+        remaining -= batch.len();
+        send_batch(batch, tx).await?;
+    }
+    Ok(())
+}
+
+async fn sample_waiting(
+    table: &Table,
+    max_items: usize,
+    timeout: Option<Duration>,
+    tx: &Tx,
+) -> Result<Vec<SampledItem>, Option<Status>> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let notified = table.changed().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let batch = table.try_sample(max_items, MAX_BATCH_BYTES);
+        if !batch.is_empty() {
+            return Ok(batch);
+        }
+        let expired = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = notified => {}
+            _ = expired => {
+                return Err(Some(Status::deadline_exceeded(
+                    "Rate Limiter: Timeout exceeded before the right to sample was acquired.",
+                )))
+            }
+            _ = tx.closed() => return Err(None),
+        }
+    }
+}
+
+/// Streams a batch; a sample's chunks may be split over several entries (and responses): the
+/// first entry carries `info`, the last has `end_of_sequence`.
+async fn send_batch(batch: Vec<SampledItem>, tx: &Tx) -> Result<(), Option<Status>> {
+    let mut response = SampleStreamResponse::default();
+    let mut bytes = 0usize;
+    for sample in batch {
+        let mut entry = SampleEntry {
+            info: Some(SampleInfo {
+                item: Some(sample.item.to_proto(sample.priority, sample.times_sampled)),
+                probability: sample.probability,
+                table_size: sample.table_size,
+                rate_limited: false,
+            }),
+            data: Vec::with_capacity(sample.item.chunks.len()),
+            end_of_sequence: false,
+        };
+        for chunk in &sample.item.chunks {
+            if bytes > 0 && bytes + chunk.byte_size() > MAX_RESPONSE_BYTES {
+                response.entries.push(std::mem::take(&mut entry));
+                send(std::mem::take(&mut response), tx).await?;
+                bytes = 0;
+            }
+            bytes += chunk.byte_size();
+            entry.data.push(chunk.data().clone());
+        }
+        entry.end_of_sequence = true;
+        response.entries.push(entry);
+        if bytes >= MAX_RESPONSE_BYTES {
+            send(std::mem::take(&mut response), tx).await?;
+            bytes = 0;
+        }
+    }
+    if !response.entries.is_empty() {
+        send(response, tx).await?;
+    }
+    Ok(())
+}
+
+async fn send(response: SampleStreamResponse, tx: &Tx) -> Result<(), Option<Status>> {
+    tx.send(Ok(response)).await.map_err(|_| None)
+}
