@@ -67,41 +67,40 @@ impl Client {
         ClientError::from_status(status, &self.address)
     }
 
-    /// Runs `fut` on the client runtime with an optional deadline.
-    fn block_on<T>(
+    /// Awaits `fut`, failing with DEADLINE_EXCEEDED once `timeout` passes.
+    async fn with_deadline<T>(
         &self,
         what: &str,
         timeout: Option<Duration>,
         fut: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        runtime().block_on(async {
-            match timeout {
-                None => fut.await,
-                Some(t) => tokio::time::timeout(t, fut).await.unwrap_or_else(|_| {
-                    Err(ClientError::deadline(format!(
-                        "Deadline Exceeded: {what} on {} did not finish within {:.3}s",
-                        self.address,
-                        t.as_secs_f64()
-                    )))
-                }),
-            }
-        })
+        match timeout {
+            None => fut.await,
+            Some(t) => tokio::time::timeout(t, fut).await.unwrap_or_else(|_| {
+                Err(ClientError::deadline(format!(
+                    "Deadline Exceeded: {what} on {} did not finish within {:.3}s",
+                    self.address,
+                    t.as_secs_f64()
+                )))
+            }),
+        }
     }
 
     /// `ServerInfo`: every table's `TableInfo`.
-    pub fn server_info(&self, timeout: Option<Duration>) -> Result<Vec<TableInfo>> {
+    pub async fn server_info(&self, timeout: Option<Duration>) -> Result<Vec<TableInfo>> {
         let mut stub = self.stub.clone();
-        self.block_on("ServerInfo", timeout, async {
+        self.with_deadline("ServerInfo", timeout, async {
             let response = stub
                 .server_info(ServerInfoRequest {})
                 .await
                 .map_err(|s| self.status(s))?;
             Ok(response.into_inner().table_info)
         })
+        .await
     }
 
     /// `MutatePriorities`: deletes, then updates; unknown keys are ignored by the server.
-    pub fn mutate_priorities(
+    pub async fn mutate_priorities(
         &self,
         table: &str,
         updates: Vec<(u64, f64)>,
@@ -117,42 +116,45 @@ impl Client {
                 .collect(),
             delete_keys: deletes,
         };
-        self.block_on("MutatePriorities", timeout, async {
+        self.with_deadline("MutatePriorities", timeout, async {
             stub.mutate_priorities(request)
                 .await
                 .map_err(|s| self.status(s))?;
             Ok(())
         })
+        .await
     }
 
     /// `Reset`: empties a table.
-    pub fn reset(&self, table: &str, timeout: Option<Duration>) -> Result<()> {
+    pub async fn reset(&self, table: &str, timeout: Option<Duration>) -> Result<()> {
         let mut stub = self.stub.clone();
         let request = ResetRequest {
             table: table.to_string(),
         };
-        self.block_on("Reset", timeout, async {
+        self.with_deadline("Reset", timeout, async {
             stub.reset(request).await.map_err(|s| self.status(s))?;
             Ok(())
         })
+        .await
     }
 
     /// `Checkpoint`: returns the path the server wrote.
-    pub fn checkpoint(&self, timeout: Option<Duration>) -> Result<String> {
+    pub async fn checkpoint(&self, timeout: Option<Duration>) -> Result<String> {
         let mut stub = self.stub.clone();
-        self.block_on("Checkpoint", timeout, async {
+        self.with_deadline("Checkpoint", timeout, async {
             let response = stub
                 .checkpoint(CheckpointRequest {})
                 .await
                 .map_err(|s| self.status(s))?;
             Ok(response.into_inner().checkpoint_path)
         })
+        .await
     }
 
     /// Inserts one step (`columns`, each without a batch dimension) as one item per
     /// `(table, priority)`; the items share the step's chunks. Returns the item keys once the
     /// server has confirmed them all.
-    pub fn insert_step(
+    pub async fn insert_step(
         &self,
         columns: Vec<Tensor>,
         priorities: Vec<(String, f64)>,
@@ -208,12 +210,12 @@ impl Client {
             items,
             keep_chunk_keys: Vec::new(),
         };
-        self.insert_requests(vec![request], timeout)?;
+        self.insert_requests(vec![request], timeout).await?;
         Ok(keys)
     }
 
     /// Sends requests on one `InsertStream` and waits until every item is confirmed.
-    pub fn insert_requests(
+    pub async fn insert_requests(
         &self,
         requests: Vec<InsertStreamRequest>,
         timeout: Option<Duration>,
@@ -223,7 +225,7 @@ impl Client {
             .flat_map(|r| r.items.iter().map(|i| i.key))
             .collect();
         let mut stub = self.stub.clone();
-        self.block_on("InsertStream", timeout, async {
+        self.with_deadline("InsertStream", timeout, async {
             let (tx, rx) = mpsc::channel(requests.len().max(1));
             for r in requests {
                 tx.send(r)
@@ -241,23 +243,26 @@ impl Client {
                     Some(r) => r.keys.iter().for_each(|k| {
                         pending.remove(k);
                     }),
-                    None => return Err(ClientError::new(
-                        Code::Internal,
-                        format!(
+                    None => {
+                        return Err(ClientError::new(
+                            Code::Internal,
+                            format!(
                             "Server at {} closed the insert stream before confirming every item",
                             self.address
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
             drop(tx);
             Ok(())
         })
+        .await
     }
 
     /// Samples `num_samples` items from `table` on one stream. `rate_limiter_timeout` bounds
     /// each wait for the rate limiter on the server; `timeout` bounds the whole call.
-    pub fn sample(
+    pub async fn sample(
         &self,
         table: &str,
         num_samples: usize,
@@ -275,7 +280,7 @@ impl Client {
             }),
         };
         let mut stub = self.stub.clone();
-        self.block_on("SampleStream", timeout, async {
+        self.with_deadline("SampleStream", timeout, async {
             let (tx, rx) = mpsc::channel(1);
             tx.send(request).await.expect("room for one request");
             let mut responses = stub
@@ -315,7 +320,8 @@ impl Client {
             }
             drop(tx);
             Ok(samples)
-        })?
+        })
+        .await?
         .into_iter()
         .map(|(info, chunks)| assemble(info, &chunks))
         .collect()
@@ -326,8 +332,8 @@ impl Client {
 fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
     let mut decoded: HashMap<u64, Vec<Tensor>> = HashMap::with_capacity(chunks.len());
     for chunk in chunks {
-        if !decoded.contains_key(&chunk.chunk_key) {
-            decoded.insert(chunk.chunk_key, decode_chunk(chunk)?);
+        if let std::collections::hash_map::Entry::Vacant(slot) = decoded.entry(chunk.chunk_key) {
+            slot.insert(decode_chunk(chunk)?);
         }
     }
     let item = info

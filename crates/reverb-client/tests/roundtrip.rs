@@ -31,6 +31,10 @@ fn scalar_f32(v: f32) -> Tensor {
     Tensor::new(DataType::DtFloat as i32, vec![], v.to_le_bytes().to_vec()).unwrap()
 }
 
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    reverb_client::runtime().block_on(f)
+}
+
 const T: Option<Duration> = Some(Duration::from_secs(10));
 
 #[test]
@@ -46,13 +50,12 @@ fn insert_sample_mutate_reset() {
         [1i32, 2, 3].iter().flat_map(|v| v.to_le_bytes()).collect(),
     )
     .unwrap();
-    let keys = client
-        .insert_step(
-            vec![scalar_f32(1.5), vec3.clone()],
-            vec![("a".into(), 1.0), ("b".into(), 2.0)],
-            T,
-        )
-        .unwrap();
+    let keys = block(client.insert_step(
+        vec![scalar_f32(1.5), vec3.clone()],
+        vec![("a".into(), 1.0), ("b".into(), 2.0)],
+        T,
+    ))
+    .unwrap();
     assert_eq!(keys.len(), 2);
     assert_eq!((a.size(), b.size()), (1, 1));
     // Both tables share the step's chunks.
@@ -60,7 +63,7 @@ fn insert_sample_mutate_reset() {
     let (ib, _, _) = b.get(keys[1]).unwrap();
     assert!(Arc::ptr_eq(&ia.chunks[0], &ib.chunks[0]));
 
-    let samples = client.sample("a", 3, None, T).unwrap();
+    let samples = block(client.sample("a", 3, None, T)).unwrap();
     assert_eq!(samples.len(), 3);
     let s = &samples[0];
     assert_eq!(s.info.item.as_ref().unwrap().key, keys[0]);
@@ -69,28 +72,25 @@ fn insert_sample_mutate_reset() {
     assert_eq!(s.columns[1].shape, vec![1, 3]);
     assert_eq!(samples[2].info.item.as_ref().unwrap().times_sampled, 3);
 
-    client
-        .mutate_priorities("b", vec![(keys[1], 7.0)], vec![], T)
-        .unwrap();
+    block(client.mutate_priorities("b", vec![(keys[1], 7.0)], vec![], T)).unwrap();
     assert_eq!(b.get(keys[1]).unwrap().1, 7.0);
-    client.reset("a", T).unwrap();
+    block(client.reset("a", T)).unwrap();
     assert_eq!(a.size(), 0);
 
-    let infos = client.server_info(T).unwrap();
+    let infos = block(client.server_info(T)).unwrap();
     assert_eq!(
         infos.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(),
         vec!["a", "b"]
     );
 
-    let err = client.sample("nope", 1, None, T).unwrap_err();
+    let err = block(client.sample("nope", 1, None, T)).unwrap_err();
     assert_eq!(err.code, tonic::Code::NotFound);
     assert!(
         err.message.contains("nope") && err.message.contains("a, b"),
         "{}",
         err.message
     );
-    let err = client
-        .insert_step(vec![scalar_f32(0.0)], vec![("nope".into(), 1.0)], T)
+    let err = block(client.insert_step(vec![scalar_f32(0.0)], vec![("nope".into(), 1.0)], T))
         .unwrap_err();
     assert_eq!(err.code, tonic::Code::NotFound);
     // The failed insert did not disturb what is stored.
@@ -100,21 +100,15 @@ fn insert_sample_mutate_reset() {
 #[test]
 fn rate_limiter_timeout_and_dead_server() {
     let t = table("t", SelectorKind::Uniform, 10);
-    let mut server = Server::start(vec![t], ServerOptions::default()).unwrap();
+    let server = Server::start(vec![t], ServerOptions::default()).unwrap();
     let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
-    let err = client
-        .sample("t", 1, Some(Duration::from_millis(50)), T)
-        .unwrap_err();
+    let err = block(client.sample("t", 1, Some(Duration::from_millis(50)), T)).unwrap_err();
     assert_eq!(err.code, tonic::Code::DeadlineExceeded);
-    let err = client
-        .sample("t", 1, None, Some(Duration::from_millis(200)))
-        .unwrap_err();
+    let err = block(client.sample("t", 1, None, Some(Duration::from_millis(200)))).unwrap_err();
     assert_eq!(err.code, tonic::Code::DeadlineExceeded);
     server.stop();
     let started = std::time::Instant::now();
-    let err = client
-        .server_info(Some(Duration::from_secs(3)))
-        .unwrap_err();
+    let err = block(client.server_info(Some(Duration::from_secs(3)))).unwrap_err();
     assert!(
         matches!(
             err.code,

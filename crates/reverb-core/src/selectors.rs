@@ -39,7 +39,10 @@ impl SelectorKind {
         Ok(match self {
             SelectorKind::Uniform => Box::new(Uniform::default()),
             SelectorKind::Prioritized { priority_exponent } => {
-                if !(priority_exponent >= 0.0) || !priority_exponent.is_finite() {
+                if priority_exponent.is_nan()
+                    || priority_exponent < 0.0
+                    || priority_exponent.is_infinite()
+                {
                     return Err(invalid_arg!(
                         "priority_exponent must be a finite number >= 0, got {priority_exponent}"
                     ));
@@ -187,7 +190,7 @@ impl PrioritizedSelector {
     }
 
     fn weight(&self, priority: f64) -> Result<f64> {
-        if !(priority >= 0.0) || !priority.is_finite() {
+        if priority.is_nan() || priority < 0.0 || priority.is_infinite() {
             return Err(invalid_arg!(
                 "priority must be a finite number >= 0, got {priority}"
             ));

@@ -5,7 +5,7 @@ use futures::StreamExt;
 use reverb_core::Table;
 use reverb_proto::reverb_service_server::ReverbServiceServer;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -31,13 +31,14 @@ impl Default for ServerOptions {
     }
 }
 
-/// A serving server. Dropping it stops it.
+/// A serving server. Dropping it stops it. All methods take `&self`, so one thread may
+/// `wait` while another calls `stop`.
 pub struct Server {
     port: u16,
     service: ReverbServiceImpl,
-    shutdown: Option<oneshot::Sender<()>>,
-    done: Option<oneshot::Receiver<Result<(), String>>>,
-    runtime: Option<tokio::runtime::Runtime>,
+    shutdown: Mutex<Option<oneshot::Sender<()>>>,
+    finished: Arc<(Mutex<bool>, Condvar)>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 fn bind(port: u16) -> std::io::Result<TcpListener> {
@@ -61,35 +62,34 @@ impl Server {
             .build()
             .map_err(|e| format!("Could not start the server runtime: {e}"))?;
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-        let (done_tx, done_rx) = oneshot::channel();
+        let finished = Arc::new((Mutex::new(false), Condvar::new()));
         let svc = ReverbServiceServer::new(service.clone())
             .max_decoding_message_size(options.max_message_size)
             .max_encoding_message_size(options.max_message_size);
+        let done = finished.clone();
         runtime.spawn(async move {
-            let result = async {
-                let listener = tokio::net::TcpListener::from_std(listener)?;
+            if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
                 let incoming = TcpListenerStream::new(listener).map(|conn| {
                     conn.inspect(|stream| {
                         let _ = stream.set_nodelay(true);
                     })
                 });
-                tonic::transport::Server::builder()
+                let _ = tonic::transport::Server::builder()
                     .add_service(svc)
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = shutdown_rx.await;
                     })
-                    .await
-                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .await;
             }
-            .await;
-            let _ = done_tx.send(result.map_err(|e| e.to_string()));
+            *done.0.lock().unwrap() = true;
+            done.1.notify_all();
         });
         Ok(Self {
             port,
             service,
-            shutdown: Some(shutdown_tx),
-            done: Some(done_rx),
-            runtime: Some(runtime),
+            shutdown: Mutex::new(Some(shutdown_tx)),
+            finished,
+            runtime: Mutex::new(Some(runtime)),
         })
     }
 
@@ -103,44 +103,31 @@ impl Server {
         &self.service
     }
 
-    /// Blocks until the server stops or `timeout` passes; `Ok(true)` when it stopped.
-    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool, String> {
-        let Some(done) = self.done.as_mut() else {
-            return Ok(true);
-        };
-        let Some(runtime) = self.runtime.as_ref() else {
-            return Ok(true);
-        };
-        let outcome = runtime.block_on(async {
-            match timeout {
-                Some(t) => tokio::time::timeout(t, done).await.ok(),
-                None => Some(done.await),
-            }
-        });
-        match outcome {
-            None => Ok(false),
-            Some(result) => {
-                self.done = None;
-                result.unwrap_or(Ok(())).map(|_| true)
-            }
-        }
+    /// Blocks until the server has stopped or `timeout` passes; returns whether it stopped.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let (lock, cvar) = &*self.finished;
+        let guard = lock.lock().unwrap();
+        let (guard, _) = cvar
+            .wait_timeout_while(guard, timeout, |stopped| !*stopped)
+            .unwrap();
+        *guard
     }
 
     /// Stops accepting, ends open streams and shuts the runtime down (bounded to ~1 s).
-    pub fn stop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
+    pub fn stop(&self) {
+        if let Some(tx) = self.shutdown.lock().unwrap().take() {
             let _ = tx.send(());
         }
-        if let Some(runtime) = self.runtime.take() {
+        let runtime = self.runtime.lock().unwrap().take();
+        if let Some(runtime) = runtime {
             // Streams blocked on a rate limiter would keep a graceful shutdown waiting: give it
             // a moment, then drop every remaining task.
-            if let Some(done) = self.done.take() {
-                let _ = runtime.block_on(async {
-                    tokio::time::timeout(Duration::from_millis(200), done).await
-                });
-            }
+            self.wait(Duration::from_millis(200));
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
+        let (lock, cvar) = &*self.finished;
+        *lock.lock().unwrap() = true;
+        cvar.notify_all();
     }
 }
 

@@ -1,0 +1,78 @@
+"""Demo: a server with one table, an actor inserting steps, a learner sampling them.
+
+Run with `python examples/demo.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import reverb
+
+NUM_STEPS = 20_000
+
+
+def actor(address: str) -> None:
+    client = reverb.Client(address)
+    rng = np.random.default_rng(0)
+    for t in range(NUM_STEPS):
+        step = {
+            "observation": rng.standard_normal(8).astype(np.float32),
+            "action": np.int32(t % 4),
+            "reward": np.float32(1.0),
+        }
+        client.insert(step, priorities={"replay": 1.0})
+
+
+def main() -> None:
+    server = reverb.Server(
+        tables=[
+            reverb.Table(
+                name="replay",
+                sampler=reverb.selectors.Prioritized(priority_exponent=0.6),
+                remover=reverb.selectors.Fifo(),
+                max_size=10_000,
+                rate_limiter=reverb.rate_limiters.MinSize(100),
+            )
+        ]
+    )
+    address = f"localhost:{server.port}"
+    print(f"server listening on {address}")
+    client = reverb.Client(address)
+
+    start = time.perf_counter()
+    writer = threading.Thread(target=actor, args=(address,))
+    writer.start()
+
+    sampled = 0
+    while writer.is_alive():
+        for sample in client.sample("replay", num_samples=256, emit_timesteps=False, timeout=10):
+            sampled += 1
+            # Learners update priorities, e.g. with TD errors.
+            if sampled % 1000 == 0:
+                client.mutate_priorities("replay", updates={sample.info.key: 2.0})
+        info = client.server_info(timeout=5)["replay"]
+        elapsed = time.perf_counter() - start
+        print(
+            f"{elapsed:6.2f}s  stored={info.current_size:6d}  "
+            f"inserted={info.rate_limiter_info.insert_stats.completed:6d}  sampled={sampled:7d}"
+        )
+        time.sleep(0.5)
+    writer.join()
+    elapsed = time.perf_counter() - start
+    info = client.server_info(timeout=5)["replay"]
+    print(
+        f"done: {NUM_STEPS} steps inserted ({NUM_STEPS / elapsed:,.0f} steps/s with one-step "
+        f"Client.insert), {sampled} samples taken, {info.current_size} items stored"
+    )
+    example = next(client.sample("replay", num_samples=1, emit_timesteps=False, timeout=5))
+    print(f"one sample: info={example.info}")
+    print(f"            data={[a.tolist() for a in example.data]}")
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""numpy dtypes <-> TensorFlow DataType enum values (what chunks carry on the wire)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# TensorFlow DataType values (tensorflow/core/framework/types.proto).
+_TF_OF_NUMPY = {
+    np.dtype(np.float32): 1,
+    np.dtype(np.float64): 2,
+    np.dtype(np.int32): 3,
+    np.dtype(np.uint8): 4,
+    np.dtype(np.int16): 5,
+    np.dtype(np.int8): 6,
+    np.dtype(np.complex64): 8,
+    np.dtype(np.int64): 9,
+    np.dtype(np.bool_): 10,
+    np.dtype(np.uint16): 17,
+    np.dtype(np.complex128): 18,
+    np.dtype(np.float16): 19,
+    np.dtype(np.uint32): 22,
+    np.dtype(np.uint64): 23,
+}
+_NUMPY_OF_TF = {v: k for k, v in _TF_OF_NUMPY.items()}
+
+
+def tf_enum(dtype: np.dtype) -> int:
+    """The TensorFlow DataType value of a numpy dtype; ValueError when unsupported."""
+    try:
+        return _TF_OF_NUMPY[np.dtype(dtype)]
+    except KeyError:
+        raise ValueError(
+            f"Unsupported dtype {np.dtype(dtype)}: supported dtypes are "
+            f"{sorted(str(d) for d in _TF_OF_NUMPY)}"
+        ) from None
+
+
+def numpy_dtype(tf_value: int) -> np.dtype:
+    """The numpy dtype of a TensorFlow DataType value."""
+    try:
+        return _NUMPY_OF_TF[tf_value]
+    except KeyError:
+        raise ValueError(f"Unsupported TensorFlow dtype value {tf_value}") from None
+
+
+def to_column(value: object) -> tuple[int, list[int], np.ndarray]:
+    """A leaf as the native layer takes it: (tf dtype, shape, flat uint8 view)."""
+    array = np.asarray(value)
+    if array.dtype.kind in ("U", "S", "O"):
+        raise ValueError(
+            f"String and object data are not supported yet (got an array of dtype {array.dtype})"
+        )
+    if not array.flags.c_contiguous:  # (ascontiguousarray would turn a scalar into 1-d)
+        array = np.ascontiguousarray(array)
+    dtype = tf_enum(array.dtype)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return dtype, list(array.shape), array.reshape(-1).view(np.uint8)
+
+
+def from_column(column: tuple[int, list[int], np.ndarray]) -> np.ndarray:
+    """The inverse of `to_column` for what the native layer returns."""
+    dtype, shape, data = column
+    return data.view(numpy_dtype(dtype)).reshape(shape)

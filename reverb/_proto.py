@@ -1,0 +1,31 @@
+"""Protobuf message classes of the wire protocol, built at import time from the descriptor
+set compiled into the native module (no protoc needed). They live in a private descriptor
+pool, so they never clash with TensorFlow's own registrations."""
+
+from __future__ import annotations
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from reverb import _native
+
+_pool = descriptor_pool.DescriptorPool()
+for _file in descriptor_pb2.FileDescriptorSet.FromString(_native.descriptor_set()).file:
+    _pool.Add(_file)
+
+
+def _message(full_name: str) -> type:
+    descriptor = _pool.FindMessageTypeByName(full_name)
+    get_class = getattr(message_factory, "GetMessageClass", None)
+    if get_class is not None:
+        return get_class(descriptor)
+    return message_factory.MessageFactory(_pool).GetPrototype(descriptor)  # protobuf < 4.22
+
+
+KeyDistributionOptions = _message("deepmind.reverb.KeyDistributionOptions")
+RateLimiterInfo = _message("deepmind.reverb.RateLimiterInfo")
+TableWorkerTime = _message("deepmind.reverb.TableWorkerTime")
+TableInfo = _message("deepmind.reverb.TableInfo")
+PrioritizedItem = _message("deepmind.reverb.PrioritizedItem")
+FlatTrajectory = _message("deepmind.reverb.FlatTrajectory")
+ChunkData = _message("deepmind.reverb.ChunkData")
+SampleInfo = _message("deepmind.reverb.SampleInfo")

@@ -1,0 +1,1 @@
+"""Protobuf modules at the reference's import paths (`reverb.cc.schema_pb2`)."""

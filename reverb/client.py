@@ -1,0 +1,154 @@
+"""`Client`: insert, sample, mutate priorities, reset and inspect a Reverb server."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Generator, List, Optional, Union
+
+import numpy as np
+
+from reverb import _dtypes, _native, _nest, errors, replay_sample, reverb_types
+
+
+class Client:
+    """A client of the Reverb server at `server_address` (`host:port`).
+
+    Creating a client does not connect; calls connect (and reconnect) as needed. Blocking calls
+    take an optional `timeout` in seconds and can be interrupted with Ctrl-C.
+    """
+
+    def __init__(self, server_address: str) -> None:
+        if not isinstance(server_address, str) or not server_address:
+            raise ValueError(f"server_address must be a non-empty string, got {server_address!r}")
+        self._server_address = server_address
+        self._client = _native.Client(server_address)
+        self._signature_cache: Dict[str, Any] = {}
+
+    def __reduce__(self) -> Any:
+        return type(self), (self._server_address,)
+
+    def __repr__(self) -> str:
+        return f"Client(server_address={self._server_address!r})"
+
+    @property
+    def server_address(self) -> str:
+        """The address this client talks to."""
+        return self._server_address
+
+    def insert(
+        self,
+        data: Any,
+        priorities: Dict[str, float],
+        *,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Inserts one step (`data`, any nest of array-likes) as one item in each table named in
+        `priorities`. The items share the step's chunks. Returns once the server stored them."""
+        if not priorities:
+            raise ValueError("priorities must contain at least one item")
+        leaves = _nest.flatten(data)
+        if not leaves:
+            raise ValueError("data must contain at least one value")
+        columns = [_dtypes.to_column(leaf) for leaf in leaves]
+        pairs = [(str(table), float(priority)) for table, priority in priorities.items()]
+        self._client.insert(columns, pairs, timeout)
+
+    def sample(
+        self,
+        table: str,
+        num_samples: int = 1,
+        *,
+        emit_timesteps: bool = True,
+        unpack_as_table_signature: bool = False,
+        timeout: Optional[float] = None,
+    ) -> Generator[Union[List[replay_sample.ReplaySample], replay_sample.ReplaySample], None, None]:
+        """Samples `num_samples` items from `table`.
+
+        Yields, per item, a list of `ReplaySample` (one per timestep) when `emit_timesteps`, or
+        one `ReplaySample` holding whole columns otherwise. `data` is a flat list of arrays, or
+        the table signature's nest when `unpack_as_table_signature` and the table has one.
+        Blocks while the table's rate limiter does not allow sampling; `timeout` (seconds)
+        bounds each wait and raises `DeadlineExceededError`.
+        """
+        if num_samples < 1:
+            raise ValueError(f"num_samples ({num_samples}) must be >= 1")
+        signature = None
+        if unpack_as_table_signature:
+            signature = self._signature(table, timeout)
+        remaining = num_samples
+        batch = 1
+        while remaining > 0:
+            count = min(batch, remaining)
+            for info, columns in self._client.sample(table, count, None, timeout):
+                yield _to_sample(info, columns, emit_timesteps, signature)
+            remaining -= count
+            batch = min(batch * 2, 256)
+
+    def mutate_priorities(
+        self,
+        table: str,
+        updates: Optional[Dict[int, float]] = None,
+        deletes: Optional[List[int]] = None,
+        *,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Deletes `deletes`, then sets the priorities in `updates`. Unknown keys are ignored."""
+        pairs = [(int(k), float(p)) for k, p in (updates or {}).items()]
+        self._client.mutate_priorities(table, pairs, [int(k) for k in deletes or []], timeout)
+
+    def reset(self, table: str, *, timeout: Optional[float] = None) -> None:
+        """Removes every item of `table` and resets its rate limiter."""
+        self._client.reset(table, timeout)
+
+    def server_info(self, timeout: Optional[int] = None) -> Dict[str, reverb_types.TableInfo]:
+        """Every table's `TableInfo`, by name. `timeout` in seconds (None or 0: no deadline)."""
+        infos = [
+            reverb_types.TableInfo.from_serialized_proto(b)
+            for b in self._client.server_info(timeout or None)
+        ]
+        result = {info.name: info for info in infos}
+        self._signature_cache = {name: info.signature for name, info in result.items()}
+        return result
+
+    def checkpoint(self, *, timeout: Optional[float] = None) -> str:
+        """Asks the server to write a checkpoint; returns its path."""
+        return self._client.checkpoint(timeout)
+
+    def _signature(self, table: str, timeout: Optional[float]) -> Any:
+        if table not in self._signature_cache:
+            self.server_info(timeout)
+        if table not in self._signature_cache:
+            raise errors.NotFoundError(
+                f"Table {table} was not found on {self._server_address}. "
+                f"Available tables: [{', '.join(sorted(self._signature_cache))}]"
+            )
+        return self._signature_cache[table]
+
+
+def _to_sample(
+    info: tuple, columns: list, emit_timesteps: bool, signature: Any
+) -> Union[List[replay_sample.ReplaySample], replay_sample.ReplaySample]:
+    sample_info = replay_sample.SampleInfo(
+        key=int(info[0]),
+        probability=float(info[1]),
+        table_size=int(info[2]),
+        priority=float(info[3]),
+        times_sampled=int(info[4]),
+    )
+    arrays = [_dtypes.from_column(c) for c in columns]
+
+    def pack(flat: List[np.ndarray]) -> Any:
+        return flat if signature is None else _nest.pack_sequence_as(signature, flat)
+
+    if not emit_timesteps:
+        return replay_sample.ReplaySample(info=sample_info, data=pack(arrays))
+    lengths = {a.shape[0] if a.ndim else None for a in arrays}
+    if len(lengths) != 1 or None in lengths:
+        raise ValueError(
+            "Can't emit timesteps: the sampled columns have different lengths "
+            f"({sorted(str(n) for n in lengths)}); use emit_timesteps=False"
+        )
+    (length,) = lengths
+    return [
+        replay_sample.ReplaySample(info=sample_info, data=pack([a[t, ...] for a in arrays]))
+        for t in range(length)
+    ]

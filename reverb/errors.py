@@ -1,0 +1,22 @@
+"""Exceptions raised by reverb.
+
+`ReverbError` and `DeadlineExceededError` are the reference's classes. The others are ours:
+they subclass `ReverbError` *and* `RuntimeError`, because the reference raised a bare
+`RuntimeError` in those cases, so existing `except RuntimeError` code keeps working.
+"""
+
+
+class ReverbError(Exception):
+    """Base class of reverb's errors."""
+
+
+class DeadlineExceededError(ReverbError):
+    """A call did not finish within its timeout (or a rate limiter timed out)."""
+
+
+class NotFoundError(ReverbError, RuntimeError):
+    """A table (or other named thing) does not exist on the server."""
+
+
+class UnavailableError(ReverbError, RuntimeError):
+    """The server could not be reached (not started, stopped, or the network failed)."""

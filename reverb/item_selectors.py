@@ -1,0 +1,83 @@
+"""Item selectors: how a table picks the item to sample or to remove.
+
+`Uniform` O(1); `Prioritized(priority_exponent)` O(log n) over a sum tree with probability
+p^a / sum(p^a) (0^a = 0; all-zero priorities fall back to uniform); `Fifo`, `Lifo`; `MinHeap`,
+`MaxHeap` (ties go to the least recently inserted or updated item).
+"""
+
+from __future__ import annotations
+
+
+class ItemSelector:
+    """Base class of the selectors; `_spec` is what the native table takes."""
+
+    _kind = ""
+
+    def __init__(self) -> None:
+        self._spec: tuple[str, float] = (self._kind, 0.0)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}Selector()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ItemSelector) and self._spec == other._spec
+
+    def __hash__(self) -> int:
+        return hash(self._spec)
+
+
+class Uniform(ItemSelector):
+    """Samples every item with equal probability."""
+
+    _kind = "uniform"
+
+
+class Prioritized(ItemSelector):
+    """Samples items with probability proportional to priority ** priority_exponent."""
+
+    _kind = "prioritized"
+
+    def __init__(self, priority_exponent: float) -> None:
+        priority_exponent = float(priority_exponent)
+        if not priority_exponent >= 0 or priority_exponent == float("inf"):
+            raise ValueError(
+                f"priority_exponent must be a finite number >= 0, got {priority_exponent}"
+            )
+        self.priority_exponent = priority_exponent
+        self._spec = (self._kind, priority_exponent)
+
+    def __repr__(self) -> str:
+        return f"PrioritizedSelector(priority_exponent={self.priority_exponent:g})"
+
+
+class Fifo(ItemSelector):
+    """Selects the oldest item."""
+
+    _kind = "fifo"
+
+
+class Lifo(ItemSelector):
+    """Selects the newest item."""
+
+    _kind = "lifo"
+
+
+class _Heap(ItemSelector):
+    _sign = 1
+
+    def __repr__(self) -> str:
+        return f"HeapSelector(sign={self._sign})"
+
+
+class MinHeap(_Heap):
+    """Selects the item with the lowest priority."""
+
+    _kind = "min_heap"
+    _sign = 1
+
+
+class MaxHeap(_Heap):
+    """Selects the item with the highest priority."""
+
+    _kind = "max_heap"
+    _sign = -1

@@ -1,0 +1,215 @@
+"""`Server`, `Table` and `TableExtensionBase` (module layout of Reverb 0.14)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Optional, Sequence
+
+from reverb import _native, _signature, item_selectors, rate_limiters, reverb_types
+from reverb import client as client_lib
+
+
+class TableExtensionBase(metaclass=abc.ABCMeta):
+    """Base class of table extensions (kept for API compatibility; none ship yet)."""
+
+    @abc.abstractmethod
+    def build_internal_extensions(self, table_name: str) -> Sequence[Any]:
+        """Builds the native extensions for a table."""
+
+
+class Table:
+    """A table of items: sampler, remover, max size, rate limiter and optional signature.
+
+    The table exists (and can be inspected) before a `Server` serves it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        sampler: item_selectors.ItemSelector,
+        remover: item_selectors.ItemSelector,
+        max_size: int,
+        rate_limiter: rate_limiters.RateLimiter,
+        max_times_sampled: int = 0,
+        extensions: Sequence[TableExtensionBase] = (),
+        signature: Optional[reverb_types.SpecNest] = None,
+    ) -> None:
+        if not name:
+            raise ValueError("Table name must be a non-empty string")
+        if max_size <= 0:
+            raise ValueError(f"max_size ({max_size}) must be a positive integer")
+        if not isinstance(sampler, item_selectors.ItemSelector):
+            raise TypeError(f"sampler must be a reverb.selectors selector, got {sampler!r}")
+        if not isinstance(remover, item_selectors.ItemSelector):
+            raise TypeError(f"remover must be a reverb.selectors selector, got {remover!r}")
+        if not isinstance(rate_limiter, rate_limiters.RateLimiter):
+            raise TypeError(
+                f"rate_limiter must be a reverb.rate_limiters limiter, got {rate_limiter!r}"
+            )
+        if extensions:
+            raise ValueError("Table extensions are not supported by this implementation")
+        self._name = name
+        self._sampler = sampler
+        self._remover = remover
+        self._max_size = int(max_size)
+        self._rate_limiter = rate_limiter
+        self._max_times_sampled = int(max_times_sampled)
+        self._signature = signature
+        self.internal_table = _native.Table(
+            name,
+            sampler._spec,
+            remover._spec,
+            self._max_size,
+            self._max_times_sampled,
+            rate_limiter._params,
+            _signature.encode(signature),
+        )
+
+    @classmethod
+    def queue(
+        cls,
+        name: str,
+        max_size: int,
+        extensions: Sequence[TableExtensionBase] = (),
+        signature: Optional[reverb_types.SpecNest] = None,
+    ) -> Table:
+        """A FIFO queue: items are sampled once, in insertion order; inserts block when full."""
+        return cls(
+            name=name,
+            sampler=item_selectors.Fifo(),
+            remover=item_selectors.Fifo(),
+            max_size=max_size,
+            max_times_sampled=1,
+            rate_limiter=rate_limiters.Queue(max_size),
+            extensions=extensions,
+            signature=signature,
+        )
+
+    @classmethod
+    def stack(
+        cls,
+        name: str,
+        max_size: int,
+        extensions: Sequence[TableExtensionBase] = (),
+        signature: Optional[reverb_types.SpecNest] = None,
+    ) -> Table:
+        """A LIFO stack: items are sampled once, newest first; inserts block when full."""
+        return cls(
+            name=name,
+            sampler=item_selectors.Lifo(),
+            remover=item_selectors.Lifo(),
+            max_size=max_size,
+            max_times_sampled=1,
+            rate_limiter=rate_limiters.Stack(max_size),
+            extensions=extensions,
+            signature=signature,
+        )
+
+    @property
+    def name(self) -> str:
+        """The table's name."""
+        return self._name
+
+    @property
+    def info(self) -> reverb_types.TableInfo:
+        """Current size, counters and settings."""
+        return reverb_types.TableInfo.from_serialized_proto(self.internal_table.info())
+
+    def can_sample(self, num_samples: int) -> bool:
+        """Whether the rate limiter allows `num_samples` samples now."""
+        return self.internal_table.can_sample(num_samples)
+
+    def can_insert(self, num_inserts: int) -> bool:
+        """Whether the rate limiter allows `num_inserts` inserts now."""
+        return self.internal_table.can_insert(num_inserts)
+
+    def replace(
+        self,
+        name: Optional[str] = None,
+        sampler: Optional[item_selectors.ItemSelector] = None,
+        remover: Optional[item_selectors.ItemSelector] = None,
+        max_size: Optional[int] = None,
+        rate_limiter: Optional[rate_limiters.RateLimiter] = None,
+        max_times_sampled: Optional[int] = None,
+        extensions: Optional[Sequence[TableExtensionBase]] = None,
+        signature: Optional[reverb_types.SpecNest] = None,
+    ) -> Table:
+        """A new, empty table with the given settings changed and the rest copied."""
+        return type(self)(
+            name=self._name if name is None else name,
+            sampler=self._sampler if sampler is None else sampler,
+            remover=self._remover if remover is None else remover,
+            max_size=self._max_size if max_size is None else max_size,
+            rate_limiter=self._rate_limiter if rate_limiter is None else rate_limiter,
+            max_times_sampled=(
+                self._max_times_sampled if max_times_sampled is None else max_times_sampled
+            ),
+            extensions=() if extensions is None else extensions,
+            signature=self._signature if signature is None else signature,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Table(name={self._name!r}, sampler={self._sampler!r}, remover={self._remover!r}, "
+            f"max_size={self._max_size}, max_times_sampled={self._max_times_sampled}, "
+            f"rate_limiter={self._rate_limiter!r}, signature={self._signature!r})"
+        )
+
+
+class Server:
+    """A Reverb gRPC server serving `tables` on `port` (a free port when None)."""
+
+    def __init__(
+        self,
+        tables: Optional[Sequence[Table]] = None,
+        port: Optional[int] = None,
+        checkpointer: Any = None,
+    ) -> None:
+        if not tables:
+            raise ValueError("At least one table must be provided")
+        names = [t.name for t in tables]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"Table names must be unique; duplicated: {duplicates}")
+        if checkpointer is not None:
+            raise NotImplementedError("Checkpointing is not available in this version yet")
+        if port is not None and not 0 <= int(port) < 65536:
+            raise ValueError(f"port ({port}) must be in [0, 65535]")
+        self._tables = list(tables)
+        self._server = _native.Server([t.internal_table for t in tables], int(port or 0))
+        self._port = self._server.port
+
+    @property
+    def port(self) -> int:
+        """The port being served."""
+        return self._port
+
+    @property
+    def in_process_tables(self) -> dict:
+        """The served tables by name (the same objects passed in)."""
+        return {t.name: t for t in self._tables}
+
+    def stop(self) -> None:
+        """Stops serving. Safe to call more than once."""
+        if getattr(self, "_server", None) is not None:
+            self._server.stop()
+
+    def wait(self) -> None:
+        """Blocks until the server stops; Ctrl-C raises KeyboardInterrupt."""
+        self._server.wait()
+
+    def localhost_client(self) -> client_lib.Client:
+        """A client of this server through localhost."""
+        return client_lib.Client(f"localhost:{self._port}")
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"Server(port={self._port}, tables={[t.name for t in self._tables]})"
