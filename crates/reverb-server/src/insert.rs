@@ -21,8 +21,12 @@ pub(crate) async fn run(
     loop {
         let request = match inbound.message().await {
             Ok(Some(r)) => r,
-            // End of stream, or the client went away / sent garbage: nothing more to do.
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
+            // A malformed message (or a broken connection): say so, then stop reading.
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
         };
         match handle(&tables, &mut chunks, request, &tx).await {
             Ok(keys) if keys.is_empty() => {}

@@ -29,7 +29,12 @@ pub(crate) async fn run(
     loop {
         let request = match inbound.message().await {
             Ok(Some(r)) => r,
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
+            // A malformed message (or a broken connection): say so, then stop reading.
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
         };
         if let Err(status) = serve(&tables, request, &tx).await {
             if let Some(status) = status {

@@ -1,0 +1,147 @@
+"""Shared fixtures: real servers on localhost (free port), stopped at teardown."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import pytest
+
+import reverb
+from reverb import rate_limiters, selectors
+
+# Every blocking call in the suite passes a timeout so that a bug shows up as a failure,
+# never as a hang.
+CALL_TIMEOUT = 10.0
+
+STANDARD_TABLE_NAMES = (
+    "uniform",
+    "prioritized",
+    "queue",
+    "stack",
+    "min_heap",
+    "max_heap",
+    "max_times_sampled",
+)
+
+
+def standard_tables() -> List[reverb.Table]:
+    """One table per selector flavour, plus a queue, a stack and a max_times_sampled table."""
+    return [
+        reverb.Table(
+            name="uniform",
+            sampler=selectors.Uniform(),
+            remover=selectors.Fifo(),
+            max_size=1000,
+            rate_limiter=rate_limiters.MinSize(1),
+        ),
+        reverb.Table(
+            name="prioritized",
+            sampler=selectors.Prioritized(0.8),
+            remover=selectors.Fifo(),
+            max_size=1000,
+            rate_limiter=rate_limiters.MinSize(1),
+        ),
+        reverb.Table.queue("queue", 10),
+        reverb.Table.stack("stack", 10),
+        reverb.Table(
+            name="min_heap",
+            sampler=selectors.MinHeap(),
+            remover=selectors.Fifo(),
+            max_size=1000,
+            rate_limiter=rate_limiters.MinSize(1),
+        ),
+        reverb.Table(
+            name="max_heap",
+            sampler=selectors.MaxHeap(),
+            remover=selectors.Fifo(),
+            max_size=1000,
+            rate_limiter=rate_limiters.MinSize(1),
+        ),
+        reverb.Table(
+            name="max_times_sampled",
+            sampler=selectors.Uniform(),
+            remover=selectors.Fifo(),
+            max_size=1000,
+            rate_limiter=rate_limiters.MinSize(1),
+            max_times_sampled=2,
+        ),
+    ]
+
+
+@pytest.fixture
+def make_server() -> Callable[..., reverb.Server]:
+    """Factory of servers; every server it made is stopped at teardown."""
+    servers: List[reverb.Server] = []
+
+    def make(tables: Sequence[reverb.Table], port: Optional[int] = None) -> reverb.Server:
+        server = reverb.Server(tables=list(tables), port=port)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def server(make_server) -> reverb.Server:
+    """A server with the standard tables."""
+    return make_server(standard_tables())
+
+
+@pytest.fixture
+def client(server) -> reverb.Client:
+    return server.localhost_client()
+
+
+@pytest.fixture
+def tables(server) -> Dict[str, reverb.Table]:
+    """The standard server's tables, by name (in-process, for `info`/`can_*`)."""
+    return server.in_process_tables
+
+
+@pytest.fixture
+def sample_one() -> Callable[..., reverb.ReplaySample]:
+    """Samples one item (emit_timesteps=False) with a timeout."""
+
+    def sample(client: reverb.Client, table: str, timeout: float = CALL_TIMEOUT):
+        samples = list(client.sample(table, 1, emit_timesteps=False, timeout=timeout))
+        assert len(samples) == 1
+        return samples[0]
+
+    return sample
+
+
+@pytest.fixture
+def sample_values() -> Callable[..., List[int]]:
+    """Samples `n` items whose data is one integer scalar; returns the integers in order."""
+
+    def sample(client: reverb.Client, table: str, n: int, timeout: float = CALL_TIMEOUT):
+        out = []
+        for steps in client.sample(table, n, timeout=timeout):
+            assert len(steps) == 1
+            (leaf,) = steps[0].data
+            out.append(int(leaf))
+        assert len(out) == n
+        return out
+
+    return sample
+
+
+def insert_values(
+    client: reverb.Client,
+    table: str,
+    values: Sequence[int],
+    priorities: Optional[Sequence[float]] = None,
+) -> None:
+    """Inserts each integer as a one-leaf item (int64 scalar)."""
+    if priorities is None:
+        priorities = [1.0] * len(values)
+    for value, priority in zip(values, priorities):
+        client.insert(np.int64(value), {table: priority}, timeout=CALL_TIMEOUT)
+
+
+@pytest.fixture
+def insert() -> Callable[..., None]:
+    return insert_values
