@@ -10,6 +10,7 @@ from reverb.client import Client
 from reverb.errors import DeadlineExceededError, ReverbError
 from reverb.replay_sample import ReplaySample, SampleInfo
 from reverb.server import Server, Table
+from reverb.trajectory_writer import TrajectoryColumn, TrajectoryWriter
 
 __all__ = [
     "Client",
@@ -19,6 +20,8 @@ __all__ = [
     "SampleInfo",
     "Server",
     "Table",
+    "TrajectoryColumn",
+    "TrajectoryWriter",
     "__version__",
     "errors",
     "item_selectors",

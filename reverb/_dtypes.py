@@ -50,11 +50,11 @@ def to_column(value: object) -> tuple[int, list[int], np.ndarray]:
         raise ValueError(
             f"String and object data are not supported yet (got an array of dtype {array.dtype})"
         )
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     if not array.flags.c_contiguous:  # (ascontiguousarray would turn a scalar into 1-d)
         array = np.ascontiguousarray(array)
     dtype = tf_enum(array.dtype)
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
     return dtype, list(array.shape), array.reshape(-1).view(np.uint8)
 
 

@@ -42,7 +42,14 @@ def _flatten(x: Any) -> Iterator[Any]:
 
 def flatten(structure: Any) -> list[Any]:
     """The leaves of `structure`, in tf.nest order."""
+    if type(structure) is dict:
+        values = [structure[k] for k in _sorted_keys(structure)]
+        if not any(isinstance(v, _NESTED) for v in values):
+            return values
     return list(_flatten(structure))
+
+
+_NESTED = (collections.abc.Mapping, list, tuple)
 
 
 def flatten_with_path(structure: Any) -> list[tuple[tuple, Any]]:

@@ -6,7 +6,15 @@ from typing import Any, Dict, Generator, List, Optional, Union
 
 import numpy as np
 
-from reverb import _dtypes, _native, _nest, errors, replay_sample, reverb_types
+from reverb import (
+    _dtypes,
+    _native,
+    _nest,
+    errors,
+    replay_sample,
+    reverb_types,
+    trajectory_writer,
+)
 
 
 class Client:
@@ -22,6 +30,7 @@ class Client:
         self._server_address = server_address
         self._client = _native.Client(server_address)
         self._signature_cache: Dict[str, Any] = {}
+        self._max_times_sampled_cache: Dict[str, int] = {}
 
     def __reduce__(self) -> Any:
         return type(self), (self._server_address,)
@@ -45,6 +54,17 @@ class Client:
         `priorities`. The items share the step's chunks. Returns once the server stored them."""
         if not priorities:
             raise ValueError("priorities must contain at least one item")
+        # Like the reference, check the tables first: a bad name stores nothing anywhere.
+        missing = [t for t in priorities if t not in self._signature_cache]
+        if missing:
+            self.server_info(timeout)
+            missing = [t for t in priorities if t not in self._signature_cache]
+            if missing:
+                raise ValueError(
+                    f"Unable to insert into table '{missing[0]}': the server at "
+                    f"{self._server_address} has no such table. Available tables: "
+                    f"[{', '.join(sorted(self._signature_cache))}]"
+                )
         leaves = _nest.flatten(data)
         if not leaves:
             raise ValueError("data must contain at least one value")
@@ -74,14 +94,21 @@ class Client:
         signature = None
         if unpack_as_table_signature:
             signature = self._signature(table, timeout)
+        # Samples are fetched in growing batches, except from tables where sampling deletes
+        # items (max_times_sampled, e.g. queues): there one at a time, so stopping the
+        # iteration early never consumes items that were not yielded.
+        grow = 2 if self._max_times_sampled(table) == 0 else 1
         remaining = num_samples
         batch = 1
         while remaining > 0:
             count = min(batch, remaining)
-            for info, columns in self._client.sample(table, count, None, timeout):
+            samples, failure = self._client.sample(table, count, None, timeout)
+            for info, columns in samples:
                 yield _to_sample(info, columns, emit_timesteps, signature)
+            if failure is not None:
+                raise failure
             remaining -= count
-            batch = min(batch * 2, 256)
+            batch = min(batch * grow, 256)
 
     def mutate_priorities(
         self,
@@ -107,11 +134,41 @@ class Client:
         ]
         result = {info.name: info for info in infos}
         self._signature_cache = {name: info.signature for name, info in result.items()}
+        self._max_times_sampled_cache = {n: i.max_times_sampled for n, i in result.items()}
         return result
+
+    def _max_times_sampled(self, table: str) -> int:
+        """The table's max_times_sampled (cached; 1 if the server cannot tell us)."""
+        if table not in self._max_times_sampled_cache:
+            try:
+                self.server_info()
+            except errors.ReverbError:
+                return 1
+        # Unknown tables fail in the sample call itself, with the server's message.
+        return self._max_times_sampled_cache.get(table, 1)
 
     def checkpoint(self, *, timeout: Optional[float] = None) -> str:
         """Asks the server to write a checkpoint; returns its path."""
         return self._client.checkpoint(timeout)
+
+    def trajectory_writer(
+        self,
+        num_keep_alive_refs: int,
+        *,
+        validate_items: bool = True,
+        max_in_flight_items: int = 256,
+    ) -> trajectory_writer.TrajectoryWriter:
+        """A `TrajectoryWriter` whose columns keep their last `num_keep_alive_refs` cells
+        referenceable. At most `max_in_flight_items` items are unconfirmed at once: beyond
+        that `create_item` waits (no unbounded memory if you never flush)."""
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be >= 1")
+        if max_in_flight_items < 1:
+            raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
+        native = _native.TrajectoryWriter(
+            self._client, num_keep_alive_refs, None, max_in_flight_items
+        )
+        return trajectory_writer.TrajectoryWriter(native, self, validate_items)
 
     def _signature(self, table: str, timeout: Optional[float]) -> Any:
         if table not in self._signature_cache:

@@ -25,7 +25,7 @@ def _params(limiter):
     )
 
 
-# --- MinSize -------------------------------------------------------------------------------
+# --- MinSize -------------------------------------------------------------------------------------
 
 
 def test_min_size_bounds():
@@ -38,7 +38,7 @@ def test_min_size_rejects_non_positive(min_size):
         rate_limiters.MinSize(min_size)
 
 
-# --- SampleToInsertRatio ---------------------------------------------------------------------
+# --- SampleToInsertRatio -------------------------------------------------------------------------
 
 
 def test_sample_to_insert_ratio_scalar_error_buffer_example():
@@ -107,7 +107,7 @@ def test_sample_to_insert_ratio_no_warning_in_normal_range(caplog):
     assert not caplog.records
 
 
-# --- Queue / Stack / RateLimiter ---------------------------------------------------------------
+# --- Queue / Stack / RateLimiter -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("cls", [rate_limiters.Queue, rate_limiters.Stack])
@@ -178,7 +178,7 @@ def test_sample_to_insert_ratio_example_on_a_served_table(make_server):
     assert info.sample_stats.completed == 5
 
 
-# --- Property test: a served table against a Python model of the counters ------------------
+# --- Property test: a served table against a Python model of the counters ------------------------
 
 
 class _Model:
@@ -213,11 +213,16 @@ class _Model:
 def _scenarios(draw):
     spi = draw(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]))
     min_size = draw(st.integers(1, 4))
-    min_diff = draw(st.integers(-8, 8)) / 2
+    # Mostly bands that let both inserts and samples progress, sometimes arbitrary ones.
+    if draw(st.booleans()):
+        min_diff = spi * min_size - draw(st.integers(0, 10)) / 2
+    else:
+        min_diff = draw(st.integers(-8, 8)) / 2
     max_diff = min_diff + draw(st.integers(0, 16)) / 2
-    max_size = draw(st.integers(1, 6))
+    max_size = draw(st.integers(1, 8))
     max_times_sampled = draw(st.integers(0, 3))
-    ops = draw(st.lists(st.sampled_from(["insert", "sample", "delete", "noop_delete"]), max_size=40))
+    op = st.sampled_from(["insert"] * 4 + ["sample"] * 4 + ["delete", "noop_delete"])
+    ops = draw(st.lists(op, min_size=15, max_size=40))
     return spi, min_size, min_diff, max_diff, max_size, max_times_sampled, ops
 
 

@@ -26,7 +26,7 @@ pub struct Sample {
 #[derive(Clone)]
 pub struct Client {
     address: String,
-    stub: ReverbServiceClient<Channel>,
+    pub(crate) stub: ReverbServiceClient<Channel>,
 }
 
 const MAX_MESSAGE_SIZE: usize = 1 << 30;
@@ -63,7 +63,7 @@ impl Client {
         &self.address
     }
 
-    fn status(&self, status: tonic::Status) -> ClientError {
+    pub(crate) fn status(&self, status: tonic::Status) -> ClientError {
         ClientError::from_status(status, &self.address)
     }
 
@@ -269,6 +269,24 @@ impl Client {
         rate_limiter_timeout: Option<Duration>,
         timeout: Option<Duration>,
     ) -> Result<Vec<Sample>> {
+        match self
+            .sample_partial(table, num_samples, rate_limiter_timeout, timeout)
+            .await?
+        {
+            (samples, None) => Ok(samples),
+            (_, Some(e)) => Err(e),
+        }
+    }
+
+    /// Like [`Client::sample`], but when the call fails part-way it returns the samples that
+    /// arrived complete together with the error: samples taken from a table are never lost.
+    pub async fn sample_partial(
+        &self,
+        table: &str,
+        num_samples: usize,
+        rate_limiter_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<(Vec<Sample>, Option<ClientError>)> {
         if num_samples == 0 {
             return Err(ClientError::invalid("num_samples must be >= 1"));
         }
@@ -279,52 +297,76 @@ impl Client {
                 milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
             }),
         };
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let expired = || {
+            ClientError::deadline(format!(
+                "Deadline Exceeded: SampleStream on {} did not finish within {:.3}s",
+                self.address,
+                timeout.unwrap_or_default().as_secs_f64()
+            ))
+        };
         let mut stub = self.stub.clone();
-        self.with_deadline("SampleStream", timeout, async {
-            let (tx, rx) = mpsc::channel(1);
-            tx.send(request).await.expect("room for one request");
-            let mut responses = stub
-                .sample_stream(ReceiverStream::new(rx))
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(request).await.expect("room for one request");
+        let call = stub.sample_stream(ReceiverStream::new(rx));
+        let started = match deadline {
+            Some(d) => tokio::time::timeout_at(d, call)
                 .await
-                .map_err(|s| self.status(s))?
-                .into_inner();
-            let mut samples = Vec::with_capacity(num_samples);
-            let mut partial: Option<(SampleInfo, Vec<ChunkData>)> = None;
-            while samples.len() < num_samples {
-                let response = responses
-                    .message()
-                    .await
-                    .map_err(|s| self.status(s))?
-                    .ok_or_else(|| {
-                        ClientError::new(
-                            Code::Internal,
-                            format!("Server at {} ended the sample stream early", self.address),
-                        )
-                    })?;
-                for entry in response.entries {
-                    let (_, chunks) = match (&mut partial, entry.info) {
-                        (None, Some(info)) => partial.insert((info, Vec::new())),
-                        (Some(p), None) => p,
-                        _ => {
-                            return Err(ClientError::data_loss(
-                                "Malformed sample stream: sample entries out of order",
-                            ))
-                        }
-                    };
-                    chunks.extend(entry.data);
-                    if entry.end_of_sequence {
-                        let (info, chunks) = partial.take().expect("set above");
-                        samples.push((info, chunks));
+                .map_err(|_| expired())?,
+            None => call.await,
+        };
+        let mut responses = started.map_err(|s| self.status(s))?.into_inner();
+        let mut samples = Vec::with_capacity(num_samples);
+        let mut partial: Option<(SampleInfo, Vec<ChunkData>)> = None;
+        let mut failure = None;
+        while samples.len() < num_samples {
+            let next = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, responses.message()).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        failure = Some(expired());
+                        break;
                     }
+                },
+                None => responses.message().await,
+            };
+            let response = match next {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    failure = Some(ClientError::new(
+                        Code::Internal,
+                        format!("Server at {} ended the sample stream early", self.address),
+                    ));
+                    break;
+                }
+                Err(status) => {
+                    failure = Some(self.status(status));
+                    break;
+                }
+            };
+            for entry in response.entries {
+                let (_, chunks) = match (&mut partial, entry.info) {
+                    (None, Some(info)) => partial.insert((info, Vec::new())),
+                    (Some(p), None) => p,
+                    _ => {
+                        return Err(ClientError::data_loss(
+                            "Malformed sample stream: sample entries out of order",
+                        ))
+                    }
+                };
+                chunks.extend(entry.data);
+                if entry.end_of_sequence {
+                    let (info, chunks) = partial.take().expect("set above");
+                    samples.push((info, chunks));
                 }
             }
-            drop(tx);
-            Ok(samples)
-        })
-        .await?
-        .into_iter()
-        .map(|(info, chunks)| assemble(info, &chunks))
-        .collect()
+        }
+        drop(tx);
+        let samples = samples
+            .into_iter()
+            .map(|(info, chunks)| assemble(info, &chunks))
+            .collect::<Result<Vec<Sample>>>()?;
+        Ok((samples, failure))
     }
 }
 

@@ -37,9 +37,25 @@ impl ClientError {
         Self::new(Code::DeadlineExceeded, message)
     }
 
-    /// From a gRPC status received while talking to `address`.
+    /// From a gRPC status received while talking to `address`. Connection-level failures
+    /// (refused, reset, cancelled by a dying server, broken HTTP/2) all become UNAVAILABLE.
     pub fn from_status(status: tonic::Status, address: &str) -> Self {
-        let message = match status.code() {
+        let text = status.message();
+        let transport = matches!(
+            status.code(),
+            Code::Unknown | Code::Internal | Code::Cancelled
+        ) && (status.code() == Code::Cancelled
+            || text.starts_with("h2 protocol error")
+            || text.starts_with("transport error")
+            || text.contains("error trying to connect")
+            || text.contains("connection reset")
+            || text.contains("broken pipe"));
+        let code = if transport {
+            Code::Unavailable
+        } else {
+            status.code()
+        };
+        let message = match code {
             Code::Unavailable => format!(
                 "Server at {address} is unavailable: {}",
                 if status.message().is_empty() {
@@ -50,7 +66,7 @@ impl ClientError {
             ),
             _ => status.message().to_string(),
         };
-        Self::new(status.code(), message)
+        Self::new(code, message)
     }
 }
 

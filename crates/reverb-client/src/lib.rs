@@ -4,6 +4,7 @@
 mod client;
 mod error;
 pub mod tensor;
+pub mod writer;
 
 pub use client::{Client, Sample};
 pub use error::{ClientError, Result};

@@ -3,17 +3,21 @@
 //! Python never sees gRPC: it hands numpy buffers in and gets numpy buffers back. Every
 //! blocking call releases the GIL and wakes every 100 ms to let Ctrl-C through.
 
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{
+    PyArray1, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
+};
 use prost::Message;
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
+use reverb_client::writer::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
 use reverb_client::{runtime, Client, ClientError, Tensor};
 use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
 use reverb_server::{Server, ServerOptions};
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tonic::Code;
 
 /// Raises the `reverb.errors` class matching a client error.
@@ -329,8 +333,9 @@ impl PyClient {
         })
     }
 
-    /// Samples `num_samples` items. Returns a list of
-    /// `((key, probability, table_size, priority, times_sampled), [(dtype, shape, bytes)])`.
+    /// Samples `num_samples` items. Returns `(samples, error)`: a list of
+    /// `((key, probability, table_size, priority, times_sampled), [(dtype, shape, bytes)])`
+    /// and the exception that stopped the call part-way (or None).
     #[pyo3(signature = (table, num_samples, rate_limiter_timeout=None, timeout=None))]
     fn sample<'py>(
         &self,
@@ -339,12 +344,13 @@ impl PyClient {
         num_samples: usize,
         rate_limiter_timeout: Option<f64>,
         timeout: Option<f64>,
-    ) -> PyResult<Bound<'py, PyList>> {
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>)> {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
         let rl_timeout = seconds(rate_limiter_timeout)?;
-        let samples = wait(py, async move {
-            c.sample(&table, num_samples, rl_timeout, timeout).await
+        let (samples, failure) = wait(py, async move {
+            c.sample_partial(&table, num_samples, rl_timeout, timeout)
+                .await
         })?;
         let out = PyList::empty(py);
         for s in samples {
@@ -363,7 +369,339 @@ impl PyClient {
                 .collect::<PyResult<Vec<_>>>()?;
             out.append((info, PyList::new(py, columns)?))?;
         }
-        Ok(out)
+        let failure = match failure {
+            Some(e) => client_err(e).into_value(py).into_bound(py).into_any(),
+            None => py.None().into_bound(py),
+        };
+        Ok((out, failure))
+    }
+}
+
+/// NumPy type numbers (`dtype.num`) to TensorFlow DataType values.
+fn tf_dtype_of_numpy(num: i32) -> Option<i32> {
+    Some(match num {
+        0 => 10,      // bool
+        1 => 6,       // int8
+        2 => 4,       // uint8
+        3 => 5,       // int16
+        4 => 17,      // uint16
+        5 => 3,       // int32
+        6 => 22,      // uint32
+        7 | 9 => 9,   // long / longlong: int64 on LP64
+        8 | 10 => 23, // ulong / ulonglong: uint64
+        11 => 1,      // float32
+        12 => 2,      // float64
+        14 => 8,      // complex64
+        15 => 18,     // complex128
+        23 => 19,     // float16
+        _ => return None,
+    })
+}
+
+/// Converts any numpy-convertible value to a tensor (one copy of its bytes).
+fn to_tensor(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    let array = match value.downcast::<PyUntypedArray>() {
+        Ok(a) => a.clone(),
+        // Scalars and sequences: numpy decides the dtype, as in the reference.
+        Err(_) => numpy_module(py)?
+            .call_method1(intern!(py, "asarray"), (value,))?
+            .downcast_into::<PyUntypedArray>()?,
+    };
+    let array = if array.is_c_contiguous() {
+        array
+    } else {
+        // (ascontiguousarray only changes the shape of 0-d arrays, which are always contiguous.)
+        numpy_module(py)?
+            .call_method1(intern!(py, "ascontiguousarray"), (array,))?
+            .downcast_into::<PyUntypedArray>()?
+    };
+    let array = if array.dtype().is_native_byteorder() == Some(false) {
+        let native = array
+            .dtype()
+            .call_method1(intern!(py, "newbyteorder"), ("=",))?;
+        array
+            .call_method1(intern!(py, "astype"), (native,))?
+            .downcast_into::<PyUntypedArray>()?
+    } else {
+        array
+    };
+    let descr = array.dtype();
+    let dtype = tf_dtype_of_numpy(descr.num()).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "Unsupported dtype {} (strings and objects are not supported yet)",
+            descr
+        ))
+    })?;
+    let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
+    let nbytes = array.len() * descr.itemsize();
+    // SAFETY: the array is C-contiguous, holds `len * itemsize` bytes at `data`, and stays
+    // alive and unmodified while we copy: we hold a reference to it and the GIL.
+    let data = unsafe {
+        let ptr = (*array.as_array_ptr()).data as *const u8;
+        if nbytes == 0 {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(ptr, nbytes).to_vec()
+        }
+    };
+    Ok(Tensor { dtype, shape, data })
+}
+
+fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static NUMPY: pyo3::sync::PyOnceLock<Py<PyModule>> = pyo3::sync::PyOnceLock::new();
+    Ok(NUMPY
+        .get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?
+        .bind(py))
+}
+
+fn deadline(timeout_ms: Option<i64>) -> PyResult<Option<Instant>> {
+    match timeout_ms {
+        None => Ok(None),
+        Some(ms) if ms >= 0 => Ok(Some(Instant::now() + Duration::from_millis(ms as u64))),
+        Some(ms) => Err(PyValueError::new_err(format!(
+            "timeout_ms must be >= 0, got {ms}"
+        ))),
+    }
+}
+
+fn append_error(py: Python<'_>, e: AppendError) -> PyResult<Option<Py<PyTuple>>> {
+    Ok(Some(match e {
+        AppendError::AlreadySet(c) => ("already_set", c).into_pyobject(py)?.unbind(),
+        AppendError::Mismatch {
+            column,
+            expected,
+            got,
+        } => ("mismatch", column, expected.0, expected.1, got.0, got.1)
+            .into_pyobject(py)?
+            .unbind(),
+        AppendError::Other(e) => return Err(client_err(e)),
+    }))
+}
+
+/// Native half of `reverb.TrajectoryWriter`. Calls from several threads are serialized.
+#[pyclass(name = "TrajectoryWriter", module = "reverb._native", frozen)]
+struct PyTrajectoryWriter {
+    inner: Mutex<TrajectoryWriter>,
+}
+
+impl PyTrajectoryWriter {
+    /// Runs `f` on the writer: directly if the lock is free, otherwise without the GIL.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut TrajectoryWriter) -> T + Send,
+    ) -> T {
+        if let Ok(mut w) = self.inner.try_lock() {
+            return f(&mut w);
+        }
+        py.detach(|| f(&mut self.inner.lock().unwrap()))
+    }
+
+    /// Repeats a bounded wait without the GIL until it reports done, letting Ctrl-C through.
+    fn wait_until(
+        &self,
+        py: Python<'_>,
+        deadline: Option<Instant>,
+        what: &str,
+        mut step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool>
+            + Send,
+    ) -> PyResult<()> {
+        loop {
+            let slice = Instant::now() + Duration::from_millis(100);
+            let until = Some(deadline.map_or(slice, |d| d.min(slice)));
+            let done = py
+                .detach(|| step(&mut self.inner.lock().unwrap(), until))
+                .map_err(client_err)?;
+            if done {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(client_err(ClientError::deadline(format!(
+                    "Timeout exceeded: {what} did not complete in time"
+                ))));
+            }
+            py.check_signals()?;
+        }
+    }
+}
+
+#[pymethods]
+impl PyTrajectoryWriter {
+    #[new]
+    #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=256))]
+    fn new(
+        client: &PyClient,
+        num_keep_alive_refs: usize,
+        max_chunk_length: Option<usize>,
+        max_in_flight_items: usize,
+    ) -> PyResult<Self> {
+        let options = WriterOptions {
+            num_keep_alive_refs,
+            max_chunk_length,
+            max_in_flight_items,
+            ..WriterOptions::default()
+        };
+        let writer = TrajectoryWriter::new(client.inner.clone(), options).map_err(client_err)?;
+        Ok(Self {
+            inner: Mutex::new(writer),
+        })
+    }
+
+    /// Appends `values[i]` to column `columns[i]`. Returns None, or a tuple describing which
+    /// column was rejected (`("already_set", col)` or `("mismatch", col, dtype, shape, dtype, shape)`).
+    #[pyo3(signature = (columns, values, partial=false))]
+    fn append(
+        &self,
+        py: Python<'_>,
+        columns: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+        partial: bool,
+    ) -> PyResult<Option<Py<PyTuple>>> {
+        let tensors = values
+            .iter()
+            .map(|v| to_tensor(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        let values: Vec<(usize, Tensor)> = columns.into_iter().zip(tensors).collect();
+        match self.with(py, |w| w.append(values, partial)) {
+            Ok(()) => Ok(None),
+            Err(e) => append_error(py, e),
+        }
+    }
+
+    /// Appends N full steps at once; every value has a leading dimension N.
+    fn append_steps(
+        &self,
+        py: Python<'_>,
+        columns: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<PyTuple>>> {
+        let tensors = values
+            .iter()
+            .map(|v| to_tensor(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        let values: Vec<(usize, Tensor)> = columns.into_iter().zip(tensors).collect();
+        match self.with(py, |w| w.append_steps(values)) {
+            Ok(_) => Ok(None),
+            Err(e) => append_error(py, e),
+        }
+    }
+
+    /// Creates an item; `columns` is a list of `(refs, squeeze)` with refs `(column, step)`.
+    fn create_item(
+        &self,
+        py: Python<'_>,
+        table: String,
+        priority: f64,
+        columns: Vec<(Vec<(usize, u64)>, bool)>,
+    ) -> PyResult<u64> {
+        let columns: Vec<ItemColumn> = columns
+            .into_iter()
+            .map(|(refs, squeeze)| ItemColumn { refs, squeeze })
+            .collect();
+        let now = Some(Instant::now());
+        let (key, sent) = self
+            .with(py, |w| w.create_item(&table, priority, &columns, now))
+            .map_err(client_err)?;
+        if !sent {
+            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+        }
+        Ok(key)
+    }
+
+    /// Sends everything queued and waits until at most `block_until_num_items` are unconfirmed.
+    #[pyo3(signature = (block_until_num_items=0, timeout_ms=None))]
+    fn flush(
+        &self,
+        py: Python<'_>,
+        block_until_num_items: u64,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let deadline = deadline(timeout_ms)?;
+        self.wait_until(py, deadline, "flush", |w, until| {
+            w.flush(block_until_num_items, until)
+        })
+    }
+
+    /// Ends the episode (see `TrajectoryWriter::end_episode`).
+    #[pyo3(signature = (clear_buffers=true, timeout_ms=None))]
+    fn end_episode(
+        &self,
+        py: Python<'_>,
+        clear_buffers: bool,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let deadline = deadline(timeout_ms)?;
+        self.wait_until(py, deadline, "end_episode", |w, until| {
+            w.end_episode(clear_buffers, until)
+        })
+    }
+
+    /// Stops the writer's stream.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.inner.lock().unwrap().close());
+    }
+
+    /// Overrides keep-alive and chunk length of one column.
+    fn configure(
+        &self,
+        py: Python<'_>,
+        column: usize,
+        num_keep_alive_refs: usize,
+        max_chunk_length: Option<usize>,
+    ) -> PyResult<()> {
+        self.with(py, |w| {
+            w.configure(column, num_keep_alive_refs, max_chunk_length)
+        })
+        .map_err(client_err)
+    }
+
+    /// Full steps appended in this episode.
+    #[getter]
+    fn episode_steps(&self, py: Python<'_>) -> u64 {
+        self.with(py, |w| w.episode_steps())
+    }
+
+    /// Writer-wide index of the episode's first step (cells are addressed by writer-wide step).
+    #[getter]
+    fn episode_start(&self, py: Python<'_>) -> u64 {
+        self.with(py, |w| w.episode_start())
+    }
+
+    /// Whether a partial step is open.
+    #[getter]
+    fn step_is_open(&self, py: Python<'_>) -> bool {
+        self.with(py, |w| w.step_is_open())
+    }
+
+    /// `(dtype, shape)` of a column's rows, or None before its first value.
+    fn column_spec(&self, py: Python<'_>, column: usize) -> Option<(i32, Vec<i64>)> {
+        self.with(py, |w| w.column_spec(column))
+    }
+
+    /// Which steps of a column are still referenceable.
+    fn alive(&self, py: Python<'_>, column: usize, steps: Vec<u64>) -> Vec<bool> {
+        self.with(py, |w| w.alive(column, &steps))
+    }
+
+    /// The row of a cell as `(dtype, shape, uint8 array)`, or None when expired.
+    fn read_cell<'py>(
+        &self,
+        py: Python<'py>,
+        column: usize,
+        step: u64,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        match self
+            .with(py, |w| w.read_cell(column, step))
+            .map_err(client_err)?
+        {
+            Some(t) => Ok(Some(column_out(py, t)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Items created and not yet confirmed.
+    fn unconfirmed(&self, py: Python<'_>) -> u64 {
+        self.with(py, |w| w.unconfirmed())
     }
 }
 
@@ -378,6 +716,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTable>()?;
     m.add_class::<PyServer>()?;
     m.add_class::<PyClient>()?;
+    m.add_class::<PyTrajectoryWriter>()?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,0 +1,239 @@
+//! The background insert stream of a trajectory writer: sends each chunk once, then items with
+//! `keep_chunk_keys`; counts confirmations; on UNAVAILABLE/CANCELLED reconnects with backoff
+//! and resends every unconfirmed item (the server treats a re-sent key as a priority update).
+
+use crate::{Client, ClientError};
+use reverb_proto::{ChunkData, InsertStreamRequest, PrioritizedItem};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Code;
+
+/// An item ready to go: every chunk it references is finalized.
+#[derive(Debug, Clone)]
+pub(crate) struct Outgoing {
+    pub item: PrioritizedItem,
+    pub chunks: Vec<Arc<ChunkData>>,
+    /// Chunks the server must keep after this item (still referenced by the writer).
+    pub keep: Vec<u64>,
+}
+
+/// What the stream task reports to the writer.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    pub confirmed: u64,
+    pub error: Option<ClientError>,
+}
+
+/// Progress plus a condvar the writer waits on.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub progress: Mutex<Progress>,
+    pub changed: Condvar,
+    /// Number of callers waiting for everything to be sent (flush, end_episode, close):
+    /// while non-zero, the stream sends at once instead of lingering.
+    pub urgent: AtomicUsize,
+    /// Cuts a linger short.
+    pub wake: Notify,
+}
+
+impl Shared {
+    /// Marks the start of a wait for everything to be sent; the guard ends it.
+    pub fn urgent(&self) -> UrgentGuard<'_> {
+        self.urgent.fetch_add(1, Ordering::SeqCst);
+        self.wake.notify_one();
+        UrgentGuard(self)
+    }
+}
+
+/// Ends an urgent period on drop.
+pub(crate) struct UrgentGuard<'a>(&'a Shared);
+
+impl Drop for UrgentGuard<'_> {
+    fn drop(&mut self) {
+        self.0.urgent.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long the stream waits for more items before sending a small batch: per-item work on
+/// both ends is then paid per batch. Flushes skip it.
+const LINGER: Duration = Duration::from_micros(500);
+
+impl Shared {
+    fn update(&self, f: impl FnOnce(&mut Progress)) {
+        f(&mut self.progress.lock().unwrap());
+        self.changed.notify_all();
+    }
+}
+
+/// Most bytes of chunk payload batched into one request.
+const MAX_REQUEST_BYTES: usize = 4 << 20;
+
+pub(crate) async fn run(
+    client: Client,
+    mut rx: mpsc::Receiver<Outgoing>,
+    shared: Arc<Shared>,
+    max_in_flight: usize,
+    reconnect_timeout: Duration,
+) {
+    let mut unconfirmed: VecDeque<Outgoing> = VecDeque::new();
+    let mut input_closed = false;
+    let mut backoff = Duration::from_millis(1);
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        if input_closed && unconfirmed.is_empty() {
+            return;
+        }
+        let confirmed_before = shared.progress.lock().unwrap().confirmed;
+        let result = session(
+            &client,
+            &mut rx,
+            &shared,
+            &mut unconfirmed,
+            &mut input_closed,
+            max_in_flight,
+        )
+        .await;
+        if shared.progress.lock().unwrap().confirmed > confirmed_before {
+            // The connection worked for a while: the reconnect window starts afresh.
+            failing_since = None;
+            backoff = Duration::from_millis(1);
+        }
+        match result {
+            Ok(()) => return,
+            Err(e) if matches!(e.code, Code::Unavailable | Code::Cancelled) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > reconnect_timeout {
+                    let message = format!(
+                        "Gave up reconnecting to {} after {:.0}s: {}",
+                        client.address(),
+                        reconnect_timeout.as_secs_f64(),
+                        e.message
+                    );
+                    shared.update(|p| p.error = Some(ClientError::new(Code::Unavailable, message)));
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => {
+                shared.update(|p| p.error = Some(e));
+                return;
+            }
+        }
+    }
+}
+
+/// One connection. Returns Ok when the writer closed and everything is confirmed.
+async fn session(
+    client: &Client,
+    rx: &mut mpsc::Receiver<Outgoing>,
+    shared: &Shared,
+    unconfirmed: &mut VecDeque<Outgoing>,
+    input_closed: &mut bool,
+    max_in_flight: usize,
+) -> Result<(), ClientError> {
+    // Unbounded, yet bounded in practice: at most `max_in_flight` items are unconfirmed.
+    let (req_tx, req_rx) = mpsc::unbounded_channel::<InsertStreamRequest>();
+    let mut stub = client.stub.clone();
+    let mut sent_chunks: HashSet<u64> = HashSet::new();
+    // Re-send what the previous connection did not confirm, in order. Queue it before awaiting
+    // the call: some servers answer headers only after the first message.
+    for o in unconfirmed.iter() {
+        req_tx
+            .send(request(std::slice::from_ref(o), &mut sent_chunks))
+            .map_err(|_| closed())?;
+    }
+    // Some servers (the reference) answer headers only with their first response, so the
+    // call is driven inside the loop, concurrently with sending.
+    let call = stub.insert_stream(UnboundedReceiverStream::new(req_rx));
+    tokio::pin!(call);
+    let mut responses: Option<tonic::Streaming<reverb_proto::InsertStreamResponse>> = None;
+    loop {
+        if *input_closed && unconfirmed.is_empty() {
+            return Ok(());
+        }
+        tokio::select! {
+            started = &mut call, if responses.is_none() => {
+                responses = Some(started.map_err(|s| client.status(s))?.into_inner());
+            }
+            next = rx.recv(), if !*input_closed && unconfirmed.len() < max_in_flight => match next {
+                None => *input_closed = true,
+                Some(first) => {
+                    if shared.urgent.load(Ordering::SeqCst) == 0 {
+                        tokio::select! {
+                            _ = tokio::time::sleep(LINGER) => {}
+                            _ = shared.wake.notified() => {}
+                        }
+                    }
+                    let mut batch = vec![first];
+                    let mut bytes: usize = batch[0].chunks.iter().map(|c| c.data.len()).sum();
+                    while bytes < MAX_REQUEST_BYTES && unconfirmed.len() + batch.len() < max_in_flight {
+                        match rx.try_recv() {
+                            Ok(o) => {
+                                bytes += o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
+                                batch.push(o);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let req = request(&batch, &mut sent_chunks);
+                    unconfirmed.extend(batch);
+                    req_tx.send(req).map_err(|_| closed())?;
+                }
+            },
+            response = next_response(&mut responses), if responses.is_some() => match response {
+                Ok(Some(r)) => {
+                    let mut n = 0;
+                    for key in r.keys {
+                        if let Some(pos) = unconfirmed.iter().position(|o| o.item.key == key) {
+                            unconfirmed.remove(pos);
+                            n += 1;
+                        }
+                    }
+                    shared.update(|p| p.confirmed += n);
+                }
+                Ok(None) => return Err(ClientError::new(Code::Unavailable, "the server closed the insert stream")),
+                Err(status) => return Err(client.status(status)),
+            },
+        }
+    }
+}
+
+async fn next_response(
+    responses: &mut Option<tonic::Streaming<reverb_proto::InsertStreamResponse>>,
+) -> Result<Option<reverb_proto::InsertStreamResponse>, tonic::Status> {
+    responses
+        .as_mut()
+        .expect("guarded by the select condition")
+        .message()
+        .await
+}
+
+fn closed() -> ClientError {
+    ClientError::new(Code::Unavailable, "the insert stream closed")
+}
+
+/// Builds one request: chunks not yet on the server, the items, and what to keep.
+fn request(batch: &[Outgoing], sent_chunks: &mut HashSet<u64>) -> InsertStreamRequest {
+    let mut chunks = Vec::new();
+    for o in batch {
+        for c in &o.chunks {
+            if sent_chunks.insert(c.chunk_key) {
+                chunks.push(ChunkData::clone(c));
+            }
+        }
+    }
+    let keep = batch.last().map(|o| o.keep.clone()).unwrap_or_default();
+    // The server now holds exactly the kept chunks.
+    let kept: HashSet<u64> = keep.iter().copied().collect();
+    sent_chunks.retain(|k| kept.contains(k));
+    InsertStreamRequest {
+        chunks,
+        items: batch.iter().map(|o| o.item.clone()).collect(),
+        keep_chunk_keys: keep,
+    }
+}

@@ -1,0 +1,468 @@
+"""`TrajectoryWriter` and `TrajectoryColumn`: the write path actors call on every step.
+
+The writer flattens each appended step once and hands the leaves to native code, which
+copies rows into per-column chunks (no Python object per row), encodes full chunks and
+streams chunks and items to the server in the background. `history` exposes the written
+cells, and `create_item` builds an item from slices of that history.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from reverb import _dtypes, _native, _nest, errors
+
+Path = Tuple[Any, ...]
+_UNKNOWN = object()
+
+
+class _CellRef(tuple):
+    """A reference to one written cell: (writer, column index, episode step)."""
+
+    __slots__ = ()
+
+    def __new__(cls, writer: TrajectoryWriter, column: int, step: int) -> _CellRef:
+        return tuple.__new__(cls, (writer, column, step))
+
+    @property
+    def expired(self) -> bool:
+        """Whether the cell can no longer be referenced."""
+        writer, column, step = self
+        return not writer._writer.alive(column, [step])[0]
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self[0]._spec(self[1])[1]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self[0]._spec(self[1])[0]
+
+    def numpy(self) -> np.ndarray:
+        """The cell's value; RuntimeError if it has expired."""
+        writer, column, step = self
+        cell = writer._writer.read_cell(column, step)
+        if cell is None:
+            raise RuntimeError(
+                f"Cannot read step {step} of column {writer._path_name(column)}: it has expired "
+                "(increase num_keep_alive_refs)"
+            )
+        return _dtypes.from_column(cell)
+
+    def __repr__(self) -> str:
+        return f"CellRef(column={self[1]}, step={self[2]})"
+
+
+class TrajectoryColumn:
+    """A column of an item: references to cells, optionally squeezed (exactly one cell, no
+    leading dimension)."""
+
+    __slots__ = ("_writer", "_cells", "_squeeze", "_path")
+
+    def __init__(
+        self,
+        data_references: Sequence[Any],
+        *,
+        squeeze: bool = False,
+        path: Optional[Path] = None,
+    ) -> None:
+        refs = list(data_references)
+        if any(ref is None for ref in refs):
+            raise ValueError(
+                "TrajectoryColumns cannot be created from None references: the column has no "
+                "data at some of the requested steps"
+                + (f" (column {path})" if path is not None else "")
+            )
+        if squeeze and len(refs) != 1:
+            raise ValueError(
+                f"Columns must contain exactly one data reference when squeeze is set, got "
+                f"{len(refs)}"
+            )
+        writers = {id(ref[0]) for ref in refs}
+        if len(writers) > 1:
+            raise ValueError("All references of a TrajectoryColumn must come from one writer")
+        self._writer = refs[0][0] if refs else None
+        self._cells = [(ref[1], ref[2]) for ref in refs]
+        self._squeeze = squeeze
+        self._path = path
+
+    @classmethod
+    def _make(
+        cls, writer: TrajectoryWriter, cells: List[Tuple[int, int]], squeeze: bool, path: Path
+    ) -> TrajectoryColumn:
+        column = cls.__new__(cls)
+        column._writer = writer
+        column._cells = cells
+        column._squeeze = squeeze
+        column._path = path
+        return column
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def __iter__(self) -> Iterator[_CellRef]:
+        return (_CellRef(self._writer, c, s) for c, s in self._cells)
+
+    def __getitem__(self, index: Union[int, slice, List[int]]) -> TrajectoryColumn:
+        if isinstance(index, (int, np.integer)):
+            return self._make(self._writer, [self._cells[index]], True, self._path)
+        if isinstance(index, slice):
+            return self._make(self._writer, self._cells[index], False, self._path)
+        return self._make(self._writer, [self._cells[i] for i in index], False, self._path)
+
+    @property
+    def is_squeezed(self) -> bool:
+        """Whether the leading dimension is dropped."""
+        return self._squeeze
+
+    @property
+    def shape(self) -> Tuple[Optional[int], ...]:
+        """`(len, *row_shape)`, or the row shape when squeezed."""
+        row = tuple(self._writer._spec(self._cells[0][0])[1]) if self._cells else ()
+        return row if self._squeeze else (len(self._cells), *row)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype of the cells."""
+        return self._writer._spec(self._cells[0][0])[0]
+
+    def numpy(self) -> np.ndarray:
+        """The column's data; RuntimeError if a referenced cell has expired."""
+        values = [_CellRef(self._writer, c, s).numpy() for c, s in self._cells]
+        return values[0] if self._squeeze else np.stack(values)
+
+    def __repr__(self) -> str:
+        return (
+            f"TrajectoryColumn(len={len(self._cells)}, squeeze={self._squeeze}, path={self._path})"
+        )
+
+
+class _ColumnHistory:
+    """The cells of one column over the current episode; index like a sequence."""
+
+    __slots__ = ("_writer", "_column", "_path")
+
+    def __init__(self, writer: TrajectoryWriter, column: int, path: Path) -> None:
+        self._writer = writer
+        self._column = column
+        self._path = path
+
+    def _steps(self) -> range:
+        """Writer-wide steps of the episode so far (cells are addressed by them)."""
+        start = self._writer._episode_start
+        return range(start, start + self._writer._history_length())
+
+    def __len__(self) -> int:
+        return self._writer._history_length()
+
+    def __iter__(self) -> Iterator[_CellRef]:
+        return (_CellRef(self._writer, self._column, s) for s in self._steps())
+
+    @staticmethod
+    def _step(steps: range, index: int) -> int:
+        try:
+            return steps[index]
+        except IndexError:
+            raise IndexError(f"History index {index} out of range for {len(steps)} steps") from None
+
+    def __getitem__(self, index: Union[int, slice, List[int]]) -> TrajectoryColumn:
+        steps = self._steps()
+        column = self._column
+        if isinstance(index, slice):
+            cells = [(column, s) for s in steps[index]]
+            return TrajectoryColumn._make(self._writer, cells, False, self._path)
+        if isinstance(index, (int, np.integer)):
+            cells = [(column, self._step(steps, int(index)))]
+            return TrajectoryColumn._make(self._writer, cells, True, self._path)
+        cells = [(column, self._step(steps, int(i))) for i in index]
+        return TrajectoryColumn._make(self._writer, cells, False, self._path)
+
+    def numpy(self) -> np.ndarray:
+        """Every live cell of the column, stacked (expired cells are skipped)."""
+        steps = list(self._steps())
+        alive = self._writer._writer.alive(self._column, steps)
+        return np.stack(
+            [_CellRef(self._writer, self._column, s).numpy() for s, a in zip(steps, alive) if a]
+        )
+
+    def __repr__(self) -> str:
+        return f"ColumnHistory(path={self._path}, len={len(self)})"
+
+
+def _merge(old: Any, new: Any) -> Any:
+    """The union of two structures whose leaves are column indices."""
+    if old is None:
+        return new
+    if isinstance(old, collections.abc.Mapping) and isinstance(new, collections.abc.Mapping):
+        merged = dict(old)
+        for k, v in new.items():
+            merged[k] = _merge(old.get(k), v)
+        return merged
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        items = [_merge(o, n) for o, n in zip(old, new)]
+        items += list(old[len(new) :]) + list(new[len(old) :])
+        return type(old)(items) if not hasattr(type(old), "_fields") else type(old)(*items)
+    return old
+
+
+class TrajectoryWriter:
+    """Writes steps and creates items from their history. Build it with
+    `Client.trajectory_writer(num_keep_alive_refs)`.
+
+    Calls from several threads are serialized (safe, but the history then interleaves).
+    """
+
+    def __init__(
+        self,
+        internal_writer: _native.TrajectoryWriter,
+        client: Any = None,
+        validate_items: bool = True,
+    ) -> None:
+        self._writer = internal_writer
+        self._client = client
+        self._validate_items = validate_items
+        self._paths: List[Path] = []
+        self._path_index: Dict[Path, int] = {}
+        self._structure: Any = None
+        self._history: Any = None
+        self._fast: Optional[Tuple[tuple, List[Any], List[int]]] = None
+        self._signatures: Dict[str, Any] = {}
+        self._specs: Dict[int, Tuple[np.dtype, Tuple[int, ...]]] = {}
+        self._closed = False
+        # Mirrors of the native episode position (saves a native call per history access).
+        # Cells are addressed by writer-wide step: episode step i is _episode_start + i.
+        self._steps = 0
+        self._step_open = False
+        self._episode_start = 0
+
+    # Columns and structure.
+
+    def _column_of(self, path: Path) -> int:
+        index = self._path_index.get(path)
+        if index is None:
+            index = len(self._paths)
+            self._paths.append(path)
+            self._path_index[path] = index
+        return index
+
+    def _path_name(self, column: int) -> str:
+        return str(self._paths[column]) if column < len(self._paths) else f"#{column}"
+
+    def _spec(self, column: int) -> Tuple[np.dtype, Tuple[int, ...]]:
+        spec = self._specs.get(column)
+        if spec is None:
+            native = self._writer.column_spec(column)
+            if native is None:
+                raise ValueError(f"Column {self._path_name(column)} has no data yet")
+            spec = (_dtypes.numpy_dtype(native[0]), tuple(native[1]))
+            self._specs[column] = spec
+        return spec
+
+    def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
+        # Fast path: the same flat dict keys as last time.
+        if type(data) is dict and self._fast is not None:
+            keys, sorted_keys, columns = self._fast
+            if tuple(data) == keys:
+                return columns, [data[k] for k in sorted_keys]
+        pairs = _nest.flatten_with_path(data)
+        if not pairs:
+            raise ValueError("append() needs at least one value")
+        columns = [self._column_of(path) for path, _ in pairs]
+        values = [value for _, value in pairs]
+        structure = _nest.pack_sequence_as(data, columns)
+        if self._structure is None or _nest.flatten(_merge(self._structure, structure)) != (
+            _nest.flatten(self._structure)
+        ):
+            self._structure = _merge(self._structure, structure)
+            self._history = None
+        if type(data) is dict and all(len(path) == 1 for path, _ in pairs):
+            self._fast = (tuple(data), [path[0] for path, _ in pairs], columns)
+        else:
+            self._fast = None
+        return columns, values
+
+    def _raise_append_error(self, error: tuple) -> None:
+        column = error[1]
+        path = self._paths[column]
+        if error[0] == "already_set":
+            raise ValueError(
+                f"Field {path} has already been set in the active step by a previous "
+                "(partial) append call and cannot be modified."
+            )
+        _, _, want_dtype, want_shape, got_dtype, got_shape = error
+        want = (_dtypes.numpy_dtype(want_dtype), tuple(want_shape))
+        got = (_dtypes.numpy_dtype(got_dtype), tuple(got_shape))
+        if want[0] != got[0]:
+            raise ValueError(
+                f"Tensor of wrong dtype provided for column {path}. Got {got[0]} but expected "
+                f"{want[0]}."
+            )
+        raise ValueError(
+            f"Tensor of incompatible shape provided for column {path}. Got {list(got[1])} "
+            f"but expected {list(want[1])}."
+        )
+
+    # Writing.
+
+    def append(self, data: Any, *, partial_step: bool = False) -> None:
+        """Appends a step (any nest of array-likes). With `partial_step`, the step stays open
+        and later calls may add the fields it did not set. The structure may grow over time."""
+        self._check_open()
+        columns, values = self._flatten(data)
+        error = self._writer.append(columns, values, partial_step)
+        if error is not None:
+            self._raise_append_error(error)
+        if partial_step:
+            self._step_open = True
+        else:
+            self._steps += 1
+            self._step_open = False
+
+    def append_steps(self, data: Any) -> None:
+        """Appends N full steps at once: every leaf has a leading dimension N (beyond the
+        reference; for vectorised or batched producers)."""
+        self._check_open()
+        columns, values = self._flatten(data)
+        error = self._writer.append_steps(columns, values)
+        if error is not None:
+            self._raise_append_error(error)
+        self._steps = self._writer.episode_steps
+
+    def create_item(self, table: str, priority: float, trajectory: Any) -> None:
+        """Creates an item in `table` from a nest of `TrajectoryColumn`s (taken from
+        `history`). It is sent in the background; `flush` waits for it."""
+        self._check_open()
+        leaves = _nest.flatten(trajectory)
+        if not leaves:
+            raise ValueError("The trajectory must contain at least one column")
+        columns = []
+        for leaf in leaves:
+            if type(leaf) is not TrajectoryColumn:
+                if not isinstance(leaf, TrajectoryColumn):
+                    raise TypeError(
+                        f"All leaves of the trajectory must be TrajectoryColumns, got {type(leaf)}"
+                    )
+            if leaf._writer is not self:
+                raise ValueError("Trajectory columns must come from this writer's history")
+            columns.append((leaf._cells, leaf._squeeze))
+        if self._validate_items and self._signatures.get(table, _UNKNOWN) is not None:
+            self._validate(table, leaves)
+        self._writer.create_item(table, float(priority), columns)
+
+    def _validate(self, table: str, leaves: List[TrajectoryColumn]) -> None:
+        if table not in self._signatures:
+            if self._client is None:
+                return
+            infos = self._client.server_info()
+            self._signatures.update({name: info.signature for name, info in infos.items()})
+            if table not in self._signatures:
+                raise errors.NotFoundError(
+                    f"Unable to create item in table '{table}': the server at "
+                    f"{self._client.server_address} has no such table. Available tables: "
+                    f"[{', '.join(sorted(self._signatures))}]"
+                )
+        signature = self._signatures[table]
+        if signature is None:
+            return
+        specs = _nest.flatten(signature)
+        problems = []
+        if len(specs) != len(leaves):
+            problems.append(
+                f"the trajectory has {len(leaves)} columns but the signature has {len(specs)}"
+            )
+        for i, (spec, column) in enumerate(zip(specs, leaves)):
+            dtype = np.dtype(spec.dtype.as_numpy_dtype)
+            if dtype != column.dtype or not spec.shape.is_compatible_with(column.shape):
+                problems.append(
+                    f"column {i}: got {column.dtype}{list(column.shape)}, signature expects "
+                    f"{dtype}{spec.shape.as_list() if spec.shape.rank is not None else '?'}"
+                )
+        if problems:
+            raise ValueError(
+                f"Unable to create item in table '{table}' since the provided trajectory is "
+                f"inconsistent with the table signature: {'; '.join(problems)}."
+            )
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
+        """Sends every created item and blocks until at most `block_until_num_items` are
+        unconfirmed by the server. DeadlineExceededError after `timeout_ms`."""
+        if block_until_num_items < 0:
+            raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
+        self._check_open()
+        self._writer.flush(block_until_num_items, timeout_ms)
+
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:
+        """Ends the episode: sends everything and waits for confirmation, then starts a new
+        episode. With `clear_buffers` the history is dropped."""
+        self._check_open()
+        self._writer.end_episode(clear_buffers, timeout_ms)
+        self._steps = 0
+        self._step_open = False
+        self._episode_start = self._writer.episode_start
+
+    def close(self) -> None:
+        """Stops the writer. Items that were not flushed may be lost."""
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
+
+    def configure(
+        self, path: Path, *, num_keep_alive_refs: int, max_chunk_length: Optional[int]
+    ) -> None:
+        """Overrides chunking for the column at `path` (`None` chunk length: automatic)."""
+        if max_chunk_length is not None and not 1 <= max_chunk_length <= num_keep_alive_refs:
+            raise ValueError(
+                f"max_chunk_length ({max_chunk_length}) must be None or in "
+                f"[1, num_keep_alive_refs ({num_keep_alive_refs})]"
+            )
+        self._check_open()
+        self._writer.configure(self._column_of(tuple(path)), num_keep_alive_refs, max_chunk_length)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("The TrajectoryWriter is closed")
+
+    # History.
+
+    def _history_length(self) -> int:
+        return self._steps + self._step_open
+
+    @property
+    def history(self) -> Any:
+        """A nest like the appended data whose leaves index the column's cells by episode
+        step: an int gives a squeezed `TrajectoryColumn`, a slice or list a batched one."""
+        if self._structure is None:
+            raise RuntimeError("history is not available before the first append")
+        if self._history is None:
+            self._history = _nest.map_structure(
+                lambda column: _ColumnHistory(self, column, self._paths[column]),
+                self._structure,
+            )
+        return self._history
+
+    @property
+    def episode_steps(self) -> int:
+        """Full steps appended since the episode began."""
+        return self._steps
+
+    @property
+    def num_unconfirmed_items(self) -> int:
+        """Items created but not yet confirmed by the server."""
+        return self._writer.unconfirmed()
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None or not issubclass(exc_type, errors.ReverbError):
+            if not self._closed:
+                self.flush()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass

@@ -1,0 +1,385 @@
+"""TrajectoryWriter end to end: chunking, history, items, episodes, flush, errors, reconnects."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import reverb
+from reverb import rate_limiters, selectors
+
+T = 10.0
+TMS = 10_000
+
+
+def _fifo(name: str, max_size: int = 1000) -> reverb.Table:
+    """Items come out once each, in insertion order."""
+    return reverb.Table(
+        name,
+        selectors.Fifo(),
+        selectors.Fifo(),
+        max_size,
+        rate_limiters.MinSize(1),
+        max_times_sampled=1,
+    )
+
+
+@pytest.fixture
+def served(make_server):
+    server = make_server([_fifo("a"), _fifo("b"), reverb.Table.queue("q", 2)])
+    return server, server.localhost_client()
+
+
+def _drain(client: reverb.Client, table: str) -> list:
+    n = client.server_info(timeout=T)[table].current_size
+    return list(client.sample(table, n, emit_timesteps=False, timeout=T)) if n else []
+
+
+def test_readme_example(served) -> None:
+    _, client = served
+    with client.trajectory_writer(num_keep_alive_refs=3) as writer:
+        writer.append({"a": 2, "b": 12})
+        writer.append({"a": 3, "b": 13})
+        writer.append({"a": 4, "b": 14})
+        writer.create_item(
+            table="a",
+            priority=1.5,
+            trajectory={"a": writer.history["a"][:], "b": writer.history["b"][:]},
+        )
+        writer.flush()
+    (sample,) = _drain(client, "a")
+    np.testing.assert_array_equal(sample.data[0], [2, 3, 4])
+    np.testing.assert_array_equal(sample.data[1], [12, 13, 14])
+    assert sample.info.priority == 1.5
+
+
+def test_overlapping_windows_and_squeezed_columns(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(num_keep_alive_refs=3)
+    for t in range(20):
+        writer.append({"obs": np.full((2, 2), t, np.float32), "t": np.int64(t)})
+        if t >= 2:
+            writer.create_item(
+                "a",
+                1.0,
+                {"obs": writer.history["obs"][-3:], "last": writer.history["t"][-1]},
+            )
+    writer.flush(timeout_ms=TMS)
+    samples = _drain(client, "a")
+    assert len(samples) == 18
+    for i, sample in enumerate(samples):  # FIFO: in creation order
+        last, obs = sample.data  # sorted keys: "last" < "obs"
+        assert last.shape == () and int(last) == i + 2
+        assert obs.shape == (3, 2, 2) and obs.dtype == np.float32
+        np.testing.assert_array_equal(obs[:, 0, 0], [i, i + 1, i + 2])
+
+
+def test_items_in_two_tables_share_history(served) -> None:
+    _, client = served
+    with client.trajectory_writer(2) as writer:
+        for t in range(6):
+            writer.append({"x": np.int32(t)})
+            if t >= 1:
+                column = writer.history["x"][-2:]
+                writer.create_item("a", 1.0, column)
+                writer.create_item("b", 2.0, column)
+    a, b = _drain(client, "a"), _drain(client, "b")
+    assert [s.data[0].tolist() for s in a] == [s.data[0].tolist() for s in b]
+    assert [s.data[0].tolist() for s in a][:2] == [[0, 1], [1, 2]]
+    assert {s.info.priority for s in b} == {2.0}
+
+
+def test_episode_boundaries(served) -> None:
+    server, client = served
+    writer = client.trajectory_writer(4)
+    for episode in range(3):
+        for t in range(4):
+            writer.append({"e": np.int32(episode), "t": np.int32(t)})
+        assert writer.episode_steps == 4
+        writer.create_item("a", 1.0, {"e": writer.history["e"][:], "t": writer.history["t"][:]})
+        writer.end_episode(timeout_ms=TMS)
+        assert writer.episode_steps == 0
+        with pytest.raises(IndexError):
+            writer.history["t"][-1]
+    info = client.server_info(timeout=T)["a"]
+    assert info.num_episodes == 3 and info.current_size == 3
+    for episode, sample in enumerate(_drain(client, "a")):
+        np.testing.assert_array_equal(sample.data[0], [episode] * 4)
+        np.testing.assert_array_equal(sample.data[1], [0, 1, 2, 3])
+
+
+def test_end_episode_without_clearing_keeps_refs_alive(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(3)
+    writer.append({"x": 1})
+    writer.end_episode(clear_buffers=False, timeout_ms=TMS)
+    writer.append({"x": 2})
+    # The previous episode's cell is still alive in the column's buffer but no longer in the
+    # history (which indexes the current episode).
+    assert len(writer.history["x"]) == 1
+    assert writer.history["x"][0].numpy() == 2
+
+
+def test_history_indexing_and_columns(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(5)
+    with pytest.raises(RuntimeError):
+        writer.history  # noqa: B018 - the access is the test
+    for t in range(4):
+        writer.append({"v": np.arange(3, dtype=np.int16) + t, "s": float(t)})
+    history = writer.history
+    assert len(history["v"]) == 4
+    col = history["v"][1:3]
+    assert col.shape == (2, 3) and col.dtype == np.int16 and not col.is_squeezed
+    np.testing.assert_array_equal(col.numpy(), [[1, 2, 3], [2, 3, 4]])
+    one = history["s"][-1]
+    assert one.is_squeezed and one.shape == () and one.numpy() == 3.0
+    picked = history["v"][[0, 3]]
+    np.testing.assert_array_equal(picked.numpy()[:, 0], [0, 3])
+    assert len(col[0:1]) == 1 and col[0].is_squeezed
+    with pytest.raises(IndexError):
+        history["v"][4]
+
+
+def test_expired_references_are_rejected(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(2)
+    for t in range(5):
+        writer.append({"x": t})
+    old = writer.history["x"][0:3]
+    with pytest.raises(RuntimeError, match="expired"):
+        old.numpy()
+    with pytest.raises(ValueError, match="expired"):
+        writer.create_item("a", 1.0, old)
+    writer.create_item("a", 1.0, writer.history["x"][-2:])
+    writer.flush(timeout_ms=TMS)
+    assert [s.data[0].tolist() for s in _drain(client, "a")] == [[3, 4]]
+
+
+def test_append_errors_name_the_column_and_change_nothing(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(2)
+    writer.append({"x": np.float32(1), "y": {"z": np.zeros(2)}})
+    with pytest.raises(ValueError, match=r"wrong dtype.*\('x',\).*int64.*float32"):
+        writer.append({"x": np.int64(1), "y": {"z": np.zeros(2)}})
+    with pytest.raises(ValueError, match=r"incompatible shape.*\('y', 'z'\)"):
+        writer.append({"x": np.float32(1), "y": {"z": np.zeros(3)}})
+    assert writer.episode_steps == 1
+    writer.append({"x": np.float32(2)}, partial_step=True)
+    with pytest.raises(ValueError, match=r"\('x',\) has already been set"):
+        writer.append({"x": np.float32(3)})
+    writer.append({"y": {"z": np.ones(2)}})
+    assert writer.episode_steps == 2
+    with pytest.raises(ValueError, match="Unsupported dtype"):
+        writer.append({"s": "a string"})
+    writer.create_item("a", 1.0, {"x": writer.history["x"][:], "z": writer.history["y"]["z"][:]})
+    writer.flush(timeout_ms=TMS)
+    (sample,) = _drain(client, "a")
+    np.testing.assert_array_equal(sample.data[0], [1.0, 2.0])
+
+
+def test_structure_can_grow(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(3)
+    writer.append({"a": 1})
+    writer.append({"a": 2, "b": 20})
+    assert set(writer.history) == {"a", "b"}
+    with pytest.raises(ValueError):  # no value for "b" at step 0
+        writer.create_item("a", 1.0, writer.history["b"][:])
+    writer.create_item("a", 1.0, {"a": writer.history["a"][:], "b": writer.history["b"][-1:]})
+    writer.flush(timeout_ms=TMS)
+    (sample,) = _drain(client, "a")
+    assert sample.data[0].tolist() == [1, 2] and sample.data[1].tolist() == [20]
+
+
+def test_create_item_argument_errors(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(2)
+    writer.append({"x": 1})
+    with pytest.raises(TypeError):
+        writer.create_item("a", 1.0, {"x": np.zeros(1)})
+    with pytest.raises(reverb.errors.NotFoundError, match="nope.*Available tables: \\[a, b, q\\]"):
+        writer.create_item("nope", 1.0, writer.history["x"][:])
+    other = client.trajectory_writer(2)
+    other.append({"x": 1})
+    with pytest.raises(ValueError, match="this writer"):
+        writer.create_item("a", 1.0, other.history["x"][:])
+    with pytest.raises(ValueError):
+        writer.flush(block_until_num_items=-1)
+    with pytest.raises(ValueError):
+        client.trajectory_writer(0)
+    with pytest.raises(ValueError):
+        writer.configure(("x",), num_keep_alive_refs=2, max_chunk_length=3)
+
+
+def test_configure_and_chunk_lengths(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(2)
+    writer.configure(("x",), num_keep_alive_refs=10, max_chunk_length=5)
+    for t in range(12):
+        writer.append({"x": t, "y": -t})
+    # "x" keeps 10 cells alive, "y" only 2.
+    np.testing.assert_array_equal(writer.history["x"][2:].numpy(), np.arange(2, 12))
+    with pytest.raises(RuntimeError):
+        writer.history["y"][-3].numpy()
+    writer.create_item("a", 1.0, writer.history["x"][-10:])
+    writer.flush(timeout_ms=TMS)
+    (sample,) = _drain(client, "a")
+    np.testing.assert_array_equal(sample.data[0], np.arange(2, 12))
+
+
+def test_append_steps_batched(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(100)
+    writer.append_steps({"obs": np.arange(50, dtype=np.float32).reshape(25, 2), "r": np.ones(25)})
+    assert writer.episode_steps == 25
+    writer.create_item("a", 1.0, {"obs": writer.history["obs"][-4:], "r": writer.history["r"][-1]})
+    writer.flush(timeout_ms=TMS)
+    (sample,) = _drain(client, "a")
+    np.testing.assert_array_equal(sample.data[0][:, 0], [42, 44, 46, 48])
+    assert sample.data[1] == 1.0
+    with pytest.raises(ValueError, match="leading"):
+        writer.append_steps({"obs": np.zeros((3, 2), np.float32), "r": np.ones(4)})
+
+
+def test_flush_times_out_on_a_blocked_table_and_loses_nothing(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(1)
+    for t in range(3):
+        writer.append({"x": t})
+        writer.create_item("q", 1.0, writer.history["x"][-1])
+    start = time.monotonic()
+    with pytest.raises(reverb.DeadlineExceededError):
+        writer.flush(timeout_ms=300)
+    assert time.monotonic() - start < 5
+    # The queue holds 2; sampling one lets the third in.
+    first = next(client.sample("q", emit_timesteps=False, timeout=T))
+    writer.flush(timeout_ms=TMS)
+    rest = list(client.sample("q", 2, emit_timesteps=False, timeout=T))
+    assert [int(s.data[0]) for s in [first, *rest]] == [0, 1, 2]
+
+
+def test_back_pressure_bounds_unconfirmed_items(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(1, max_in_flight_items=2)
+    done = threading.Event()
+
+    def produce() -> None:
+        for t in range(12):
+            writer.append({"x": t})
+            writer.create_item("q", 1.0, writer.history["x"][-1])
+        done.set()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    # The queue takes 2 items, the writer's window a few more: the producer must block.
+    assert not done.wait(0.5)
+    got = [int(s.data[0]) for s in client.sample("q", 12, emit_timesteps=False, timeout=T)]
+    assert done.wait(T)
+    thread.join(T)
+    assert got == list(range(12))
+
+
+def test_reconnects_after_server_restart_on_the_same_port(make_server) -> None:
+    first = make_server([_fifo("a")])
+    port = first.port
+    client = reverb.Client(f"localhost:{port}")
+    writer = client.trajectory_writer(1)
+    writer.append({"x": 1})
+    writer.create_item("a", 1.0, writer.history["x"][-1])
+    writer.flush(timeout_ms=TMS)
+    first.stop()
+    second = make_server([_fifo("a")], port=port)
+    for t in range(2, 5):
+        writer.append({"x": t})
+        writer.create_item("a", 1.0, writer.history["x"][-1])
+    writer.flush(timeout_ms=TMS)
+    got = [int(s.data[0]) for s in _drain(second.localhost_client(), "a")]
+    assert got == [2, 3, 4]
+
+
+def test_server_gone_gives_an_error_within_the_timeout(make_server) -> None:
+    server = make_server([_fifo("a")])
+    writer = server.localhost_client().trajectory_writer(1)
+    writer.append({"x": 1})
+    writer.create_item("a", 1.0, writer.history["x"][-1])
+    writer.flush(timeout_ms=TMS)
+    server.stop()
+    writer.append({"x": 2})
+    writer.create_item("a", 1.0, writer.history["x"][-1])
+    start = time.monotonic()
+    with pytest.raises(reverb.ReverbError):
+        writer.flush(timeout_ms=500)
+    assert time.monotonic() - start < 5
+
+
+def test_concurrent_writers(served) -> None:
+    _, client = served
+    errors = []
+
+    def write(worker: int) -> None:
+        try:
+            with client.trajectory_writer(2) as writer:
+                for t in range(50):
+                    writer.append({"w": np.int32(worker), "t": np.int32(t)})
+                    if t:
+                        writer.create_item(
+                            "a", 1.0, {"w": writer.history["w"][-2:], "t": writer.history["t"][-2:]}
+                        )
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    samples = _drain(client, "a")
+    assert len(samples) == 8 * 49
+    by_worker: dict = {}
+    for s in samples:
+        t, w = s.data  # sorted keys
+        assert w[0] == w[1] and t[1] == t[0] + 1
+        by_worker.setdefault(int(w[0]), []).append(int(t[0]))
+    assert all(sorted(v) == list(range(49)) for v in by_worker.values())
+
+
+def test_one_writer_shared_by_threads_is_safe(served) -> None:
+    """Calls are serialized: with each append + create_item pair under the caller's lock,
+    every item holds its own thread's value; nothing is lost or corrupted."""
+    _, client = served
+    writer = client.trajectory_writer(1)
+    lock = threading.Lock()
+
+    def write(value: int) -> None:
+        for _ in range(100):
+            with lock:
+                writer.append({"x": np.int64(value)})
+                writer.create_item("a", 1.0, writer.history["x"][-1])
+            writer.flush(timeout_ms=TMS)  # concurrent flushes, outside the lock
+
+    threads = [threading.Thread(target=write, args=(v,)) for v in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    writer.flush(timeout_ms=TMS)
+    values = [int(s.data[0]) for s in _drain(client, "a")]
+    assert sorted(values) == sorted(list(range(4)) * 100)
+
+
+def test_context_manager_flushes_unless_reverb_error(served) -> None:
+    _, client = served
+    with pytest.raises(KeyError):
+        with client.trajectory_writer(1) as writer:
+            writer.append({"x": 1})
+            writer.create_item("a", 1.0, writer.history["x"][-1])
+            raise KeyError("not a reverb error: the writer still flushes")
+    assert client.server_info(timeout=T)["a"].current_size == 1
+    writer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.append({"x": 2})
