@@ -49,7 +49,7 @@ fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
     match timeout {
         None => Ok(None),
         Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Duration::from_secs_f64(t))),
-        Some(t) if t == 0.0 => Ok(None),
+        Some(0.0) => Ok(None),
         Some(t) => Err(PyValueError::new_err(format!(
             "timeout must be >= 0 seconds, got {t}"
         ))),
