@@ -1,0 +1,123 @@
+"""Runs the benchmark workloads against this package and, side by side in the same run,
+against the reference (dm-reverb 0.14.0 + tensorflow 2.15, Python 3.11, in its own
+virtualenv), alternating the two. Prints absolute figures and ratios (medians).
+
+    python bench/run.py [--reference-python PATH | --make-reference-venv DIR]
+                        [--repeats 3] [--seconds 3] [--workloads a,b] [--modes inproc,remote]
+                        [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOADS = ["writer_small", "writer_frames", "writer_batched", "client_sample"]
+OURS_ONLY = {"writer_batched"}
+
+
+def make_reference_venv(path: str) -> str:
+    python = os.path.join(path, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", path], check=True)
+        subprocess.run(
+            [python, "-m", "pip", "install", "-q", "dm-reverb==0.14.0", "tensorflow-cpu==2.15.1"],
+            check=True,
+        )
+    return python
+
+
+def run_one(python: str, workload: str, mode: str, seconds: float) -> Optional[float]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    try:
+        out = subprocess.run(
+            [python, os.path.join(HERE, "workloads.py"), workload, mode, str(seconds)],
+            capture_output=True,
+            text=True,
+            timeout=seconds * 10 + 120,
+            env=env,
+            cwd="/tmp",
+        )
+    except subprocess.TimeoutExpired:
+        print(f"  {workload}/{mode} timed out", file=sys.stderr)
+        return None
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            return json.loads(line)["value"]
+    print(f"  {workload}/{mode} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reference-python")
+    parser.add_argument("--make-reference-venv")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--modes", default="inproc,remote")
+    parser.add_argument("--markdown")
+    args = parser.parse_args()
+
+    reference = args.reference_python
+    if args.make_reference_venv:
+        reference = make_reference_venv(args.make_reference_venv)
+    workloads = args.workloads.split(",")
+    modes = args.modes.split(",")
+    units = {
+        "writer_small": "steps/s",
+        "writer_frames": "MB/s",
+        "writer_batched": "steps/s",
+        "client_sample": "samples/s",
+    }
+    results: Dict[tuple, Dict[str, List[float]]] = {}
+    for workload in workloads:
+        for mode in modes:
+            key = (workload, mode)
+            results[key] = {"ours": [], "reference": []}
+            for _ in range(args.repeats):
+                # Alternate, so both see the same machine conditions.
+                value = run_one(sys.executable, workload, mode, args.seconds)
+                if value is not None:
+                    results[key]["ours"].append(value)
+                if reference and workload not in OURS_ONLY:
+                    value = run_one(reference, workload, mode, args.seconds)
+                    if value is not None:
+                        results[key]["reference"].append(value)
+            print(f"{workload}/{mode}: {results[key]}", file=sys.stderr)
+
+    lines = [
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}; "
+        f"{args.repeats} runs of {args.seconds:g} s each, medians.",
+        "",
+        "| workload | server | ours | reference | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for (workload, mode), values in results.items():
+        ours = statistics.median(values["ours"]) if values["ours"] else None
+        ref = statistics.median(values["reference"]) if values["reference"] else None
+        unit = units[workload]
+        ratio = f"{ours / ref:.1f}x" if ours and ref else "n/a"
+        fmt = (lambda v: f"{v:,.0f} {unit}") if unit != "MB/s" else (lambda v: f"{v:,.0f} MB/s")
+        lines.append(
+            f"| {workload} | {'same process' if mode == 'inproc' else 'other process'} | "
+            f"{fmt(ours) if ours else 'n/a'} | {fmt(ref) if ref else 'n/a'} | {ratio} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
