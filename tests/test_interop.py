@@ -1,0 +1,93 @@
+"""Wire compatibility with the reference (dm-reverb 0.14): its client against our server and
+our client against its server. Runs when REVERB_REFERENCE_PYTHON names a Python with dm-reverb
+0.14.0 and TensorFlow installed (`python bench/run.py --make-reference-venv DIR` builds one)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+
+import reverb
+
+REFERENCE = os.environ.get("REVERB_REFERENCE_PYTHON")
+pytestmark = pytest.mark.skipif(not REFERENCE, reason="REVERB_REFERENCE_PYTHON is not set")
+QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+
+
+def _fifo(name: str) -> reverb.Table:
+    return reverb.Table(
+        name,
+        reverb.selectors.Fifo(),
+        reverb.selectors.Fifo(),
+        100,
+        reverb.rate_limiters.MinSize(1),
+        max_times_sampled=1,
+    )
+
+
+def test_reference_client_against_our_server(make_server) -> None:
+    server = make_server([_fifo("t")])
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, reverb
+        c = reverb.Client("localhost:{server.port}")
+        assert sorted(c.server_info(timeout=10)) == ["t"]
+        c.insert([np.arange(3, dtype=np.int32), np.float32(2.5)], {{"t": 1.0}})
+        with c.trajectory_writer(num_keep_alive_refs=3) as w:
+            for i in range(3):
+                w.append({{"a": np.full(2, i, np.int64)}})
+            w.create_item("t", 2.0, {{"a": w.history["a"][:]}})
+        print("done")
+        """
+    )
+    out = subprocess.run(
+        [REFERENCE, "-c", script], capture_output=True, text=True, timeout=120, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = server.localhost_client()
+    first, second = client.sample("t", 2, emit_timesteps=False, timeout=10)
+    np.testing.assert_array_equal(first.data[0], [[0, 1, 2]])
+    np.testing.assert_array_equal(first.data[1], [2.5])
+    np.testing.assert_array_equal(second.data[0], [[0, 0], [1, 1], [2, 2]])
+    assert second.info.priority == 2.0
+
+
+def test_our_client_against_reference_server() -> None:
+    script = textwrap.dedent(
+        """
+        import sys, reverb
+        table = reverb.Table("t", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 100,
+                             reverb.rate_limiters.MinSize(1), max_times_sampled=1)
+        server = reverb.Server([table])
+        print(server.port, flush=True)
+        sys.stdin.read()
+        """
+    )
+    proc = subprocess.Popen(
+        [REFERENCE, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=QUIET,
+    )
+    try:
+        port = int(proc.stdout.readline())
+        client = reverb.Client(f"localhost:{port}")
+        assert list(client.server_info(timeout=10)) == ["t"]
+        client.insert({"x": np.arange(4, dtype=np.float64)}, {"t": 1.0}, timeout=10)
+        with client.trajectory_writer(2) as writer:
+            writer.append({"y": np.int16(7)})
+            writer.append({"y": np.int16(8)})
+            writer.create_item("t", 3.0, writer.history["y"][:])
+        first, second = client.sample("t", 2, emit_timesteps=False, timeout=10)
+        np.testing.assert_array_equal(first.data[0], [[0.0, 1.0, 2.0, 3.0]])
+        np.testing.assert_array_equal(second.data[0], [7, 8])
+        assert second.info.priority == 3.0
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)  # also closes the pipes
