@@ -36,7 +36,10 @@ def make_reference_venv(path: str) -> str:
 
 
 def run_one(python: str, workload: str, mode: str, seconds: float) -> Optional[float]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    # One BLAS thread for both sides: idle OpenBLAS threads otherwise spin on the 2 cores.
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore", OPENBLAS_NUM_THREADS="1"
+    )
     try:
         out = subprocess.run(
             [python, os.path.join(HERE, "workloads.py"), workload, mode, str(seconds)],
@@ -107,11 +110,10 @@ def main() -> None:
         ref = statistics.median(values["reference"]) if values["reference"] else None
         unit = units[workload]
         ratio = f"{ours / ref:.1f}x" if ours and ref else "n/a"
-        fmt = (lambda v: f"{v:,.0f} {unit}") if unit != "MB/s" else (lambda v: f"{v:,.0f} MB/s")
-        lines.append(
-            f"| {workload} | {'same process' if mode == 'inproc' else 'other process'} | "
-            f"{fmt(ours) if ours else 'n/a'} | {fmt(ref) if ref else 'n/a'} | {ratio} |"
-        )
+        ours_text = f"{ours:,.0f} {unit}" if ours else "n/a"
+        ref_text = f"{ref:,.0f} {unit}" if ref else "n/a"
+        server = "same process" if mode == "inproc" else "other process"
+        lines.append(f"| {workload} | {server} | {ours_text} | {ref_text} | {ratio} |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

@@ -71,6 +71,15 @@ class Setup:
             self.child.wait()
 
 
+def last_two(history: dict) -> dict:
+    """The 2-step trajectory of the small-step workloads."""
+    return {
+        "obs": history["obs"][-2:],
+        "action": history["action"][-2:],
+        "reward": history["reward"][-2:],
+    }
+
+
 def writer_small(setup: Setup, seconds: float) -> dict:
     """Small steps (obs float32[8], action int32, reward float32), 2-step items."""
     client = reverb.Client(setup.address)
@@ -82,12 +91,7 @@ def writer_small(setup: Setup, seconds: float) -> dict:
             for _ in range(1000):
                 writer.append({"obs": obs, "action": np.int32(steps), "reward": np.float32(1.0)})
                 if writer.episode_steps >= 2:
-                    h = writer.history
-                    writer.create_item(
-                        TABLE,
-                        1.0,
-                        {"obs": h["obs"][-2:], "action": h["action"][-2:], "reward": h["reward"][-2:]},
-                    )
+                    writer.create_item(TABLE, 1.0, last_two(writer.history))
                 steps += 1
             if time.perf_counter() - start > seconds:
                 break
@@ -120,7 +124,7 @@ def writer_frames(setup: Setup, seconds: float) -> dict:
 
 
 def writer_batched(setup: Setup, seconds: float) -> dict:
-    """Ours only: append_steps with 1000 small steps per call, 2-step items every step."""
+    """Ours only: append_steps with 1000 small steps per call (appends only, no items)."""
     client = reverb.Client(setup.address)
     n = 1000
     batch = {
@@ -148,12 +152,7 @@ def client_sample(setup: Setup, seconds: float) -> dict:
         for t in range(2000):
             writer.append({"obs": obs, "action": np.int32(t), "reward": np.float32(1.0)})
             if t >= 1:
-                h = writer.history
-                writer.create_item(
-                    TABLE,
-                    1.0,
-                    {"obs": h["obs"][-2:], "action": h["action"][-2:], "reward": h["reward"][-2:]},
-                )
+                writer.create_item(TABLE, 1.0, last_two(writer.history))
     samples = 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:

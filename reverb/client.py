@@ -156,7 +156,7 @@ class Client:
         num_keep_alive_refs: int,
         *,
         validate_items: bool = True,
-        max_in_flight_items: int = 256,
+        max_in_flight_items: int = 1024,
     ) -> trajectory_writer.TrajectoryWriter:
         """A `TrajectoryWriter` whose columns keep their last `num_keep_alive_refs` cells
         referenceable. At most `max_in_flight_items` items are unconfirmed at once: beyond

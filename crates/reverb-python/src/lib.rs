@@ -528,7 +528,7 @@ impl PyTrajectoryWriter {
 #[pymethods]
 impl PyTrajectoryWriter {
     #[new]
-    #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=256))]
+    #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024))]
     fn new(
         client: &PyClient,
         num_keep_alive_refs: usize,

@@ -37,7 +37,7 @@ impl Default for WriterOptions {
         Self {
             num_keep_alive_refs: 1,
             max_chunk_length: None,
-            max_in_flight_items: 256,
+            max_in_flight_items: 1024,
             reconnect_timeout: Duration::from_secs(60),
         }
     }
@@ -137,7 +137,7 @@ pub struct TrajectoryWriter {
     pending: VecDeque<(PrioritizedItem, Vec<Arc<ChunkSlot>>)>,
     /// Chunks referenced by `pending` items, with their reference counts.
     pending_chunks: HashMap<u64, (Arc<ChunkSlot>, usize)>,
-    tx: Option<mpsc::Sender<Outgoing>>,
+    tx: Option<mpsc::UnboundedSender<Outgoing>>,
     shared: Arc<Shared>,
     sent: u64,
 }
@@ -160,7 +160,8 @@ impl TrajectoryWriter {
             }
         }
         let shared = Arc::new(Shared::default());
-        let (tx, rx) = mpsc::channel(options.max_in_flight_items.max(1));
+        // Unbounded, but `pump` keeps at most `max_in_flight_items` unconfirmed.
+        let (tx, rx) = mpsc::unbounded_channel();
         runtime().spawn(stream::run(
             client.clone(),
             rx,
@@ -624,55 +625,41 @@ impl TrajectoryWriter {
     /// Sends ready items from the front of the queue. Returns false if it stopped at
     /// `deadline` because the in-flight window is full.
     fn pump(&mut self, deadline: Option<Instant>) -> Result<bool> {
+        let window = self.options.max_in_flight_items.max(1) as u64;
         while let Some((_, slots)) = self.pending.front() {
             if slots.iter().any(|s| s.data.get().is_none()) {
                 return Ok(true);
             }
-            let (item, slots) = self.pop_pending().expect("front exists");
-            let chunks = slots
-                .iter()
-                .map(|s| s.data.get().expect("finalized").clone())
-                .collect();
-            let mut outgoing = Outgoing {
-                item,
-                chunks,
-                keep: Vec::new(),
-            };
-            outgoing.keep = self.keep_keys();
-            let tx = self.tx.as_ref().ok_or_else(|| {
-                ClientError::new(Code::FailedPrecondition, "The writer is closed")
-            })?;
-            loop {
-                match tx.try_send(outgoing) {
-                    Ok(()) => {
-                        self.sent += 1;
+            // Wait for room in the in-flight window; confirmations (which make room) notify.
+            {
+                let mut progress = self.shared.progress.lock().unwrap();
+                loop {
+                    if let Some(e) = &progress.error {
+                        return Err(e.clone());
+                    }
+                    if self.sent - progress.confirmed < window {
                         break;
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => {
-                        self.check_error()?;
-                        return Err(ClientError::new(
-                            Code::Internal,
-                            "The writer's insert stream stopped",
-                        ));
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Ok(false);
                     }
-                    Err(mpsc::error::TrySendError::Full(back)) => {
-                        outgoing = back;
-                        let now = Instant::now();
-                        if deadline.is_some_and(|d| now >= d) {
-                            // Put it back at the front; a later call sends it.
-                            let Outgoing { item, .. } = outgoing;
-                            self.push_pending_front_or_back(item, slots, true);
-                            return Ok(false);
-                        }
-                        let wait = deadline.map_or(Duration::from_millis(50), |d| {
-                            (d - now).min(Duration::from_millis(50))
-                        });
-                        let progress = self.shared.progress.lock().unwrap();
-                        let _ = self.shared.changed.wait_timeout(progress, wait).unwrap();
-                        self.check_error()?;
-                    }
+                    let wait = deadline.map_or(Duration::from_millis(100), |d| d - now);
+                    progress = self.shared.changed.wait_timeout(progress, wait).unwrap().0;
                 }
             }
+            let (item, slots) = self.pop_pending().expect("front exists");
+            let chunks = slots.iter().map(|s| s.data.get().expect("finalized").clone()).collect();
+            let keep = self.keep_keys();
+            let tx = self
+                .tx
+                .as_ref()
+                .ok_or_else(|| ClientError::new(Code::FailedPrecondition, "The writer is closed"))?;
+            if tx.send(Outgoing { item, chunks, keep }).is_err() {
+                self.check_error()?;
+                return Err(ClientError::new(Code::Internal, "The writer's insert stream stopped"));
+            }
+            self.sent += 1;
         }
         Ok(true)
     }

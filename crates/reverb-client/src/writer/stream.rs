@@ -74,7 +74,7 @@ const MAX_REQUEST_BYTES: usize = 4 << 20;
 
 pub(crate) async fn run(
     client: Client,
-    mut rx: mpsc::Receiver<Outgoing>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
     shared: Arc<Shared>,
     max_in_flight: usize,
     reconnect_timeout: Duration,
@@ -130,7 +130,7 @@ pub(crate) async fn run(
 /// One connection. Returns Ok when the writer closed and everything is confirmed.
 async fn session(
     client: &Client,
-    rx: &mut mpsc::Receiver<Outgoing>,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     shared: &Shared,
     unconfirmed: &mut VecDeque<Outgoing>,
     input_closed: &mut bool,
@@ -160,7 +160,7 @@ async fn session(
             started = &mut call, if responses.is_none() => {
                 responses = Some(started.map_err(|s| client.status(s))?.into_inner());
             }
-            next = rx.recv(), if !*input_closed && unconfirmed.len() < max_in_flight => match next {
+            next = rx.recv(), if !*input_closed => match next {
                 None => *input_closed = true,
                 Some(first) => {
                     if shared.urgent.load(Ordering::SeqCst) == 0 {
@@ -171,7 +171,7 @@ async fn session(
                     }
                     let mut batch = vec![first];
                     let mut bytes: usize = batch[0].chunks.iter().map(|c| c.data.len()).sum();
-                    while bytes < MAX_REQUEST_BYTES && unconfirmed.len() + batch.len() < max_in_flight {
+                    while bytes < MAX_REQUEST_BYTES && batch.len() < max_in_flight {
                         match rx.try_recv() {
                             Ok(o) => {
                                 bytes += o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
