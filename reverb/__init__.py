@@ -3,7 +3,14 @@
 `import reverb` needs only numpy and protobuf; TensorFlow is imported lazily, where used.
 """
 
-from reverb import errors, item_selectors, rate_limiters, replay_sample, reverb_types
+from reverb import (
+    checkpointers,
+    errors,
+    item_selectors,
+    rate_limiters,
+    replay_sample,
+    reverb_types,
+)
 from reverb import item_selectors as selectors
 from reverb._native import __version__
 from reverb.client import Client
@@ -23,6 +30,7 @@ __all__ = [
     "TrajectoryColumn",
     "TrajectoryWriter",
     "__version__",
+    "checkpointers",
     "errors",
     "item_selectors",
     "rate_limiters",

@@ -5,7 +5,14 @@ from __future__ import annotations
 import abc
 from typing import Any, Optional, Sequence
 
-from reverb import _native, _signature, item_selectors, rate_limiters, reverb_types
+from reverb import (
+    _native,
+    _signature,
+    checkpointers,
+    item_selectors,
+    rate_limiters,
+    reverb_types,
+)
 from reverb import client as client_lib
 
 
@@ -163,7 +170,7 @@ class Server:
         self,
         tables: Optional[Sequence[Table]] = None,
         port: Optional[int] = None,
-        checkpointer: Any = None,
+        checkpointer: Optional[checkpointers.CheckpointerBase] = None,
     ) -> None:
         if not tables:
             raise ValueError("At least one table must be provided")
@@ -171,12 +178,19 @@ class Server:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"Table names must be unique; duplicated: {duplicates}")
-        if checkpointer is not None:
-            raise NotImplementedError("Checkpointing is not available in this version yet")
+        if checkpointer is None:
+            checkpointer = checkpointers.default_checkpointer()
+        if not isinstance(checkpointer, checkpointers.CheckpointerBase):
+            raise TypeError(f"checkpointer must be a CheckpointerBase, got {checkpointer!r}")
+        root, fallback, keep_latest = checkpointer.internal_checkpointer()
         if port is not None and not 0 <= int(port) < 65536:
             raise ValueError(f"port ({port}) must be in [0, 65535]")
         self._tables = list(tables)
-        self._server = _native.Server([t.internal_table for t in tables], int(port or 0))
+        self._checkpointer = checkpointer
+        # Restores the latest checkpoint (if any) before serving; ValueError if it does not fit.
+        self._server = _native.Server(
+            [t.internal_table for t in tables], int(port or 0), root, fallback, keep_latest
+        )
         self._port = self._server.port
 
     @property

@@ -17,6 +17,8 @@ from reverb import _dtypes, _native, _nest, errors
 
 Path = Tuple[Any, ...]
 _UNKNOWN = object()
+# How long leaving a `with` block because of an exception waits for unconfirmed items.
+_FLUSH_ON_ERROR_TIMEOUT_MS = 10_000
 
 
 class _CellRef(tuple):
@@ -457,9 +459,18 @@ class TrajectoryWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None or not issubclass(exc_type, errors.ReverbError):
-            if not self._closed:
-                self.flush()
+        # As in the reference: flush unless a ReverbError is propagating. While another
+        # exception propagates the flush is bounded (it must not turn an error into a hang),
+        # and Ctrl-C / SystemExit skip it.
+        if self._closed or (exc_type is not None and issubclass(exc_type, errors.ReverbError)):
+            return
+        if exc_type is None:
+            self.flush()
+        elif issubclass(exc_type, Exception):
+            try:
+                self.flush(timeout_ms=_FLUSH_ON_ERROR_TIMEOUT_MS)
+            except errors.ReverbError:
+                pass  # the original exception is the one to report
 
     def __del__(self) -> None:
         try:

@@ -1,6 +1,7 @@
 //! The Reverb replay engine: tables of prioritized items referencing shared, reference-counted
 //! chunks; item selectors; rate limiters. Pure Rust, no I/O, no async runtime.
 
+pub mod checkpoint;
 pub mod chunk;
 pub mod error;
 pub mod rate_limiter;
@@ -11,7 +12,7 @@ pub use chunk::{Chunk, ItemData};
 pub use error::{CoreError, Result};
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};
-pub use table::{InsertOutcome, SampledItem, Table, TableConfig};
+pub use table::{InsertOutcome, SampledItem, Table, TableConfig, TableSnapshot};
 
 #[cfg(test)]
 mod table_tests;

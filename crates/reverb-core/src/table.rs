@@ -63,6 +63,22 @@ struct Entry {
     data: Arc<ItemData>,
     priority: f64,
     times_sampled: i32,
+    /// Insertion order (checkpoints save items in it so FIFO/LIFO/heap order rebuilds).
+    seq: u64,
+}
+
+/// A consistent copy of a table's contents, taken under the lock in O(items) pointer copies;
+/// the chunk data itself is shared, not copied.
+#[derive(Debug, Clone, Default)]
+pub struct TableSnapshot {
+    /// `(item, priority, times_sampled)` in insertion order.
+    pub items: Vec<(Arc<ItemData>, f64, i32)>,
+    /// Rate limiter counters `(inserts, samples, deletes)`.
+    pub counters: (i64, i64, i64),
+    /// Episodes whose last item was removed.
+    pub num_deleted_episodes: i64,
+    /// Items sampled at least once.
+    pub num_unique_samples: i64,
 }
 
 struct State {
@@ -73,6 +89,7 @@ struct State {
     episode_refs: HashMap<u64, u64>,
     num_deleted_episodes: i64,
     num_unique_samples: i64,
+    next_seq: u64,
     rng: StdRng,
 }
 
@@ -120,6 +137,7 @@ impl Table {
             episode_refs: HashMap::new(),
             num_deleted_episodes: 0,
             num_unique_samples: 0,
+            next_seq: 0,
             rng,
         };
         Ok(Self {
@@ -195,26 +213,10 @@ impl Table {
         if !st.limiter.can_insert(1) {
             return Ok(InsertOutcome::Blocked(item));
         }
-        let key = item.key;
-        st.sampler.insert(key, priority)?;
-        if let Err(e) = st.remover.insert(key, priority) {
-            st.sampler.delete(key).expect("just inserted");
-            return Err(e);
-        }
         if item.inserted_at.is_none() {
             item.inserted_at = Some(now());
         }
-        for chunk in &item.chunks {
-            *st.episode_refs.entry(chunk.episode_id()).or_insert(0) += 1;
-        }
-        st.items.insert(
-            key,
-            Entry {
-                data: Arc::new(item),
-                priority,
-                times_sampled: 0,
-            },
-        );
+        st.add_item(item, priority, 0)?;
         st.limiter.insert();
         if st.items.len() as i64 > self.config.max_size {
             if let Some((victim, _)) = st.remover.sample(&mut st.rng) {
@@ -328,6 +330,76 @@ impl Table {
         }
     }
 
+    /// A consistent copy of the contents (items in insertion order and counters). The lock is
+    /// held only while item handles are copied; sorting happens after.
+    pub fn snapshot(&self) -> TableSnapshot {
+        let st = self.state.lock();
+        let mut items: Vec<(u64, Arc<ItemData>, f64, i32)> = st
+            .items
+            .values()
+            .map(|e| (e.seq, e.data.clone(), e.priority, e.times_sampled))
+            .collect();
+        let snapshot = TableSnapshot {
+            items: Vec::new(),
+            counters: st.limiter.counters(),
+            num_deleted_episodes: st.num_deleted_episodes,
+            num_unique_samples: st.num_unique_samples,
+        };
+        drop(st);
+        items.sort_unstable_by_key(|e| e.0);
+        TableSnapshot {
+            items: items.into_iter().map(|(_, d, p, t)| (d, p, t)).collect(),
+            ..snapshot
+        }
+    }
+
+    /// Replaces the contents with a snapshot (checkpoint load): items are added in order
+    /// without consulting the rate limiter, then the counters are restored. Items beyond this
+    /// table's `max_size` are evicted by its remover (counted as deletes). Returns how many
+    /// were evicted.
+    pub fn restore(&self, snapshot: TableSnapshot) -> Result<usize> {
+        // Check everything first: a bad checkpoint must not leave a half-loaded table.
+        let mut keys = std::collections::HashSet::with_capacity(snapshot.items.len());
+        for (item, priority, _) in &snapshot.items {
+            self.check_priority(*priority)?;
+            if !keys.insert(item.key) {
+                return Err(invalid_arg!("Checkpoint holds item {} twice", item.key));
+            }
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        st.items.clear();
+        st.sampler.clear();
+        st.remover.clear();
+        st.episode_refs.clear();
+        for (item, priority, times_sampled) in snapshot.items {
+            let item = Arc::try_unwrap(item).unwrap_or_else(|shared| ItemData {
+                key: shared.key,
+                table: shared.table.clone(),
+                trajectory: shared.trajectory.clone(),
+                inserted_at: shared.inserted_at,
+                chunks: shared.chunks.clone(),
+            });
+            st.add_item(item, priority, times_sampled)
+                .expect("checked above");
+        }
+        let (inserts, samples, deletes) = snapshot.counters;
+        st.limiter.set_counters(inserts, samples, deletes);
+        st.num_deleted_episodes = snapshot.num_deleted_episodes;
+        st.num_unique_samples = snapshot.num_unique_samples;
+        let mut evicted = 0;
+        while st.items.len() as i64 > self.config.max_size {
+            let Some((victim, _)) = st.remover.sample(&mut st.rng) else {
+                break;
+            };
+            st.delete_item(victim);
+            evicted += 1;
+        }
+        drop(guard);
+        self.changed.notify_waiters();
+        Ok(evicted)
+    }
+
     /// The stored item with `key`, with its priority and times sampled.
     pub fn get(&self, key: u64) -> Option<(Arc<ItemData>, f64, i32)> {
         let st = self.state.lock();
@@ -338,6 +410,31 @@ impl Table {
 }
 
 impl State {
+    /// Stores a new item (the caller has checked the key is new and the limiter allows it).
+    fn add_item(&mut self, item: ItemData, priority: f64, times_sampled: i32) -> Result<()> {
+        let key = item.key;
+        self.sampler.insert(key, priority)?;
+        if let Err(e) = self.remover.insert(key, priority) {
+            self.sampler.delete(key).expect("just inserted");
+            return Err(e);
+        }
+        for chunk in &item.chunks {
+            *self.episode_refs.entry(chunk.episode_id()).or_insert(0) += 1;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.items.insert(
+            key,
+            Entry {
+                data: Arc::new(item),
+                priority,
+                times_sampled,
+                seq,
+            },
+        );
+        Ok(())
+    }
+
     fn delete_item(&mut self, key: u64) {
         let Some(entry) = self.items.remove(&key) else {
             return;

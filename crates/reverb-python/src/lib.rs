@@ -14,7 +14,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use reverb_client::writer::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
 use reverb_client::{runtime, Client, ClientError, Tensor};
 use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
-use reverb_server::{Server, ServerOptions};
+use reverb_server::{Checkpointer, Server, ServerOptions};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -179,11 +179,28 @@ struct PyServer {
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (tables, port=0))]
-    fn new(py: Python<'_>, tables: Vec<PyRef<'_, PyTable>>, port: u16) -> PyResult<Self> {
+    /// Restores the latest checkpoint under `checkpoint_root` (or `fallback_checkpoint_path`)
+    /// before serving; `Checkpoint` calls save there, keeping `keep_latest`.
+    #[pyo3(signature = (tables, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1))]
+    fn new(
+        py: Python<'_>,
+        tables: Vec<PyRef<'_, PyTable>>,
+        port: u16,
+        checkpoint_root: Option<std::path::PathBuf>,
+        fallback_checkpoint_path: Option<std::path::PathBuf>,
+        keep_latest: usize,
+    ) -> PyResult<Self> {
         let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
+        let checkpointer = checkpoint_root.map(|root| {
+            Arc::new(Checkpointer::new(
+                root,
+                fallback_checkpoint_path,
+                keep_latest,
+            ))
+        });
         let options = ServerOptions {
             port,
+            checkpointer,
             ..ServerOptions::default()
         };
         let inner = py

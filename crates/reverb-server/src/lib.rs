@@ -4,11 +4,13 @@
 //! (waiting, not buffering, while a rate limiter blocks); `SampleStream` samples batches from a
 //! table and streams chunk bytes back without decoding them.
 
+pub mod checkpointer;
 mod insert;
 mod sample;
 mod server;
 mod service;
 
+pub use checkpointer::Checkpointer;
 pub use server::{Server, ServerOptions};
 pub use service::ReverbServiceImpl;
 

@@ -1,5 +1,6 @@
 //! A running gRPC server on its own tokio runtime: start on a chosen or free port, stop cleanly.
 
+use crate::checkpointer::Checkpointer;
 use crate::ReverbServiceImpl;
 use futures::StreamExt;
 use reverb_core::Table;
@@ -19,6 +20,8 @@ pub struct ServerOptions {
     pub worker_threads: usize,
     /// Largest message accepted or sent (bytes).
     pub max_message_size: usize,
+    /// Saves checkpoints, and restores the latest one when the server starts.
+    pub checkpointer: Option<Arc<Checkpointer>>,
 }
 
 impl Default for ServerOptions {
@@ -27,6 +30,7 @@ impl Default for ServerOptions {
             port: 0,
             worker_threads: 2,
             max_message_size: 1 << 30,
+            checkpointer: None,
         }
     }
 }
@@ -50,7 +54,11 @@ fn bind(port: u16) -> std::io::Result<TcpListener> {
 impl Server {
     /// Starts serving `tables`.
     pub fn start(tables: Vec<Arc<Table>>, options: ServerOptions) -> Result<Self, String> {
-        let service = ReverbServiceImpl::new(tables)?;
+        let mut service = ReverbServiceImpl::new(tables.clone())?;
+        if let Some(checkpointer) = &options.checkpointer {
+            checkpointer.load_latest(&tables)?;
+            service = service.with_checkpointer(checkpointer.clone());
+        }
         let listener = bind(options.port)
             .map_err(|e| format!("Could not listen on port {}: {e}", options.port))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();

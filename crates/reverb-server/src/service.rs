@@ -1,5 +1,6 @@
 //! `ReverbService`: the seven RPCs.
 
+use crate::checkpointer::Checkpointer;
 use crate::{insert, sample, status};
 use futures::Stream;
 use reverb_core::Table;
@@ -19,6 +20,7 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 pub struct ReverbServiceImpl {
     tables: Arc<BTreeMap<String, Arc<Table>>>,
     tables_state_id: Uint128,
+    checkpointer: Option<Arc<Checkpointer>>,
 }
 
 impl ReverbServiceImpl {
@@ -43,7 +45,14 @@ impl ReverbServiceImpl {
         Ok(Self {
             tables: Arc::new(map),
             tables_state_id,
+            checkpointer: None,
         })
+    }
+
+    /// Saves checkpoints with `checkpointer` when asked (the `Checkpoint` RPC).
+    pub fn with_checkpointer(mut self, checkpointer: Arc<Checkpointer>) -> Self {
+        self.checkpointer = Some(checkpointer);
+        self
     }
 
     /// The tables, by name.
@@ -72,9 +81,17 @@ impl ReverbService for ReverbServiceImpl {
         &self,
         _request: Request<CheckpointRequest>,
     ) -> Result<Response<CheckpointResponse>, Status> {
-        Err(Status::unimplemented(
-            "This server has no checkpointer configured.",
-        ))
+        let checkpointer = self.checkpointer.clone().ok_or_else(|| {
+            Status::invalid_argument("This server has no checkpointer configured.")
+        })?;
+        let tables: Vec<Arc<Table>> = self.tables.values().cloned().collect();
+        let report = tokio::task::spawn_blocking(move || checkpointer.save(&tables))
+            .await
+            .map_err(|e| Status::internal(format!("checkpoint task failed: {e}")))?
+            .map_err(Status::internal)?;
+        Ok(Response::new(CheckpointResponse {
+            checkpoint_path: report.path.to_string_lossy().into_owned(),
+        }))
     }
 
     type InsertStreamStream = BoxStream<InsertStreamResponse>;

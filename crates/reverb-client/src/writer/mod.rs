@@ -649,15 +649,20 @@ impl TrajectoryWriter {
                 }
             }
             let (item, slots) = self.pop_pending().expect("front exists");
-            let chunks = slots.iter().map(|s| s.data.get().expect("finalized").clone()).collect();
+            let chunks = slots
+                .iter()
+                .map(|s| s.data.get().expect("finalized").clone())
+                .collect();
             let keep = self.keep_keys();
-            let tx = self
-                .tx
-                .as_ref()
-                .ok_or_else(|| ClientError::new(Code::FailedPrecondition, "The writer is closed"))?;
+            let tx = self.tx.as_ref().ok_or_else(|| {
+                ClientError::new(Code::FailedPrecondition, "The writer is closed")
+            })?;
             if tx.send(Outgoing { item, chunks, keep }).is_err() {
                 self.check_error()?;
-                return Err(ClientError::new(Code::Internal, "The writer's insert stream stopped"));
+                return Err(ClientError::new(
+                    Code::Internal,
+                    "The writer's insert stream stopped",
+                ));
             }
             self.sent += 1;
         }

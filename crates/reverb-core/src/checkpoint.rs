@@ -1,0 +1,400 @@
+//! The checkpoint file format: a magic header, then length-prefixed, CRC-checked records
+//! (tables, deduplicated chunks, items in insertion order), then an end record with counts.
+//! A file that is truncated, has a bad CRC or lacks the end record is rejected as a whole.
+//!
+//! Record: `kind: u8 | len: u32 LE | crc32(payload): u32 LE | payload`.
+
+use crate::selectors::SelectorKind;
+use crate::{invalid_arg, Chunk, CoreError, ItemData, Result, Table, TableSnapshot};
+use bytes::Bytes;
+use prost::Message;
+use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint, RateLimiterCheckpoint};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+/// First bytes of every checkpoint file.
+pub const MAGIC: &[u8; 8] = b"RVBCKPT1";
+const TABLE: u8 = 1;
+const CHUNK: u8 = 2;
+const ITEM: u8 = 3;
+const END: u8 = 9;
+
+fn record(out: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
+    let len = u32::try_from(payload.len())
+        .map_err(|_| std::io::Error::other("checkpoint record larger than 4 GiB"))?;
+    out.write_all(&[kind])?;
+    out.write_all(&len.to_le_bytes())?;
+    out.write_all(&crc32fast::hash(payload).to_le_bytes())?;
+    out.write_all(payload)
+}
+
+/// What a checkpoint of one table holds.
+pub struct SavedTable {
+    /// Settings and counters as saved.
+    pub header: PriorityTableCheckpoint,
+    /// Contents.
+    pub snapshot: TableSnapshot,
+}
+
+/// Writes snapshots of `tables` (each chunk once, even when shared across tables).
+/// Returns bytes written.
+pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::io::Result<u64> {
+    let mut counting = Counting {
+        inner: out,
+        bytes: 0,
+    };
+    let out = &mut counting;
+    out.write_all(MAGIC)?;
+    let (mut n_chunks, mut n_items) = (0u64, 0u64);
+    for (table, snapshot) in tables {
+        let config = table.config();
+        let (inserts, samples, deletes) = snapshot.counters;
+        let header = PriorityTableCheckpoint {
+            table_name: config.name.clone(),
+            max_size: config.max_size,
+            max_times_sampled: config.max_times_sampled,
+            deprecated_items: Vec::new(),
+            rate_limiter: Some(RateLimiterCheckpoint {
+                samples_per_insert: config.rate_limiter.samples_per_insert,
+                min_diff: config.rate_limiter.min_diff,
+                max_diff: config.rate_limiter.max_diff,
+                min_size_to_sample: config.rate_limiter.min_size_to_sample,
+                sample_count: samples,
+                insert_count: inserts,
+                delete_count: deletes,
+            }),
+            sampler: Some(config.sampler.options()),
+            remover: Some(config.remover.options()),
+            num_deleted_episodes: snapshot.num_deleted_episodes,
+            signature: config.signature.clone().unwrap_or_default(),
+            num_unique_samples: snapshot.num_unique_samples,
+        };
+        record(out, TABLE, &header.encode_to_vec())?;
+    }
+    let mut written: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut buf = Vec::new();
+    for (_, snapshot) in tables {
+        for (item, _, _) in &snapshot.items {
+            for chunk in &item.chunks {
+                if written.insert(chunk.key()) {
+                    buf.clear();
+                    chunk.data().encode(&mut buf).expect("vec has room");
+                    record(out, CHUNK, &buf)?;
+                    n_chunks += 1;
+                }
+            }
+        }
+    }
+    for (table, snapshot) in tables {
+        for (item, priority, times_sampled) in &snapshot.items {
+            let mut proto = item.to_proto(*priority, *times_sampled);
+            proto.table = table.name().to_string();
+            buf.clear();
+            proto.encode(&mut buf).expect("vec has room");
+            record(out, ITEM, &buf)?;
+            n_items += 1;
+        }
+    }
+    let mut end = Vec::with_capacity(24);
+    for n in [tables.len() as u64, n_chunks, n_items] {
+        end.extend_from_slice(&n.to_le_bytes());
+    }
+    record(out, END, &end)?;
+    Ok(counting.bytes)
+}
+
+struct Counting<'a, W: Write> {
+    inner: &'a mut W,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> CoreError {
+    CoreError::FailedPrecondition(format!("corrupt checkpoint: {what}"))
+}
+
+/// Reads a whole checkpoint, verifying every record. Chunks are shared between the items (and
+/// tables) that reference them.
+pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
+    let mut magic = [0u8; 8];
+    input
+        .read_exact(&mut magic)
+        .map_err(|_| corrupt("file too short for its header"))?;
+    if &magic != MAGIC {
+        return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
+    }
+    let mut tables: BTreeMap<String, SavedTable> = BTreeMap::new();
+    let mut chunks: HashMap<u64, Arc<Chunk>> = HashMap::new();
+    let mut n_items = 0u64;
+    loop {
+        let mut head = [0u8; 9];
+        input
+            .read_exact(&mut head)
+            .map_err(|_| corrupt("truncated (no end record)"))?;
+        let len = u32::from_le_bytes(head[1..5].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(head[5..9].try_into().unwrap());
+        let mut payload = vec![0u8; len];
+        input
+            .read_exact(&mut payload)
+            .map_err(|_| corrupt("truncated record"))?;
+        if crc32fast::hash(&payload) != crc {
+            return Err(corrupt("a record fails its checksum"));
+        }
+        let payload = Bytes::from(payload);
+        match head[0] {
+            TABLE => {
+                let header = PriorityTableCheckpoint::decode(payload).map_err(corrupt)?;
+                let snapshot = TableSnapshot {
+                    items: Vec::new(),
+                    counters: header.rate_limiter.as_ref().map_or((0, 0, 0), |r| {
+                        (r.insert_count, r.sample_count, r.delete_count)
+                    }),
+                    num_deleted_episodes: header.num_deleted_episodes,
+                    num_unique_samples: header.num_unique_samples,
+                };
+                tables.insert(header.table_name.clone(), SavedTable { header, snapshot });
+            }
+            CHUNK => {
+                let chunk = ChunkData::decode(payload).map_err(corrupt)?;
+                chunks.insert(chunk.chunk_key, Arc::new(Chunk::new(chunk)));
+            }
+            ITEM => {
+                let item = PrioritizedItem::decode(payload).map_err(corrupt)?;
+                let (priority, times_sampled) = (item.priority, item.times_sampled);
+                let mut used: Vec<Arc<Chunk>> = Vec::new();
+                for column in item.flat_trajectory.iter().flat_map(|t| &t.columns) {
+                    for slice in &column.chunk_slices {
+                        let chunk = chunks.get(&slice.chunk_key).ok_or_else(|| {
+                            corrupt(format!(
+                                "item {} references missing chunk {}",
+                                item.key, slice.chunk_key
+                            ))
+                        })?;
+                        if !used.iter().any(|c| c.key() == slice.chunk_key) {
+                            used.push(chunk.clone());
+                        }
+                    }
+                }
+                let saved = tables.get_mut(&item.table).ok_or_else(|| {
+                    corrupt(format!("item {} of unknown table {}", item.key, item.table))
+                })?;
+                let data = ItemData::from_proto(item, used);
+                saved
+                    .snapshot
+                    .items
+                    .push((Arc::new(data), priority, times_sampled));
+                n_items += 1;
+            }
+            END => {
+                if payload.len() != 24 {
+                    return Err(corrupt("bad end record"));
+                }
+                let count =
+                    |i: usize| u64::from_le_bytes(payload[i * 8..i * 8 + 8].try_into().unwrap());
+                if count(0) != tables.len() as u64
+                    || count(1) != chunks.len() as u64
+                    || count(2) != n_items
+                {
+                    return Err(corrupt("record counts do not match the end record"));
+                }
+                return Ok(tables);
+            }
+            other => return Err(corrupt(format!("unknown record kind {other}"))),
+        }
+    }
+}
+
+/// Loads saved tables into the configured ones. Every configured table must be in the
+/// checkpoint and vice versa (names must match). The configured settings (selectors, max
+/// size, rate limiter bounds, max_times_sampled) win; contents and counters come from the
+/// checkpoint. Everything is checked before any table changes.
+pub fn restore(
+    tables: &[Arc<Table>],
+    mut saved: BTreeMap<String, SavedTable>,
+) -> Result<Vec<usize>> {
+    let configured: Vec<&str> = tables.iter().map(|t| t.name()).collect();
+    let in_checkpoint: Vec<String> = saved.keys().cloned().collect();
+    if configured.len() != in_checkpoint.len() || configured.iter().any(|n| !saved.contains_key(*n))
+    {
+        return Err(invalid_arg!(
+            "The checkpoint holds tables {in_checkpoint:?} but the server is configured with {configured:?}; \
+             the names must match"
+        ));
+    }
+    for table in tables {
+        let header = &saved[table.name()].header;
+        for selector in [&header.sampler, &header.remover].into_iter().flatten() {
+            SelectorKind::from_options(selector)?;
+        }
+    }
+    tables
+        .iter()
+        .map(|t| t.restore(saved.remove(t.name()).expect("checked").snapshot))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{InsertOutcome, RateLimiterConfig, TableConfig};
+    use reverb_proto::{flat_trajectory, FlatTrajectory, SequenceRange};
+
+    fn table(name: &str, sampler: SelectorKind, max_size: i64) -> Arc<Table> {
+        Arc::new(
+            Table::new(TableConfig {
+                name: name.into(),
+                sampler,
+                remover: SelectorKind::Fifo,
+                max_size,
+                max_times_sampled: 0,
+                rate_limiter: RateLimiterConfig {
+                    samples_per_insert: 2.0,
+                    min_size_to_sample: 1,
+                    min_diff: -10.0,
+                    max_diff: 10.0,
+                },
+                signature: Some(Bytes::from_static(b"sig")),
+            })
+            .unwrap(),
+        )
+    }
+
+    fn chunk(key: u64) -> Arc<Chunk> {
+        Arc::new(Chunk::new(ChunkData {
+            chunk_key: key,
+            sequence_range: Some(SequenceRange {
+                episode_id: key % 3,
+                start: 0,
+                end: 0,
+                sparse: false,
+            }),
+            data: Bytes::from(vec![key as u8; 100]),
+            ..Default::default()
+        }))
+    }
+
+    fn item(key: u64, table: &str, chunks: Vec<Arc<Chunk>>) -> ItemData {
+        let columns = chunks
+            .iter()
+            .map(|c| flat_trajectory::Column {
+                chunk_slices: vec![flat_trajectory::ChunkSlice {
+                    chunk_key: c.key(),
+                    offset: 0,
+                    length: 1,
+                    index: 0,
+                }],
+                squeeze: false,
+            })
+            .collect();
+        ItemData {
+            key,
+            table: table.into(),
+            trajectory: FlatTrajectory { columns },
+            inserted_at: None,
+            chunks,
+        }
+    }
+
+    fn filled() -> (Arc<Table>, Arc<Table>, Vec<u8>) {
+        let a = table("a", SelectorKind::Fifo, 10);
+        let b = table("b", SelectorKind::MaxHeap, 10);
+        let shared = chunk(7);
+        for k in 1..=4u64 {
+            let chunks = vec![shared.clone(), chunk(100 + k)];
+            assert!(matches!(
+                a.try_insert(item(k, "a", chunks.clone()), k as f64)
+                    .unwrap(),
+                InsertOutcome::Inserted
+            ));
+            b.try_insert(item(10 + k, "b", chunks), 5.0 - k as f64)
+                .unwrap();
+        }
+        a.try_sample(3, usize::MAX);
+        let snaps = [a.snapshot(), b.snapshot()];
+        let mut out = Vec::new();
+        write(&mut out, &[(&a, &snaps[0]), (&b, &snaps[1])]).unwrap();
+        (a, b, out)
+    }
+
+    #[test]
+    fn round_trip_shares_chunks_and_keeps_order_and_counters() {
+        let (a, b, bytes) = filled();
+        // The shared chunk is written once: its 100 bytes of 7s appear in one record only.
+        let sevens = bytes
+            .windows(100)
+            .filter(|w| w.iter().all(|&b| b == 7))
+            .count();
+        assert_eq!(sevens, 1);
+        let saved = read(&mut bytes.as_slice()).unwrap();
+        assert_eq!(saved.len(), 2);
+        let a2 = table("a", SelectorKind::Fifo, 10);
+        let b2 = table("b", SelectorKind::MaxHeap, 10);
+        restore(&[a2.clone(), b2.clone()], saved).unwrap();
+        assert_eq!(a2.info(), a.info());
+        let keys = |t: &Table| {
+            t.snapshot()
+                .items
+                .iter()
+                .map(|i| (i.0.key, i.1, i.2))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&a2), keys(&a));
+        assert_eq!(keys(&b2), keys(&b));
+        // Restored items share one chunk object, across tables too.
+        let s1 = a2.snapshot();
+        let s2 = b2.snapshot();
+        assert!(Arc::ptr_eq(
+            &s1.items[0].0.chunks[0],
+            &s2.items[3].0.chunks[0]
+        ));
+        // Deterministic selectors continue where they were.
+        assert_eq!(b2.try_sample(1, usize::MAX)[0].item.key, 11);
+        assert_eq!(a2.can_sample(1), a.can_sample(1));
+        assert_eq!(a2.can_insert(1), a.can_insert(1));
+    }
+
+    #[test]
+    fn every_corruption_is_detected() {
+        let (_, _, bytes) = filled();
+        for cut in [0, 5, 8, 20, bytes.len() / 2, bytes.len() - 1] {
+            assert!(read(&mut &bytes[..cut]).is_err(), "truncated at {cut}");
+        }
+        for pos in [3, 12, bytes.len() / 3, bytes.len() - 3] {
+            let mut bad = bytes.clone();
+            bad[pos] ^= 0x40;
+            assert!(read(&mut bad.as_slice()).is_err(), "flipped byte {pos}");
+        }
+    }
+
+    #[test]
+    fn restore_requires_matching_names_and_changes_nothing_on_error() {
+        let (_, _, bytes) = filled();
+        let a2 = table("a", SelectorKind::Fifo, 10);
+        let c = table("c", SelectorKind::Fifo, 10);
+        let err = restore(&[a2.clone(), c], read(&mut bytes.as_slice()).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("names must match"), "{err}");
+        assert_eq!(a2.size(), 0);
+    }
+
+    #[test]
+    fn smaller_max_size_evicts_with_the_configured_remover() {
+        let (_, _, bytes) = filled();
+        let a2 = table("a", SelectorKind::Fifo, 2);
+        let b2 = table("b", SelectorKind::MaxHeap, 10);
+        let evicted = restore(&[a2.clone(), b2], read(&mut bytes.as_slice()).unwrap()).unwrap();
+        assert_eq!(evicted, vec![2, 0]);
+        let keys: Vec<u64> = a2.snapshot().items.iter().map(|i| i.0.key).collect();
+        assert_eq!(keys, vec![3, 4], "the FIFO remover dropped the oldest");
+    }
+}

@@ -1,0 +1,214 @@
+//! Checkpoints on disk: `<root>/<UTC timestamp>/checkpoint.rvb`, written under a temporary
+//! name (`<root>/.tmp-…`), synced, then published with an atomic rename. A crash mid-write
+//! leaves only an ignored temporary directory; the previous checkpoint stays loadable.
+
+use reverb_core::checkpoint;
+use reverb_core::Table;
+use std::fs;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const FILE: &str = "checkpoint.rvb";
+const TMP_PREFIX: &str = ".tmp-";
+
+/// Where checkpoints go and how many are kept.
+#[derive(Debug)]
+pub struct Checkpointer {
+    root: PathBuf,
+    fallback: Option<PathBuf>,
+    keep_latest: usize,
+    writing: Mutex<()>,
+}
+
+/// What a save did.
+#[derive(Debug, Clone)]
+pub struct SaveReport {
+    /// The published checkpoint directory.
+    pub path: PathBuf,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Longest time any table was locked to copy its item handles.
+    pub max_table_pause: Duration,
+    /// Whole save, including fsync.
+    pub elapsed: Duration,
+}
+
+impl Checkpointer {
+    /// Checkpoints under `root`; `fallback` is loaded when `root` holds none.
+    pub fn new(root: impl Into<PathBuf>, fallback: Option<PathBuf>, keep_latest: usize) -> Self {
+        Self {
+            root: root.into(),
+            fallback,
+            keep_latest: keep_latest.max(1),
+            writing: Mutex::new(()),
+        }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Writes a checkpoint of `tables` and prunes old ones. Tables keep serving: each is
+    /// locked only while its item handles are copied.
+    pub fn save(&self, tables: &[Arc<Table>]) -> Result<SaveReport, String> {
+        let _one_at_a_time = self.writing.lock().unwrap();
+        let started = Instant::now();
+        let mut max_table_pause = Duration::ZERO;
+        let snapshots: Vec<_> = tables
+            .iter()
+            .map(|t| {
+                let before = Instant::now();
+                let s = t.snapshot();
+                max_table_pause = max_table_pause.max(before.elapsed());
+                s
+            })
+            .collect();
+        fs::create_dir_all(&self.root).map_err(|e| io_err("create", &self.root, e))?;
+        let name = timestamp_name();
+        let tmp = self.root.join(format!("{TMP_PREFIX}{name}"));
+        let path = self.root.join(&name);
+        fs::create_dir(&tmp).map_err(|e| io_err("create", &tmp, e))?;
+        let file_path = tmp.join(FILE);
+        let bytes = (|| -> std::io::Result<u64> {
+            let file = fs::File::create(&file_path)?;
+            let mut out = BufWriter::with_capacity(8 << 20, file);
+            let pairs: Vec<(&Table, &_)> = tables
+                .iter()
+                .map(|t| t.as_ref())
+                .zip(snapshots.iter())
+                .collect();
+            let bytes = checkpoint::write(&mut out, &pairs)?;
+            out.flush()?;
+            out.get_ref().sync_all()?;
+            Ok(bytes)
+        })()
+        .map_err(|e| io_err("write", &file_path, e))?;
+        drop(snapshots);
+        fs::rename(&tmp, &path).map_err(|e| io_err("publish", &path, e))?;
+        if let Ok(dir) = fs::File::open(&self.root) {
+            let _ = dir.sync_all();
+        }
+        self.prune();
+        Ok(SaveReport {
+            path,
+            bytes,
+            max_table_pause,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// Published checkpoints, oldest first.
+    pub fn list(&self) -> Vec<PathBuf> {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut dirs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| e.path())
+            .filter(|p| p.join(FILE).is_file())
+            .collect();
+        dirs.sort();
+        dirs
+    }
+
+    fn prune(&self) {
+        let dirs = self.list();
+        if dirs.len() > self.keep_latest {
+            for old in &dirs[..dirs.len() - self.keep_latest] {
+                let _ = fs::remove_dir_all(old);
+            }
+        }
+        // Leftovers of interrupted saves.
+        if let Ok(entries) = fs::read_dir(&self.root) {
+            for e in entries.filter_map(|e| e.ok()) {
+                if e.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+
+    /// Restores the latest checkpoint under the root (or the fallback when there is none)
+    /// into `tables`. Returns the path loaded, or None when there was nothing to load.
+    /// A corrupt latest checkpoint falls back to the fallback path when one is set; otherwise
+    /// it is an error, and no table is changed.
+    pub fn load_latest(&self, tables: &[Arc<Table>]) -> Result<Option<PathBuf>, String> {
+        let latest = self.list().pop();
+        match (latest, &self.fallback) {
+            (None, None) => Ok(None),
+            (None, Some(fallback)) => load(fallback, tables).map(Some),
+            (Some(path), None) => load(&path, tables).map(Some),
+            (Some(path), Some(fallback)) => match load(&path, tables) {
+                Ok(p) => Ok(Some(p)),
+                Err(first) => load(fallback, tables)
+                    .map(Some)
+                    .map_err(|second| format!("{first}; the fallback also failed: {second}")),
+            },
+        }
+    }
+}
+
+/// Loads one checkpoint directory (or file) into `tables`.
+pub fn load(path: &Path, tables: &[Arc<Table>]) -> Result<PathBuf, String> {
+    let file_path = if path.is_dir() {
+        path.join(FILE)
+    } else {
+        path.to_path_buf()
+    };
+    let file = fs::File::open(&file_path).map_err(|e| io_err("open", &file_path, e))?;
+    let saved = checkpoint::read(&mut BufReader::with_capacity(8 << 20, file))
+        .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
+    checkpoint::restore(tables, saved)
+        .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
+    Ok(path.to_path_buf())
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
+    format!("Could not {what} {}: {e}", path.display())
+}
+
+/// A sortable, unique UTC timestamp: `2026-11-29T16-05-12.123456789Z`.
+fn timestamp_name() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}-{:02}-{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        now.subsec_nanos()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::civil_from_days;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}
