@@ -247,6 +247,9 @@ fn client_disconnect_while_blocked_frees_the_stream() {
     let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
     let err = block(client.sample("t", 1, None, Some(Duration::from_millis(100)))).unwrap_err();
     assert_eq!(err.code, Code::DeadlineExceeded);
+    // (The cancellation travels to the server asynchronously: give it a moment, as an item
+    // inserted at the very instant a caller gives up can still go to that caller.)
+    std::thread::sleep(Duration::from_millis(100));
     let one = Tensor::new(DataType::DtInt8 as i32, vec![], vec![1]).unwrap();
     block(client.insert_step(vec![one], vec![("t".into(), 1.0)], T)).unwrap();
     // The abandoned request took nothing: the one item is sampled exactly once here.

@@ -84,6 +84,10 @@ async fn sample_waiting(
         let notified = table.changed().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        // A caller that has gone away must not take items it will never receive.
+        if tx.is_closed() {
+            return Err(None);
+        }
         let batch = table.try_sample(max_items, MAX_BATCH_BYTES);
         if !batch.is_empty() {
             return Ok(batch);
