@@ -21,12 +21,39 @@ const ITEM: u8 = 3;
 const END: u8 = 9;
 
 fn record(out: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
-    let len = u32::try_from(payload.len())
+    record_parts(out, kind, &[payload])
+}
+
+/// One record whose payload is the concatenation of `parts` (no copy to join them).
+fn record_parts(out: &mut impl Write, kind: u8, parts: &[&[u8]]) -> std::io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let len = u32::try_from(total)
         .map_err(|_| std::io::Error::other("checkpoint record larger than 4 GiB"))?;
+    let mut crc = crc32fast::Hasher::new();
+    parts.iter().for_each(|p| crc.update(p));
     out.write_all(&[kind])?;
     out.write_all(&len.to_le_bytes())?;
-    out.write_all(&crc32fast::hash(payload).to_le_bytes())?;
-    out.write_all(payload)
+    out.write_all(&crc.finalize().to_le_bytes())?;
+    for part in parts {
+        out.write_all(part)?;
+    }
+    Ok(())
+}
+
+/// A chunk's encoding, split so its payload bytes are written straight from memory: every
+/// field but `data`, then the `data` field's tag and length, then the payload.
+fn chunk_parts(chunk: &ChunkData, head: &mut Vec<u8>) {
+    head.clear();
+    let meta = ChunkData {
+        data: Bytes::new(),
+        ..chunk.clone()
+    };
+    meta.encode(head).expect("vec has room");
+    if !chunk.data.is_empty() {
+        // Field 5, wire type 2 (length-delimited), then the varint length.
+        prost::encoding::encode_key(5, prost::encoding::WireType::LengthDelimited, head);
+        prost::encoding::encode_varint(chunk.data.len() as u64, head);
+    }
 }
 
 /// What a checkpoint of one table holds.
@@ -78,9 +105,8 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
         for (item, _, _) in &snapshot.items {
             for chunk in &item.chunks {
                 if written.insert(chunk.key()) {
-                    buf.clear();
-                    chunk.data().encode(&mut buf).expect("vec has room");
-                    record(out, CHUNK, &buf)?;
+                    chunk_parts(chunk.data(), &mut buf);
+                    record_parts(out, CHUNK, &[&buf, &chunk.data().data])?;
                     n_chunks += 1;
                 }
             }

@@ -1,0 +1,110 @@
+"""Checkpoint and restore throughput of ~1 GB of stored chunks, and the pause concurrent
+writers see while a checkpoint is written.
+
+    python bench/checkpoint.py [--gigabytes 1.0] [--dir /tmp/reverb-ckpt-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+
+import reverb
+
+
+def tables() -> list:
+    return [
+        reverb.Table(
+            "big",
+            reverb.selectors.Uniform(),
+            reverb.selectors.Fifo(),
+            1_000_000,
+            reverb.rate_limiters.MinSize(1),
+        ),
+        reverb.Table(
+            "small",
+            reverb.selectors.Uniform(),
+            reverb.selectors.Fifo(),
+            1_000_000,
+            reverb.rate_limiters.MinSize(1),
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gigabytes", type=float, default=1.0)
+    parser.add_argument("--dir", default="/tmp/reverb-ckpt-bench")
+    args = parser.parse_args()
+    shutil.rmtree(args.dir, ignore_errors=True)
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(args.dir)
+    server = reverb.Server(tables(), checkpointer=checkpointer)
+    client = server.localhost_client()
+    rng = np.random.default_rng(0)
+    block = rng.integers(0, 255, 1 << 20, dtype=np.uint8)  # 1 MiB, incompressible
+    n = int(args.gigabytes * 1024)
+    with client.trajectory_writer(1) as writer:
+        for i in range(n):
+            block[:8] = np.frombuffer(np.int64(i).tobytes(), np.uint8)  # distinct chunks
+            writer.append({"frame": block})
+            writer.create_item("big", 1.0, writer.history["frame"][-1])
+    stored = n * (1 << 20)
+
+    # Throughput: a checkpoint with nothing else running.
+    start = time.perf_counter()
+    client.checkpoint()
+    quiet_save = time.perf_counter() - start
+
+    # A concurrent writer of small items measures how long inserts pause.
+    latencies: list = []
+    stop = threading.Event()
+
+    def small_writer() -> None:
+        c = reverb.Client(f"localhost:{server.port}")
+        while not stop.is_set():
+            t = time.perf_counter()
+            c.insert(np.zeros(8, np.float32), {"small": 1.0})
+            latencies.append(time.perf_counter() - t)
+
+    thread = threading.Thread(target=small_writer)
+    thread.start()
+    time.sleep(0.5)
+    baseline = sorted(latencies)
+    latencies.clear()
+    start = time.perf_counter()
+    path = client.checkpoint()
+    save = time.perf_counter() - start
+    stop.set()
+    thread.join()
+    size = os.path.getsize(os.path.join(path, "checkpoint.rvb"))
+    server.stop()
+
+    start = time.perf_counter()
+    restored = reverb.Server(tables(), checkpointer=checkpointer)
+    load = time.perf_counter() - start
+    assert restored.localhost_client().server_info()["big"].current_size == n
+    restored.stop()
+    shutil.rmtree(args.dir, ignore_errors=True)
+
+    p50 = baseline[len(baseline) // 2] * 1e3 if baseline else float("nan")
+    worst = max(latencies) * 1e3 if latencies else float("nan")
+    print(f"stored chunk data: {stored / 1e9:.2f} GB; checkpoint file {size / 1e9:.2f} GB")
+    print(
+        f"checkpoint: {quiet_save:.2f} s = {stored / quiet_save / 1e6:,.0f} MB/s (including "
+        f"fsync); with a concurrent writer: {save:.2f} s = {stored / save / 1e6:,.0f} MB/s"
+    )
+    print(f"restore:    {load:.2f} s = {stored / load / 1e6:,.0f} MB/s")
+    print(
+        f"concurrent small inserts during the checkpoint: {len(latencies)} completed, worst "
+        f"{worst:.1f} ms (p50 before: {p50:.2f} ms)"
+    )
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The standalone server: started from a config file, used by a client, stopped by SIGTERM,
+restoring its checkpoints across restarts."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import reverb
+from reverb import server_main
+
+T = 10.0
+
+
+def start(config: dict, tmp_path: pathlib.Path) -> tuple:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reverb.server_main", "--config", str(path)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        assert line, f"server exited early: {''.join(lines)}"
+        lines.append(line)
+        match = re.search(r"serving on port (\d+)", line)
+        if match:
+            return proc, int(match.group(1)), lines
+    proc.kill()
+    raise AssertionError("server did not start")
+
+
+def stop(proc: subprocess.Popen, lines: list) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=30)
+    assert proc.returncode == 0, rest
+    return "".join(lines) + rest
+
+
+CONFIG = {
+    "port": 0,
+    "tables": [
+        {
+            "name": "replay",
+            "sampler": {"prioritized": 0.6},
+            "remover": "fifo",
+            "max_size": 1000,
+            "rate_limiter": {"sample_to_insert_ratio": [2.0, 1, 100.0]},
+        },
+        {"name": "queue", "queue": 10},
+        {"name": "heap", "sampler": "max_heap", "max_size": 5, "max_times_sampled": 2},
+    ],
+}
+
+
+def test_serves_tables_from_a_config_file_and_stops_on_sigterm(tmp_path: pathlib.Path) -> None:
+    proc, port, lines = start(CONFIG, tmp_path)
+    try:
+        client = reverb.Client(f"localhost:{port}")
+        infos = client.server_info(timeout=T)
+        assert sorted(infos) == ["heap", "queue", "replay"]
+        assert infos["replay"].sampler_options.prioritized.priority_exponent == 0.6
+        assert infos["replay"].rate_limiter_info.samples_per_insert == 2.0
+        assert infos["queue"].max_times_sampled == 1
+        assert infos["heap"].max_size == 5
+        client.insert(np.arange(3), {"queue": 1.0, "replay": 2.0})
+        (step,) = next(client.sample("queue", timeout=T))
+        assert step.data[0].tolist() == [0, 1, 2]
+    finally:
+        log = stop(proc, lines)
+    assert "table 'replay'" in log and "stopped" in log
+
+
+def test_checkpoints_survive_a_restart(tmp_path: pathlib.Path) -> None:
+    config = dict(CONFIG, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_on_exit=True)
+    proc, port, lines = start(config, tmp_path)
+    try:
+        reverb.Client(f"localhost:{port}").insert(np.float32(7), {"replay": 1.0})
+    finally:
+        log = stop(proc, lines)
+    assert "checkpoint written to" in log
+    proc, port, lines = start(config, tmp_path)
+    try:
+        client = reverb.Client(f"localhost:{port}")
+        assert client.server_info(timeout=T)["replay"].current_size == 1
+        (step,) = next(client.sample("replay", timeout=T))
+        assert step.data[0] == 7
+    finally:
+        stop(proc, lines)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"tables": []}, "'tables' must be a non-empty list"),
+        ({"tables": [{"max_size": 3}]}, "needs a 'name'"),
+        ({"tables": [{"name": "t", "max_size": 3, "sampler": "random"}]}, "unknown selector"),
+        ({"tables": [{"name": "t"}]}, r"tables\[0\] \(t\)"),
+        ({"tables": [{"name": "t", "max_size": 3, "rate_limiter": {"x": 1}}]}, "unknown rate"),
+    ],
+)
+def test_bad_configs_are_named(config: dict, message: str) -> None:
+    with pytest.raises(server_main.ConfigError, match=message):
+        server_main.tables_from_config(config)
+
+
+def test_unreadable_config_exits_with_an_error(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    out = subprocess.run(
+        [sys.executable, "-m", "reverb.server_main", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "not valid JSON" in out.stderr
