@@ -67,3 +67,31 @@ def test_sample_info_tf_helpers() -> None:
     zeros = reverb.SampleInfo.zeros()
     assert [int(z.numpy()) for z in zeros] == [0, 0, 0, 0, 0]
     assert all(s == tf.TensorShape([]) for s in reverb.SampleInfo.tf_shapes())
+
+
+def test_trajectory_writer_validates_items_against_the_signature() -> None:
+    signature = {"obs": tf.TensorSpec([2, 3], tf.float32), "action": tf.TensorSpec([], tf.int64)}
+    with reverb.Server([_table("sig", signature)]) as server:
+        client = server.localhost_client()
+        writer = client.trajectory_writer(2)
+        for _ in range(2):
+            writer.append({"obs": np.zeros(3, np.float32), "action": np.int64(1)})
+        good = {"obs": writer.history["obs"][-2:], "action": writer.history["action"][-1]}
+        writer.create_item("sig", 1.0, good)
+        bad_dtype = {"obs": writer.history["obs"][-2:], "action": writer.history["obs"][-1]}
+        with pytest.raises(ValueError, match="inconsistent with the table signature"):
+            writer.create_item("sig", 1.0, bad_dtype)
+        bad_shape = {"obs": writer.history["obs"][-1:], "action": writer.history["action"][-1]}
+        with pytest.raises(ValueError, match=r"column 1: got float32\[1, 3\]"):
+            writer.create_item("sig", 1.0, bad_shape)
+        # validate_items=False sends it anyway (the server does not check signatures).
+        unchecked = client.trajectory_writer(2, validate_items=False)
+        unchecked.append({"obs": np.zeros(3, np.float32), "action": np.int64(1)})
+        unchecked.create_item(
+            "sig",
+            1.0,
+            {"obs": unchecked.history["obs"][-1:], "action": unchecked.history["action"][-1]},
+        )
+        writer.flush(timeout_ms=10_000)
+        unchecked.flush(timeout_ms=10_000)
+        assert client.server_info(timeout=10)["sig"].current_size == 2

@@ -1,0 +1,39 @@
+"""Draws the ratio chart (ours / reference) from the table in bench/RESULTS.md.
+
+python bench/chart.py bench/RESULTS.md bench/ratios.png   (needs matplotlib)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+
+def main() -> None:
+    source, target = sys.argv[1], sys.argv[2]
+    rows = []
+    for line in open(source):
+        match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
+        if match:
+            rows.append((f"{match.group(1)}\n({match.group(2)})", float(match.group(3))))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    labels = [r[0] for r in rows]
+    ratios = [r[1] for r in rows]
+    bars = ax.barh(labels, ratios, color="#3b7dd8")
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.bar_label(bars, labels=[f"{r:.1f}x" for r in ratios], padding=3)
+    ax.set_xlabel("throughput relative to dm-reverb 0.14.0 (1.0 = same)")
+    ax.set_xlim(0, max(ratios) * 1.2)
+    ax.invert_yaxis()
+    ax.set_title("reverb (this project) vs dm-reverb 0.14.0, same machine, same run")
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

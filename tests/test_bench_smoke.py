@@ -1,0 +1,26 @@
+"""A seconds-long smoke run of the benchmark workloads (the benchmark is a tool, not a test:
+this only keeps it working)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+WORKLOADS = pathlib.Path(__file__).resolve().parent.parent / "bench" / "workloads.py"
+
+
+@pytest.mark.parametrize("workload", ["writer_small", "writer_frames", "client_sample"])
+def test_workload_runs_and_reports(workload: str) -> None:
+    out = subprocess.run(
+        [sys.executable, str(WORKLOADS), workload, "inproc", "0.2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["workload"] == workload and result["value"] > 0
