@@ -20,7 +20,7 @@ import time
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = ["writer_small", "writer_frames", "writer_batched", "client_sample"]
+WORKLOADS = ["writer_small", "writer_frames", "writer_batched", "client_sample", "prioritized"]
 OURS_ONLY = {"writer_batched"}
 
 
@@ -80,6 +80,7 @@ def main() -> None:
         "writer_frames": "MB/s",
         "writer_batched": "steps/s",
         "client_sample": "samples/s",
+        "prioritized": "samples/s",
     }
     results: Dict[tuple, Dict[str, List[float]]] = {}
     for workload in workloads:

@@ -19,20 +19,30 @@ import numpy as np
 import reverb
 
 TABLE = "bench"
+PRIORITIZED = "prioritized"
 
 
-def make_table(max_size: int = 1_000_000) -> reverb.Table:
-    return reverb.Table(
-        name=TABLE,
-        sampler=reverb.selectors.Uniform(),
-        remover=reverb.selectors.Fifo(),
-        max_size=max_size,
-        rate_limiter=reverb.rate_limiters.MinSize(1),
-    )
+def make_tables(max_size: int = 1_000_000) -> list:
+    return [
+        reverb.Table(
+            name=TABLE,
+            sampler=reverb.selectors.Uniform(),
+            remover=reverb.selectors.Fifo(),
+            max_size=max_size,
+            rate_limiter=reverb.rate_limiters.MinSize(1),
+        ),
+        reverb.Table(
+            name=PRIORITIZED,
+            sampler=reverb.selectors.Prioritized(0.6),
+            remover=reverb.selectors.Fifo(),
+            max_size=max_size,
+            rate_limiter=reverb.rate_limiters.MinSize(1),
+        ),
+    ]
 
 
 def serve(port_file: str, max_size: int) -> None:
-    server = reverb.Server([make_table(max_size)])
+    server = reverb.Server(make_tables(max_size))
     with open(port_file + ".tmp", "w") as f:
         f.write(str(server.port))
     os.rename(port_file + ".tmp", port_file)
@@ -45,7 +55,7 @@ class Setup:
     def __init__(self, mode: str, max_size: int = 1_000_000) -> None:
         self.child = None
         if mode == "inproc":
-            self.server = reverb.Server([make_table(max_size)])
+            self.server = reverb.Server(make_tables(max_size))
             self.address = f"localhost:{self.server.port}"
             return
         port_file = f"/tmp/reverb-bench-port-{os.getpid()}"
@@ -161,11 +171,31 @@ def client_sample(setup: Setup, seconds: float) -> dict:
     return {"value": samples / (time.perf_counter() - start), "unit": "samples/s"}
 
 
+def prioritized(setup: Setup, seconds: float) -> dict:
+    """Learner loop on a prioritized table (exponent 0.6): sample 256, update 256 priorities."""
+    client = reverb.Client(setup.address)
+    obs = np.zeros(8, np.float32)
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for t in range(5000):
+            writer.append({"obs": obs, "action": np.int32(t), "reward": np.float32(1.0)})
+            if t >= 1:
+                writer.create_item(PRIORITIZED, 1.0, last_two(writer.history))
+    rng = np.random.default_rng(0)
+    samples = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        keys = [s.info.key for s in client.sample(PRIORITIZED, 256, emit_timesteps=False)]
+        client.mutate_priorities(PRIORITIZED, dict(zip(keys, rng.random(len(keys)).tolist())))
+        samples += len(keys)
+    return {"value": samples / (time.perf_counter() - start), "unit": "samples/s"}
+
+
 WORKLOADS = {
     "writer_small": writer_small,
     "writer_frames": writer_frames,
     "writer_batched": writer_batched,
     "client_sample": client_sample,
+    "prioritized": prioritized,
 }
 OURS_ONLY = {"writer_batched"}
 

@@ -13,7 +13,9 @@ import pytest
 WORKLOADS = pathlib.Path(__file__).resolve().parent.parent / "bench" / "workloads.py"
 
 
-@pytest.mark.parametrize("workload", ["writer_small", "writer_frames", "client_sample"])
+@pytest.mark.parametrize(
+    "workload", ["writer_small", "writer_frames", "client_sample", "prioritized"]
+)
 def test_workload_runs_and_reports(workload: str) -> None:
     out = subprocess.run(
         [sys.executable, str(WORKLOADS), workload, "inproc", "0.2"],
