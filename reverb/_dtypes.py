@@ -25,9 +25,13 @@ _NUMPY_OF_TF = {v: k for k, v in _TF_OF_NUMPY.items()}
 
 
 def tf_enum(dtype: np.dtype) -> int:
-    """The TensorFlow DataType value of a numpy dtype; ValueError when unsupported."""
+    """The TensorFlow DataType value of a numpy dtype (either byte order); ValueError when
+    unsupported."""
+    dtype = np.dtype(dtype)
+    if not dtype.isnative:
+        dtype = dtype.newbyteorder("=")
     try:
-        return _TF_OF_NUMPY[np.dtype(dtype)]
+        return _TF_OF_NUMPY[dtype]
     except KeyError:
         raise ValueError(
             f"Unsupported dtype {np.dtype(dtype)}: supported dtypes are "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, Generator, List, Optional, Union
 
 import numpy as np
@@ -31,6 +32,9 @@ class Client:
         self._client = _native.Client(server_address)
         self._signature_cache: Dict[str, Any] = {}
         self._max_times_sampled_cache: Dict[str, int] = {}
+        self._insert_lock = threading.Lock()
+        self._insert_writer: Optional[_native.TrajectoryWriter] = None
+        self._insert_columns: Dict[tuple, int] = {}
 
     def __reduce__(self) -> Any:
         return type(self), (self._server_address,)
@@ -68,9 +72,45 @@ class Client:
         leaves = _nest.flatten(data)
         if not leaves:
             raise ValueError("data must contain at least one value")
-        columns = [_dtypes.to_column(leaf) for leaf in leaves]
+        arrays = [np.asarray(leaf) for leaf in leaves]
+        for array in arrays:
+            _dtypes.tf_enum(array.dtype)  # ValueError for strings and objects
         pairs = [(str(table), float(priority)) for table, priority in priorities.items()]
-        self._client.insert(columns, pairs, timeout)
+        timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
+        # The same machinery as the trajectory writer: one persistent insert stream per client,
+        # each insert its own one-step episode (as with the reference's legacy writer).
+        with self._insert_lock:
+            if self._insert_writer is not None and self._insert_writer.failed:
+                # Its stream died between calls (e.g. the server restarted): start afresh.
+                self._insert_writer = None
+            if self._insert_writer is None:
+                # No reconnect loop: a dead server fails the call (UnavailableError) at once.
+                self._insert_writer = _native.TrajectoryWriter(
+                    self._client, 1, 1, 1024, False, reconnect_timeout=0.0
+                )
+                self._insert_columns = {}
+            writer = self._insert_writer
+            # One writer column per (position, dtype, shape): inserts may change structure.
+            columns = [
+                self._insert_columns.setdefault(
+                    (i, a.dtype.str, a.shape), len(self._insert_columns)
+                )
+                for i, a in enumerate(arrays)
+            ]
+            step = writer.episode_start
+            try:
+                if writer.append(columns, arrays, False) is not None:
+                    raise RuntimeError("internal error: insert columns collided")
+                cells = [([(column, step)], False) for column in columns]
+                for table, priority in pairs:
+                    writer.create_item(table, priority, cells)
+                writer.end_episode(True, timeout_ms)
+            except BaseException:
+                # A failed or timed-out insert is not stored later: cancel what the server
+                # has not stored yet; the next insert starts a fresh stream.
+                writer.abort()
+                self._insert_writer = None
+                raise
 
     def sample(
         self,
@@ -157,16 +197,18 @@ class Client:
         *,
         validate_items: bool = True,
         max_in_flight_items: int = 1024,
+        delta_encode: bool = False,
     ) -> trajectory_writer.TrajectoryWriter:
         """A `TrajectoryWriter` whose columns keep their last `num_keep_alive_refs` cells
         referenceable. At most `max_in_flight_items` items are unconfirmed at once: beyond
-        that `create_item` waits (no unbounded memory if you never flush)."""
+        that `create_item` waits (no unbounded memory if you never flush). `delta_encode`
+        stores integer columns as differences between steps (smaller for counters/frames)."""
         if num_keep_alive_refs < 1:
             raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be >= 1")
         if max_in_flight_items < 1:
             raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
         native = _native.TrajectoryWriter(
-            self._client, num_keep_alive_refs, None, max_in_flight_items
+            self._client, num_keep_alive_refs, None, max_in_flight_items, delta_encode
         )
         return trajectory_writer.TrajectoryWriter(native, self, validate_items)
 

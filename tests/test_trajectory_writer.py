@@ -383,3 +383,41 @@ def test_context_manager_flushes_unless_reverb_error(served) -> None:
     writer.close()
     with pytest.raises(RuntimeError, match="closed"):
         writer.append({"x": 2})
+
+
+def test_delta_encoded_columns_round_trip(served) -> None:
+    _, client = served
+    rng = np.random.default_rng(1)
+    frames = rng.integers(0, 255, (6, 4, 4), dtype=np.uint8)
+    with client.trajectory_writer(6, delta_encode=True) as writer:
+        for t in range(6):
+            writer.append({"frame": frames[t], "count": np.int64(1000 + t), "f": np.float32(t)})
+        np.testing.assert_array_equal(writer.history["frame"][:].numpy(), frames)
+        writer.create_item(
+            "a",
+            1.0,
+            {
+                "frame": writer.history["frame"][:],
+                "count": writer.history["count"][:],
+                "f": writer.history["f"][:],
+            },
+        )
+    (sample,) = _drain(client, "a")
+    count, f, frame = sample.data  # sorted keys
+    np.testing.assert_array_equal(frame, frames)
+    np.testing.assert_array_equal(count, np.arange(1000, 1006))
+    np.testing.assert_array_equal(f, np.arange(6, dtype=np.float32))
+
+
+def test_client_insert_uses_one_stream_and_survives_a_server_restart(make_server) -> None:
+    first = make_server([_fifo("a")])
+    client = first.localhost_client()
+    for v in range(5):
+        client.insert({"v": np.int64(v), "w": np.zeros(v + 1)}, {"a": 1.0}, timeout=T)
+    assert client.server_info(timeout=T)["a"].num_episodes == 5  # one episode per insert
+    port = first.port
+    first.stop()
+    second = make_server([_fifo("a")], port=port)
+    client.insert({"v": np.int64(9)}, {"a": 1.0}, timeout=T)
+    (sample,) = _drain(second.localhost_client(), "a")
+    assert sample.data[0].tolist() == [9]

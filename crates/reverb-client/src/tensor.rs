@@ -80,18 +80,35 @@ fn shape_proto(shape: &[i64]) -> TensorShapeProto {
 
 /// Encodes tensors (each `[rows, ...]`) as one chunk.
 pub fn encode_chunk(chunk_key: u64, range: SequenceRange, tensors: &[Tensor]) -> ChunkData {
+    encode_chunk_with(chunk_key, range, tensors, false)
+}
+
+/// Like [`encode_chunk`]; with `delta`, integer tensors of rank >= 2 are stored as
+/// differences between consecutive rows (`out[i] = in[i] - in[i-1]`, wrapping), which
+/// compresses slowly-changing integer data (counters, frames) much better.
+pub fn encode_chunk_with(
+    chunk_key: u64,
+    range: SequenceRange,
+    tensors: &[Tensor],
+    delta: bool,
+) -> ChunkData {
     let mut encoder = snap::raw::Encoder::new();
     let mut uncompressed = 0i64;
     let protos: Vec<TensorProto> = tensors
         .iter()
         .map(|t| {
             uncompressed += t.data.len() as i64;
+            let content = if delta {
+                let mut encoded = t.clone();
+                delta_encode(&mut encoded);
+                encoder.compress_vec(&encoded.data)
+            } else {
+                encoder.compress_vec(&t.data)
+            };
             TensorProto {
                 dtype: t.dtype,
                 tensor_shape: Some(shape_proto(&t.shape)),
-                tensor_content: Bytes::from(
-                    encoder.compress_vec(&t.data).expect("snappy compress"),
-                ),
+                tensor_content: Bytes::from(content.expect("snappy compress")),
                 ..Default::default()
             }
         })
@@ -102,7 +119,7 @@ pub fn encode_chunk(chunk_key: u64, range: SequenceRange, tensors: &[Tensor]) ->
         data: Bytes::from(ChunkTensors { tensors: protos }.encode_to_vec()),
         data_tensors_len: tensors.len() as i32,
         data_uncompressed_size: uncompressed,
-        delta_encoded: false,
+        delta_encoded: delta,
     }
 }
 
@@ -167,23 +184,49 @@ macro_rules! cumsum_rows {
     }};
 }
 
-/// Undoes `out[i] = in[i] - in[i-1]` along the leading axis (integer tensors of rank >= 2).
+macro_rules! diff_rows {
+    ($t:ty, $tensor:expr) => {{
+        let row = $tensor.row_bytes() / std::mem::size_of::<$t>();
+        let mut values: Vec<$t> = $tensor
+            .data
+            .chunks_exact(std::mem::size_of::<$t>())
+            .map(|b| <$t>::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for i in (row..values.len()).rev() {
+            values[i] = values[i].wrapping_sub(values[i - row]);
+        }
+        $tensor.data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    }};
+}
+
+/// Applies `$op` (a row macro) to integer tensors of rank >= 2; others are left as they are.
+macro_rules! for_integer_tensor {
+    ($op:ident, $tensor:expr) => {{
+        if $tensor.shape.len() >= 2 {
+            use DataType::*;
+            match DataType::try_from($tensor.dtype) {
+                Ok(DtInt8) => $op!(i8, $tensor),
+                Ok(DtUint8) => $op!(u8, $tensor),
+                Ok(DtInt16) => $op!(i16, $tensor),
+                Ok(DtUint16) => $op!(u16, $tensor),
+                Ok(DtInt32) => $op!(i32, $tensor),
+                Ok(DtUint32) => $op!(u32, $tensor),
+                Ok(DtInt64) => $op!(i64, $tensor),
+                Ok(DtUint64) => $op!(u64, $tensor),
+                _ => {}
+            }
+        }
+    }};
+}
+
+/// `out[i] = in[i] - in[i-1]` along the leading axis (integer tensors of rank >= 2).
+fn delta_encode(tensor: &mut Tensor) {
+    for_integer_tensor!(diff_rows, tensor);
+}
+
+/// Undoes [`delta_encode`].
 fn delta_decode(tensor: &mut Tensor) {
-    if tensor.shape.len() < 2 {
-        return;
-    }
-    use DataType::*;
-    match DataType::try_from(tensor.dtype) {
-        Ok(DtInt8) => cumsum_rows!(i8, tensor),
-        Ok(DtUint8) => cumsum_rows!(u8, tensor),
-        Ok(DtInt16) => cumsum_rows!(i16, tensor),
-        Ok(DtUint16) => cumsum_rows!(u16, tensor),
-        Ok(DtInt32) => cumsum_rows!(i32, tensor),
-        Ok(DtUint32) => cumsum_rows!(u32, tensor),
-        Ok(DtInt64) => cumsum_rows!(i64, tensor),
-        Ok(DtUint64) => cumsum_rows!(u64, tensor),
-        _ => {}
-    }
+    for_integer_tensor!(cumsum_rows, tensor);
 }
 
 #[cfg(test)]
@@ -220,6 +263,35 @@ mod tests {
             .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
             .collect();
         assert_eq!(got, vec![1, 2, 2, 3, 3, 4]);
+    }
+
+    #[test]
+    fn delta_round_trip_and_skips_floats() {
+        let ints: Vec<u8> = [250u8, 3, 255, 7, 1, 0]
+            .iter()
+            .flat_map(|v| (*v as i16).to_le_bytes())
+            .collect();
+        let a = Tensor::new(DataType::DtInt16 as i32, vec![3, 2], ints).unwrap();
+        let f = Tensor::new(
+            DataType::DtFloat as i32,
+            vec![2, 1],
+            vec![1, 2, 3, 4, 5, 6, 7, 8],
+        )
+        .unwrap();
+        let v = Tensor::new(DataType::DtUint8 as i32, vec![3], vec![9, 8, 7]).unwrap(); // rank 1
+        let chunk = encode_chunk_with(
+            3,
+            SequenceRange::default(),
+            &[a.clone(), f.clone(), v.clone()],
+            true,
+        );
+        assert!(chunk.delta_encoded);
+        assert_eq!(decode_chunk(&chunk).unwrap(), vec![a.clone(), f, v]);
+        let mut diffed = a.clone();
+        delta_encode(&mut diffed);
+        assert_ne!(diffed, a);
+        delta_decode(&mut diffed);
+        assert_eq!(diffed, a);
     }
 
     #[test]

@@ -545,18 +545,26 @@ impl PyTrajectoryWriter {
 #[pymethods]
 impl PyTrajectoryWriter {
     #[new]
-    #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024))]
+    #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0))]
     fn new(
         client: &PyClient,
         num_keep_alive_refs: usize,
         max_chunk_length: Option<usize>,
         max_in_flight_items: usize,
+        delta_encode: bool,
+        reconnect_timeout: f64,
     ) -> PyResult<Self> {
+        if !(reconnect_timeout.is_finite() && reconnect_timeout >= 0.0) {
+            return Err(PyValueError::new_err(
+                "reconnect_timeout must be a number of seconds >= 0",
+            ));
+        }
         let options = WriterOptions {
             num_keep_alive_refs,
             max_chunk_length,
             max_in_flight_items,
-            ..WriterOptions::default()
+            delta_encode,
+            reconnect_timeout: Duration::from_secs_f64(reconnect_timeout),
         };
         let writer = TrajectoryWriter::new(client.inner.clone(), options).map_err(client_err)?;
         Ok(Self {
@@ -651,6 +659,17 @@ impl PyTrajectoryWriter {
         self.wait_until(py, deadline, "end_episode", |w, until| {
             w.end_episode(clear_buffers, until)
         })
+    }
+
+    /// Whether the insert stream has failed for good.
+    #[getter]
+    fn failed(&self, py: Python<'_>) -> bool {
+        self.with(py, |w| w.failed())
+    }
+
+    /// Stops at once, cancelling whatever the server has not stored yet.
+    fn abort(&self, py: Python<'_>) {
+        py.detach(|| self.inner.lock().unwrap().abort());
     }
 
     /// Stops the writer's stream.

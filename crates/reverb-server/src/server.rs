@@ -128,9 +128,10 @@ impl Server {
         }
         let runtime = self.runtime.lock().unwrap().take();
         if let Some(runtime) = runtime {
-            // Streams blocked on a rate limiter would keep a graceful shutdown waiting: give it
-            // a moment, then drop every remaining task.
-            self.wait(Duration::from_millis(200));
+            // Open streams (writers' insert streams stay open; samplers may be blocked on a
+            // rate limiter) would keep a graceful shutdown waiting: give in-flight calls a
+            // moment, then drop every remaining task.
+            self.wait(Duration::from_millis(50));
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
         let (lock, cvar) = &*self.finished;

@@ -8,7 +8,7 @@
 
 mod stream;
 
-use crate::tensor::{decode_chunk, dtype_size, encode_chunk, Tensor};
+use crate::tensor::{decode_chunk, dtype_size, encode_chunk_with, Tensor};
 use crate::{runtime, Client, ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column as FlatColumn};
 use reverb_proto::{ChunkData, FlatTrajectory, PrioritizedItem, SequenceRange};
@@ -30,6 +30,8 @@ pub struct WriterOptions {
     pub max_in_flight_items: usize,
     /// How long to keep reconnecting after the server becomes unavailable.
     pub reconnect_timeout: Duration,
+    /// Delta-encode integer columns along time before compressing.
+    pub delta_encode: bool,
 }
 
 impl Default for WriterOptions {
@@ -39,6 +41,7 @@ impl Default for WriterOptions {
             max_chunk_length: None,
             max_in_flight_items: 1024,
             reconnect_timeout: Duration::from_secs(60),
+            delta_encode: false,
         }
     }
 }
@@ -138,6 +141,7 @@ pub struct TrajectoryWriter {
     /// Chunks referenced by `pending` items, with their reference counts.
     pending_chunks: HashMap<u64, (Arc<ChunkSlot>, usize)>,
     tx: Option<mpsc::UnboundedSender<Outgoing>>,
+    task: tokio::task::JoinHandle<()>,
     shared: Arc<Shared>,
     sent: u64,
 }
@@ -162,7 +166,7 @@ impl TrajectoryWriter {
         let shared = Arc::new(Shared::default());
         // Unbounded, but `pump` keeps at most `max_in_flight_items` unconfirmed.
         let (tx, rx) = mpsc::unbounded_channel();
-        runtime().spawn(stream::run(
+        let task = runtime().spawn(stream::run(
             client.clone(),
             rx,
             shared.clone(),
@@ -181,6 +185,7 @@ impl TrajectoryWriter {
             pending: VecDeque::new(),
             pending_chunks: HashMap::new(),
             tx: Some(tx),
+            task,
             shared,
             sent: 0,
         })
@@ -414,6 +419,7 @@ impl TrajectoryWriter {
 
     /// Encodes a column's open chunk.
     fn finalize(&mut self, column: usize) {
+        let delta = self.options.delta_encode;
         let episode_id = self.episode_id;
         let episode_start = self.episode_start;
         let Some(col) = self.columns.get_mut(column).and_then(Option::as_mut) else {
@@ -434,7 +440,7 @@ impl TrajectoryWriter {
             end: (open.last_step - episode_start) as i32,
             sparse: (open.last_step - open.first_step + 1) as usize != open.rows,
         };
-        let chunk = encode_chunk(open.slot.key, range, std::slice::from_ref(&tensor));
+        let chunk = encode_chunk_with(open.slot.key, range, std::slice::from_ref(&tensor), delta);
         let _ = open.slot.data.set(Arc::new(chunk));
     }
 
@@ -767,6 +773,20 @@ impl TrajectoryWriter {
         self.pending.clear();
         self.pending_chunks.clear();
         self.tx = None;
+    }
+
+    /// Whether the insert stream has failed for good (every call will return its error).
+    pub fn failed(&self) -> bool {
+        self.check_error().is_err()
+    }
+
+    /// Stops at once: drops queued items and cancels the insert stream, so items the server
+    /// has not stored yet (e.g. waiting on a full table) are never stored.
+    pub fn abort(&mut self) {
+        self.pending.clear();
+        self.pending_chunks.clear();
+        self.tx = None;
+        self.task.abort();
     }
 
     /// The client this writer sends through.
