@@ -1,4 +1,5 @@
-"""Demo: a server with one table, an actor inserting steps, a learner sampling them.
+"""Demo: a server with one table, an actor writing 2-step transitions with the trajectory
+writer, a learner sampling them and updating priorities.
 
 Run with `python examples/demo.py`.
 """
@@ -12,19 +13,36 @@ import numpy as np
 
 import reverb
 
-NUM_STEPS = 20_000
+NUM_STEPS = 200_000
+EPISODE_LENGTH = 1000
 
 
 def actor(address: str) -> None:
     client = reverb.Client(address)
     rng = np.random.default_rng(0)
-    for t in range(NUM_STEPS):
-        step = {
-            "observation": rng.standard_normal(8).astype(np.float32),
-            "action": np.int32(t % 4),
-            "reward": np.float32(1.0),
-        }
-        client.insert(step, priorities={"replay": 1.0})
+    observations = rng.standard_normal((64, 8)).astype(np.float32)
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for t in range(NUM_STEPS):
+            writer.append(
+                {
+                    "observation": observations[t % 64],
+                    "action": np.int32(t % 4),
+                    "reward": np.float32(1.0),
+                }
+            )
+            if writer.episode_steps >= 2:
+                history = writer.history
+                writer.create_item(
+                    "replay",
+                    priority=1.0,
+                    trajectory={
+                        "observation": history["observation"][-2:],
+                        "action": history["action"][-2:],
+                        "reward": history["reward"][-1],
+                    },
+                )
+            if writer.episode_steps == EPISODE_LENGTH:
+                writer.end_episode()
 
 
 def main() -> None:
@@ -34,7 +52,7 @@ def main() -> None:
                 name="replay",
                 sampler=reverb.selectors.Prioritized(priority_exponent=0.6),
                 remover=reverb.selectors.Fifo(),
-                max_size=10_000,
+                max_size=100_000,
                 rate_limiter=reverb.rate_limiters.MinSize(100),
             )
         ]
@@ -65,8 +83,9 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     info = client.server_info(timeout=5)["replay"]
     print(
-        f"done: {NUM_STEPS} steps inserted ({NUM_STEPS / elapsed:,.0f} steps/s with one-step "
-        f"Client.insert), {sampled} samples taken, {info.current_size} items stored"
+        f"done: {NUM_STEPS} steps written ({NUM_STEPS / elapsed:,.0f} steps/s through the "
+        f"trajectory writer), {sampled} samples taken, {info.current_size} items stored, "
+        f"{info.num_episodes} episodes"
     )
     example = next(client.sample("replay", num_samples=1, emit_timesteps=False, timeout=5))
     print(f"one sample: info={example.info}")
