@@ -391,6 +391,8 @@ impl TrajectoryWriter {
                 open: None,
             }
         });
+        // Room for the whole chunk up front: no reallocation (and page faults) while it fills.
+        let capacity = col.chunk_length() * col.row_bytes;
         let open = col.open.get_or_insert_with(|| OpenChunk {
             slot: Arc::new(ChunkSlot {
                 key: rand::random(),
@@ -399,7 +401,7 @@ impl TrajectoryWriter {
             first_step: step,
             last_step: step,
             rows: 0,
-            data: Vec::new(),
+            data: Vec::with_capacity(capacity),
         });
         open.data.extend_from_slice(&value.data);
         open.last_step = step;
