@@ -17,6 +17,7 @@ from reverb.client import Client
 from reverb.errors import DeadlineExceededError, ReverbError
 from reverb.replay_sample import ReplaySample, SampleInfo
 from reverb.server import Server, Table
+from reverb.trajectory_iterator import TrajectoryIterator
 from reverb.trajectory_writer import TrajectoryColumn, TrajectoryWriter
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Server",
     "Table",
     "TrajectoryColumn",
+    "TrajectoryIterator",
     "TrajectoryWriter",
     "__version__",
     "checkpointers",

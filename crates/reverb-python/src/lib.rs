@@ -11,6 +11,7 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
+use reverb_client::sampler::{stack, Sampler, SamplerOptions};
 use reverb_client::writer::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
 use reverb_client::{runtime, Client, ClientError, Tensor};
 use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
@@ -741,6 +742,114 @@ impl PyTrajectoryWriter {
     }
 }
 
+/// Native half of `reverb.TrajectoryIterator`: a prefetching sampler.
+#[pyclass(name = "Sampler", module = "reverb._native", frozen)]
+struct PySampler {
+    inner: Mutex<Option<Sampler>>,
+}
+
+#[pymethods]
+impl PySampler {
+    #[new]
+    #[pyo3(signature = (client, table, max_in_flight_samples_per_worker, num_workers, max_samples, rate_limiter_timeout_ms))]
+    fn new(
+        client: &PyClient,
+        table: &str,
+        max_in_flight_samples_per_worker: usize,
+        num_workers: usize,
+        max_samples: i64,
+        rate_limiter_timeout_ms: i64,
+    ) -> PyResult<Self> {
+        let options = SamplerOptions {
+            max_in_flight_samples_per_worker,
+            num_workers,
+            max_samples: (max_samples >= 0).then_some(max_samples as u64),
+            rate_limiter_timeout: (rate_limiter_timeout_ms >= 0)
+                .then(|| Duration::from_millis(rate_limiter_timeout_ms as u64)),
+        };
+        let sampler = {
+            let _guard = runtime().enter();
+            Sampler::new(client.inner.clone(), table, options).map_err(client_err)?
+        };
+        Ok(Self {
+            inner: Mutex::new(Some(sampler)),
+        })
+    }
+
+    /// The next `n` samples: `None` once the stream has ended; otherwise, stacked,
+    /// `((keys, probabilities, table_sizes, priorities, times_sampled), [(dtype, shape, data)])`
+    /// (fewer than `n` rows at the end), or unstacked a list like `Client.sample` returns.
+    fn next<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        stacked: bool,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let samples = loop {
+            let got = py.detach(|| {
+                let mut guard = self.inner.lock().unwrap();
+                match guard.as_mut() {
+                    None => Ok(Some(Vec::new())),
+                    Some(sampler) => {
+                        runtime().block_on(sampler.next(n, Duration::from_millis(100)))
+                    }
+                }
+            });
+            match got.map_err(client_err)? {
+                Some(samples) => break samples,
+                None => py.check_signals()?,
+            }
+        };
+        if samples.is_empty() {
+            return Ok(None);
+        }
+        if !stacked {
+            let out = PyList::empty(py);
+            for s in samples {
+                let item = s.info.item.unwrap_or_default();
+                let info = (
+                    item.key,
+                    s.info.probability,
+                    s.info.table_size,
+                    item.priority,
+                    item.times_sampled,
+                );
+                let columns = s
+                    .columns
+                    .into_iter()
+                    .map(|t| column_out(py, t))
+                    .collect::<PyResult<Vec<_>>>()?;
+                out.append((info, PyList::new(py, columns)?))?;
+            }
+            return Ok(Some(out.into_any()));
+        }
+        let batch = stack(samples).map_err(client_err)?;
+        let info = PyTuple::new(
+            py,
+            [
+                PyArray1::from_vec(py, batch.info.iter().map(|i| i.0).collect()).into_any(),
+                PyArray1::from_vec(py, batch.info.iter().map(|i| i.1).collect()).into_any(),
+                PyArray1::from_vec(py, batch.info.iter().map(|i| i.2).collect()).into_any(),
+                PyArray1::from_vec(py, batch.info.iter().map(|i| i.3).collect()).into_any(),
+                PyArray1::from_vec(py, batch.info.iter().map(|i| i.4).collect()).into_any(),
+            ],
+        )?;
+        let columns = batch
+            .columns
+            .into_iter()
+            .map(|t| column_out(py, t))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Some(
+            PyTuple::new(py, [info.into_any(), PyList::new(py, columns)?.into_any()])?.into_any(),
+        ))
+    }
+
+    /// Stops the workers.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.inner.lock().unwrap().take());
+    }
+}
+
 /// Serialized `FileDescriptorSet` of the wire protocol (for Python message classes).
 #[pyfunction]
 fn descriptor_set<'py>(py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -753,6 +862,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyServer>()?;
     m.add_class::<PyClient>()?;
     m.add_class::<PyTrajectoryWriter>()?;
+    m.add_class::<PySampler>()?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

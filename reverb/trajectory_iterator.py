@@ -1,0 +1,114 @@
+"""`TrajectoryIterator`: the dataset's prefetching sampler as a plain Python iterator of numpy
+arrays, with no TensorFlow: for PyTorch, JAX or numpy learners.
+
+    for batch in reverb.TrajectoryIterator('localhost:8000', 'replay', batch_size=256):
+        batch.info.key        # uint64[256]
+        batch.data            # list (or table-signature nest) of arrays [256, ...]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from reverb import _dtypes, _native, _nest, replay_sample
+from reverb import client as client_lib
+
+
+class TrajectoryIterator:
+    """Streams samples of `table` from the server at `server_address`.
+
+    Workers keep `max_in_flight_samples_per_worker` samples requested, decode them natively and
+    queue them, so the network round trip is hidden from the consumer. With `batch_size`, each
+    element stacks that many samples (every column gains a leading batch dimension; the last
+    batch may be smaller); without it, elements are single samples with whole columns.
+    Iteration ends after `max_samples` samples, or cleanly when the table's rate limiter
+    blocks for `rate_limiter_timeout_ms` (-1: wait forever). Arguments as in
+    `reverb.TrajectoryDataset`.
+    """
+
+    def __init__(
+        self,
+        server_address: str,
+        table: str,
+        *,
+        batch_size: Optional[int] = None,
+        max_in_flight_samples_per_worker: int = 100,
+        num_workers_per_iterator: int = -1,
+        max_samples: int = -1,
+        rate_limiter_timeout_ms: int = -1,
+        unpack_as_table_signature: bool = False,
+    ) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size ({batch_size}) must be None or >= 1")
+        if max_in_flight_samples_per_worker < 1:
+            raise ValueError(
+                "max_in_flight_samples_per_worker "
+                f"({max_in_flight_samples_per_worker}) must be >= 1"
+            )
+        for name, value in (
+            ("num_workers_per_iterator", num_workers_per_iterator),
+            ("max_samples", max_samples),
+        ):
+            if value < 1 and value != -1:
+                raise ValueError(f"{name} ({value}) must be -1 or >= 1")
+        if rate_limiter_timeout_ms < -1:
+            raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be >= -1")
+        self._client = client_lib.Client(server_address)
+        self._table = table
+        self._batch_size = batch_size
+        self._signature = (
+            self._client._signature(table, None) if unpack_as_table_signature else None
+        )
+        workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
+        self._sampler: Optional[_native.Sampler] = _native.Sampler(
+            self._client._client,
+            table,
+            max_in_flight_samples_per_worker,
+            workers,
+            max_samples,
+            rate_limiter_timeout_ms,
+        )
+
+    def __iter__(self) -> Iterator[replay_sample.ReplaySample]:
+        return self
+
+    def __next__(self) -> replay_sample.ReplaySample:
+        if self._sampler is None:
+            raise StopIteration
+        got = self._sampler.next(self._batch_size or 1, self._batch_size is not None)
+        if got is None:
+            self.close()
+            raise StopIteration
+        if self._batch_size is None:
+            ((info, columns),) = got
+            sample_info = replay_sample.SampleInfo(
+                int(info[0]), float(info[1]), int(info[2]), float(info[3]), int(info[4])
+            )
+            return replay_sample.ReplaySample(sample_info, self._pack(columns))
+        info, columns = got
+        return replay_sample.ReplaySample(replay_sample.SampleInfo(*info), self._pack(columns))
+
+    def _pack(self, columns: list) -> Any:
+        arrays = [_dtypes.from_column(c) for c in columns]
+        return (
+            arrays if self._signature is None else _nest.pack_sequence_as(self._signature, arrays)
+        )
+
+    def close(self) -> None:
+        """Stops the workers (also done when the iterator is garbage collected)."""
+        sampler = getattr(self, "_sampler", None)  # (absent if __init__ raised)
+        if sampler is not None:
+            sampler.close()
+            self._sampler = None
+
+    def __enter__(self) -> TrajectoryIterator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+__all__ = ["TrajectoryIterator"]

@@ -1,0 +1,109 @@
+"""TrajectoryIterator: the prefetching sampler as a numpy iterator (no TensorFlow)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import reverb
+from reverb import rate_limiters, selectors
+
+T = 10.0
+
+
+def _fill(client: reverb.Client, table: str, n: int) -> None:
+    with client.trajectory_writer(2) as writer:
+        for t in range(n + 1):
+            writer.append({"obs": np.full(3, t, np.float32), "t": np.int64(t)})
+            if t:
+                writer.create_item(
+                    table, 1.0, {"obs": writer.history["obs"][-2:], "t": writer.history["t"][-1]}
+                )
+
+
+def test_batches_stack_columns_and_info(make_server) -> None:
+    table = reverb.Table(
+        "t", selectors.Fifo(), selectors.Fifo(), 100, rate_limiters.MinSize(1), max_times_sampled=1
+    )
+    server = make_server([table])
+    _fill(server.localhost_client(), "t", 10)
+    address = f"localhost:{server.port}"
+    with reverb.TrajectoryIterator(address, "t", batch_size=4, max_samples=10) as it:
+        batches = list(it)
+    assert [len(b.info.key) for b in batches] == [4, 4, 2]
+    first = batches[0]
+    assert first.info.key.dtype == np.uint64 and first.info.times_sampled.dtype == np.int32
+    assert first.info.probability.dtype == np.float64 and first.info.table_size.dtype == np.int64
+    obs, t = first.data
+    assert obs.shape == (4, 2, 3) and obs.dtype == np.float32
+    assert t.shape == (4,) and t.tolist() == [1, 2, 3, 4]
+    np.testing.assert_array_equal(obs[:, :, 0], [[0, 1], [1, 2], [2, 3], [3, 4]])
+    assert np.concatenate([b.data[1] for b in batches]).tolist() == list(range(1, 11))
+
+
+def test_unbatched_samples_and_rate_limiter_timeout_ends_cleanly(make_server) -> None:
+    server = make_server([reverb.Table.queue("q", 10)])
+    _fill(server.localhost_client(), "q", 3)
+    it = reverb.TrajectoryIterator(f"localhost:{server.port}", "q", rate_limiter_timeout_ms=200)
+    start = time.monotonic()
+    samples = list(it)
+    assert time.monotonic() - start < 5
+    assert [int(s.data[1]) for s in samples] == [1, 2, 3]
+    assert isinstance(samples[0].info.key, int) and samples[0].info.times_sampled == 1
+
+
+def test_many_workers_respect_max_samples(make_server) -> None:
+    table = reverb.Table("u", selectors.Uniform(), selectors.Fifo(), 100, rate_limiters.MinSize(1))
+    server = make_server([table])
+    _fill(server.localhost_client(), "u", 20)
+    it = reverb.TrajectoryIterator(
+        f"localhost:{server.port}",
+        "u",
+        batch_size=7,
+        max_samples=50,
+        num_workers_per_iterator=3,
+        max_in_flight_samples_per_worker=8,
+    )
+    assert sum(len(b.info.key) for b in it) == 50
+    assert (
+        server.localhost_client()
+        .server_info(timeout=T)["u"]
+        .rate_limiter_info.sample_stats.completed
+        == 50
+    )
+
+
+def test_errors_and_arguments(make_server) -> None:
+    server = make_server([reverb.Table.queue("q", 10)])
+    address = f"localhost:{server.port}"
+    with pytest.raises(reverb.errors.NotFoundError, match="nope"):
+        next(reverb.TrajectoryIterator(address, "nope"))
+    for kwargs in (
+        {"batch_size": 0},
+        {"max_in_flight_samples_per_worker": 0},
+        {"max_samples": 0},
+        {"num_workers_per_iterator": -2},
+        {"rate_limiter_timeout_ms": -5},
+    ):
+        with pytest.raises(ValueError):
+            reverb.TrajectoryIterator(address, "q", **kwargs)
+
+
+def test_closing_a_blocked_iterator_stops_its_workers(make_server) -> None:
+    server = make_server([reverb.Table.queue("q", 10)])
+    it = reverb.TrajectoryIterator(f"localhost:{server.port}", "q")
+    got = []
+    thread = threading.Thread(target=lambda: got.extend(it), daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    it.close()
+    thread.join(5)
+    assert not thread.is_alive() and got == []
+    time.sleep(0.1)  # (the cancellation reaches the server asynchronously)
+    # Nothing is taken from the table by the closed iterator.
+    server.localhost_client().insert(np.int64(1), {"q": 1.0}, timeout=T)
+    time.sleep(0.2)
+    assert server.localhost_client().server_info(timeout=T)["q"].current_size == 1
