@@ -20,7 +20,20 @@ import time
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = ["writer_small", "writer_frames", "writer_batched", "client_sample", "prioritized"]
+WORKLOADS = [
+    "writer_small",
+    "writer_frames",
+    "writer_batched",
+    "client_sample",
+    "prioritized",
+    "actors2",
+    "actors4",
+    "latency_insert",
+    "latency_sample",
+    "memory",
+]
+# Lower is better for these: their ratio is reference / ours.
+LOWER_IS_BETTER = {"latency_insert", "latency_sample", "memory"}
 OURS_ONLY = {"writer_batched"}
 
 
@@ -81,10 +94,17 @@ def main() -> None:
         "writer_batched": "steps/s",
         "client_sample": "samples/s",
         "prioritized": "samples/s",
+        "actors2": "steps/s",
+        "actors4": "steps/s",
+        "latency_insert": "us (p50)",
+        "latency_sample": "us (p50)",
+        "memory": "bytes/item",
     }
     results: Dict[tuple, Dict[str, List[float]]] = {}
     for workload in workloads:
         for mode in modes:
+            if workload == "memory" and mode != "remote":
+                continue  # measures the server process's RSS
             key = (workload, mode)
             results[key] = {"ours": [], "reference": []}
             for _ in range(args.repeats):
@@ -110,7 +130,10 @@ def main() -> None:
         ours = statistics.median(values["ours"]) if values["ours"] else None
         ref = statistics.median(values["reference"]) if values["reference"] else None
         unit = units[workload]
-        ratio = f"{ours / ref:.1f}x" if ours and ref else "n/a"
+        if ours and ref:
+            ratio = f"{(ref / ours if workload in LOWER_IS_BETTER else ours / ref):.1f}x"
+        else:
+            ratio = "n/a"
         ours_text = f"{ours:,.0f} {unit}" if ours else "n/a"
         ref_text = f"{ref:,.0f} {unit}" if ref else "n/a"
         server = "same process" if mode == "inproc" else "other process"

@@ -190,12 +190,140 @@ def prioritized(setup: Setup, seconds: float) -> dict:
     return {"value": samples / (time.perf_counter() - start), "unit": "samples/s"}
 
 
+def _actor(address: str, seconds: float, out: str) -> None:
+    """One actor process: small steps, 2-step items, for `seconds`; writes its step count."""
+    client = reverb.Client(address)
+    obs = np.zeros(8, np.float32)
+    steps = 0
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(100):
+                writer.append({"obs": obs, "action": np.int32(steps), "reward": np.float32(1.0)})
+                if writer.episode_steps >= 2:
+                    writer.create_item(TABLE, 1.0, last_two(writer.history))
+                steps += 1
+    with open(out, "w") as f:
+        f.write(str(steps / seconds))
+
+
+def _actors(setup: Setup, seconds: float, n: int) -> dict:
+    """`n` actor processes write while a learner samples in this process."""
+    outs = [f"/tmp/reverb-bench-actor-{os.getpid()}-{i}" for i in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "actor", setup.address, str(seconds), out],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for out in outs
+    ]
+    client = reverb.Client(setup.address)
+    start = time.perf_counter()
+    samples = 0
+    while any(p.poll() is None for p in procs) and time.perf_counter() - start < seconds * 5 + 60:
+        try:
+            if client.server_info()[TABLE].current_size:
+                samples += sum(1 for _ in client.sample(TABLE, 256, emit_timesteps=False))
+            else:
+                time.sleep(0.01)
+        except Exception:  # noqa: BLE001 - keep sampling while the actors run
+            time.sleep(0.01)
+    for p in procs:
+        p.wait(60)
+    total = 0.0
+    for out in outs:
+        with open(out) as f:
+            total += float(f.read())
+        os.remove(out)
+    return {"value": total, "unit": "steps/s", "learner_samples": samples}
+
+
+def actors2(setup: Setup, seconds: float) -> dict:
+    """2 actor processes writing small steps + 1 learner sampling."""
+    return _actors(setup, seconds, 2)
+
+
+def actors4(setup: Setup, seconds: float) -> dict:
+    """4 actor processes writing small steps + 1 learner sampling."""
+    return _actors(setup, seconds, 4)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def memory(setup: Setup, seconds: float) -> dict:
+    """Server RSS per stored small 2-step item (200k items; server in another process)."""
+    del seconds
+    if setup.child is None:
+        raise SystemExit("memory needs --modes remote (the server's RSS is measured)")
+    client = reverb.Client(setup.address)
+    before = _rss(setup.child.pid)
+    n = 200_000
+    obs = np.zeros(8, np.float32)
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for t in range(n + 1):
+            writer.append({"obs": obs, "action": np.int32(t), "reward": np.float32(1.0)})
+            if writer.episode_steps >= 2:
+                writer.create_item(TABLE, 1.0, last_two(writer.history))
+            if t % 1000 == 999:
+                writer.end_episode()
+    time.sleep(0.5)
+    return {"value": (_rss(setup.child.pid) - before) / n, "unit": "bytes/item"}
+
+
+def _percentiles(values: list) -> tuple:
+    values = sorted(values)
+    return values[len(values) // 2], values[int(len(values) * 0.99)]
+
+
+def latency_insert(setup: Setup, seconds: float) -> dict:
+    """p50 (p99 alongside) of one item's round trip: create_item + flush until confirmed."""
+    client = reverb.Client(setup.address)
+    obs = np.zeros(8, np.float32)
+    times = []
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            writer.append({"obs": obs})
+            t = time.perf_counter()
+            writer.create_item(TABLE, 1.0, {"obs": writer.history["obs"][-1]})
+            writer.flush()
+            times.append(time.perf_counter() - t)
+    p50, p99 = _percentiles(times)
+    return {"value": p50 * 1e6, "unit": "us", "p99": p99 * 1e6}
+
+
+def latency_sample(setup: Setup, seconds: float) -> dict:
+    """p50 (p99 alongside) of a one-sample round trip with Client.sample."""
+    client = reverb.Client(setup.address)
+    client.insert(np.zeros(8, np.float32), {TABLE: 1.0})
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        next(client.sample(TABLE, 1, emit_timesteps=False))
+        times.append(time.perf_counter() - t)
+    p50, p99 = _percentiles(times)
+    return {"value": p50 * 1e6, "unit": "us", "p99": p99 * 1e6}
+
+
 WORKLOADS = {
     "writer_small": writer_small,
     "writer_frames": writer_frames,
     "writer_batched": writer_batched,
     "client_sample": client_sample,
     "prioritized": prioritized,
+    "actors2": actors2,
+    "actors4": actors4,
+    "memory": memory,
+    "latency_insert": latency_insert,
+    "latency_sample": latency_sample,
 }
 OURS_ONLY = {"writer_batched"}
 
@@ -204,6 +332,9 @@ def main() -> None:
     if sys.argv[1] == "serve":
         serve(sys.argv[2], int(sys.argv[3]))
         return
+    if sys.argv[1] == "actor":
+        _actor(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+        os._exit(0)
     workload, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     setup = Setup(mode)
     try:
