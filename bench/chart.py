@@ -15,19 +15,22 @@ def main() -> None:
     for line in open(source):
         match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
         if match:
-            rows.append((f"{match.group(1)}\n({match.group(2)})", float(match.group(3))))
+            server = "same proc." if match.group(2) == "same process" else "other proc."
+            rows.append((f"{match.group(1)} ({server})", float(match.group(3))))
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.32 * len(rows)))
     labels = [r[0] for r in rows]
     ratios = [r[1] for r in rows]
     bars = ax.barh(labels, ratios, color="#3b7dd8")
     ax.axvline(1.0, color="black", linewidth=1)
     ax.bar_label(bars, labels=[f"{r:.1f}x" for r in ratios], padding=3)
-    ax.set_xlabel("throughput relative to dm-reverb 0.14.0 (1.0 = same)")
+    ax.set_xlabel(
+        "ours relative to dm-reverb 0.14.0 (>1 = better: faster, or less latency / memory)"
+    )
     ax.set_xlim(0, max(ratios) * 1.2)
     ax.invert_yaxis()
     ax.set_title("reverb (this project) vs dm-reverb 0.14.0, same machine, same run")
