@@ -81,15 +81,13 @@ class Table:
         signature: Optional[reverb_types.SpecNest] = None,
     ) -> Table:
         """A FIFO queue: items are sampled once, in insertion order; inserts block when full."""
-        return cls(
-            name=name,
-            sampler=item_selectors.Fifo(),
-            remover=item_selectors.Fifo(),
-            max_size=max_size,
-            max_times_sampled=1,
-            rate_limiter=rate_limiters.Queue(max_size),
-            extensions=extensions,
-            signature=signature,
+        return cls._sampled_once(
+            name,
+            max_size,
+            item_selectors.Fifo(),
+            rate_limiters.Queue(max_size),
+            extensions,
+            signature,
         )
 
     @classmethod
@@ -101,13 +99,33 @@ class Table:
         signature: Optional[reverb_types.SpecNest] = None,
     ) -> Table:
         """A LIFO stack: items are sampled once, newest first; inserts block when full."""
+        return cls._sampled_once(
+            name,
+            max_size,
+            item_selectors.Lifo(),
+            rate_limiters.Stack(max_size),
+            extensions,
+            signature,
+        )
+
+    @classmethod
+    def _sampled_once(
+        cls,
+        name: str,
+        max_size: int,
+        selector: item_selectors.ItemSelector,
+        rate_limiter: rate_limiters.RateLimiter,
+        extensions: Sequence[TableExtensionBase],
+        signature: Optional[reverb_types.SpecNest],
+    ) -> Table:
+        """A table whose items are sampled once, with `selector` as sampler and remover."""
         return cls(
             name=name,
-            sampler=item_selectors.Lifo(),
-            remover=item_selectors.Lifo(),
+            sampler=selector,
+            remover=selector,
             max_size=max_size,
             max_times_sampled=1,
-            rate_limiter=rate_limiters.Stack(max_size),
+            rate_limiter=rate_limiter,
             extensions=extensions,
             signature=signature,
         )

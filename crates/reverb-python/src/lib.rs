@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use reverb_client::sampler::{stack, Sampler, SamplerOptions};
 use reverb_client::writer::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
-use reverb_client::{runtime, Client, ClientError, Tensor};
+use reverb_client::{runtime, Client, ClientError, Sample, Tensor};
 use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
 use reverb_server::{Checkpointer, Server, ServerOptions};
 use std::future::Future;
@@ -266,6 +266,29 @@ fn column_out<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyTuple>> 
     )
 }
 
+/// Samples as Python sees them: a list of
+/// `((key, probability, table_size, priority, times_sampled), [(dtype, shape, data)])`.
+fn samples_out(py: Python<'_>, samples: Vec<Sample>) -> PyResult<Bound<'_, PyList>> {
+    let out = PyList::empty(py);
+    for s in samples {
+        let item = s.info.item.unwrap_or_default();
+        let info = (
+            item.key,
+            s.info.probability,
+            s.info.table_size,
+            item.priority,
+            item.times_sampled,
+        );
+        let columns = s
+            .columns
+            .into_iter()
+            .map(|t| column_out(py, t))
+            .collect::<PyResult<Vec<_>>>()?;
+        out.append((info, PyList::new(py, columns)?))?;
+    }
+    Ok(out)
+}
+
 #[pymethods]
 impl PyClient {
     #[new]
@@ -370,23 +393,7 @@ impl PyClient {
             c.sample_partial(&table, num_samples, rl_timeout, timeout)
                 .await
         })?;
-        let out = PyList::empty(py);
-        for s in samples {
-            let item = s.info.item.unwrap_or_default();
-            let info = (
-                item.key,
-                s.info.probability,
-                s.info.table_size,
-                item.priority,
-                item.times_sampled,
-            );
-            let columns = s
-                .columns
-                .into_iter()
-                .map(|t| column_out(py, t))
-                .collect::<PyResult<Vec<_>>>()?;
-            out.append((info, PyList::new(py, columns)?))?;
-        }
+        let out = samples_out(py, samples)?;
         let failure = match failure {
             Some(e) => client_err(e).into_value(py).into_bound(py).into_any(),
             None => py.None().into_bound(py),
@@ -804,24 +811,7 @@ impl PySampler {
             return Ok(None);
         }
         if !stacked {
-            let out = PyList::empty(py);
-            for s in samples {
-                let item = s.info.item.unwrap_or_default();
-                let info = (
-                    item.key,
-                    s.info.probability,
-                    s.info.table_size,
-                    item.priority,
-                    item.times_sampled,
-                );
-                let columns = s
-                    .columns
-                    .into_iter()
-                    .map(|t| column_out(py, t))
-                    .collect::<PyResult<Vec<_>>>()?;
-                out.append((info, PyList::new(py, columns)?))?;
-            }
-            return Ok(Some(out.into_any()));
+            return Ok(Some(samples_out(py, samples)?.into_any()));
         }
         let batch = stack(samples).map_err(client_err)?;
         let info = PyTuple::new(
