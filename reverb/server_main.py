@@ -159,23 +159,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
-    for table in tables:
-        info = table.info
-        log.info(
-            "table %r: %d items, max_size %d, sampler %s, remover %s",
-            table.name,
-            info.current_size,
-            info.max_size,
-            info.sampler_options.WhichOneof("distribution"),
-            info.remover_options.WhichOneof("distribution"),
-        )
-    if checkpointer is not None:
-        log.info("checkpoints in %s", checkpointer.path)
-    log.info("serving on port %d", server.port)
+    # Everything from here on may be interrupted by SIGTERM / SIGINT (even while logging).
     try:
+        for table in tables:
+            info = table.info
+            log.info(
+                "table %r: %d items, max_size %d, sampler %s, remover %s",
+                table.name,
+                info.current_size,
+                info.max_size,
+                info.sampler_options.WhichOneof("distribution"),
+                info.remover_options.WhichOneof("distribution"),
+            )
+        if checkpointer is not None:
+            log.info("checkpoints in %s", checkpointer.path)
+        log.info("serving on port %d", server.port)
         server.wait()
     except KeyboardInterrupt as e:
         log.info("stopping (%s)", e or "SIGINT")
+    # A second signal during shutdown must not abort the final checkpoint.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if config.get("checkpoint_on_exit") and checkpointer is not None:
         path = server.localhost_client().checkpoint(timeout=600)
         log.info("checkpoint written to %s", path)
