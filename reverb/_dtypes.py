@@ -47,22 +47,7 @@ def numpy_dtype(tf_value: int) -> np.dtype:
         raise ValueError(f"Unsupported TensorFlow dtype value {tf_value}") from None
 
 
-def to_column(value: object) -> tuple[int, list[int], np.ndarray]:
-    """A leaf as the native layer takes it: (tf dtype, shape, flat uint8 view)."""
-    array = np.asarray(value)
-    if array.dtype.kind in ("U", "S", "O"):
-        raise ValueError(
-            f"String and object data are not supported yet (got an array of dtype {array.dtype})"
-        )
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    if not array.flags.c_contiguous:  # (ascontiguousarray would turn a scalar into 1-d)
-        array = np.ascontiguousarray(array)
-    dtype = tf_enum(array.dtype)
-    return dtype, list(array.shape), array.reshape(-1).view(np.uint8)
-
-
 def from_column(column: tuple[int, list[int], np.ndarray]) -> np.ndarray:
-    """The inverse of `to_column` for what the native layer returns."""
+    """A native `(tf dtype, shape, flat uint8 array)` column as a numpy array (no copy)."""
     dtype, shape, data = column
     return data.view(numpy_dtype(dtype)).reshape(shape)

@@ -3,9 +3,7 @@
 //! Python never sees gRPC: it hands numpy buffers in and gets numpy buffers back. Every
 //! blocking call releases the GIL and wakes every 100 ms to let Ctrl-C through.
 
-use numpy::{
-    PyArray1, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
-};
+use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use prost::Message;
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::intern;
@@ -243,17 +241,6 @@ struct PyClient {
     inner: Client,
 }
 
-type Column<'py> = (i32, Vec<i64>, PyReadonlyArray1<'py, u8>);
-
-fn tensor(column: Column<'_>) -> PyResult<Tensor> {
-    let (dtype, shape, data) = column;
-    let bytes = data
-        .as_slice()
-        .map_err(|e| PyValueError::new_err(e.to_string()))?
-        .to_vec();
-    Tensor::new(dtype, shape, bytes).map_err(|e| PyValueError::new_err(e.message))
-}
-
 fn column_out<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyTuple>> {
     let data = PyArray1::from_vec(py, t.data);
     PyTuple::new(
@@ -351,27 +338,6 @@ impl PyClient {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
         wait(py, async move { c.checkpoint(timeout).await })
-    }
-
-    /// Inserts one step as one item per `(table, priority)`; returns the item keys.
-    /// Each column is `(tf dtype, shape, flat uint8 view of the data)`.
-    #[pyo3(signature = (columns, priorities, timeout=None))]
-    fn insert(
-        &self,
-        py: Python<'_>,
-        columns: Vec<Column<'_>>,
-        priorities: Vec<(String, f64)>,
-        timeout: Option<f64>,
-    ) -> PyResult<Vec<u64>> {
-        let columns = columns
-            .into_iter()
-            .map(tensor)
-            .collect::<PyResult<Vec<_>>>()?;
-        let c = self.inner.clone();
-        let timeout = seconds(timeout)?;
-        wait(py, async move {
-            c.insert_step(columns, priorities, timeout).await
-        })
     }
 
     /// Samples `num_samples` items. Returns `(samples, error)`: a list of
