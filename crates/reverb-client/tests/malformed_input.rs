@@ -3,22 +3,18 @@
 use bytes::{Buf, BufMut};
 use prost::Message;
 use reverb_client::{Client, Tensor};
-use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
+mod common;
+
+use common::{block, table, T};
+use reverb_core::SelectorKind;
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::tensorflow::DataType;
 use reverb_proto::*;
 use reverb_server::{Server, ServerOptions};
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Duration;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Code;
-
-const T: Option<Duration> = Some(Duration::from_secs(10));
-
-fn block<F: std::future::Future>(f: F) -> F::Output {
-    reverb_client::runtime().block_on(f)
-}
 
 /// A codec that sends and receives raw bytes, to put arbitrary payloads on the wire.
 #[derive(Clone, Default)]
@@ -82,26 +78,6 @@ fn raw_stream(port: u16, method: &'static str, messages: Vec<Vec<u8>>) -> Code {
     })
 }
 
-fn table() -> Arc<Table> {
-    Arc::new(
-        Table::new(TableConfig {
-            name: "t".into(),
-            sampler: SelectorKind::Fifo,
-            remover: SelectorKind::Fifo,
-            max_size: 100,
-            max_times_sampled: 0,
-            rate_limiter: RateLimiterConfig {
-                samples_per_insert: 1.0,
-                min_size_to_sample: 1,
-                min_diff: -f64::MAX,
-                max_diff: f64::MAX,
-            },
-            signature: None,
-        })
-        .unwrap(),
-    )
-}
-
 fn item(key: u64, chunk_key: u64, table: &str) -> PrioritizedItem {
     PrioritizedItem {
         key,
@@ -124,7 +100,7 @@ fn item(key: u64, chunk_key: u64, table: &str) -> PrioritizedItem {
 
 #[test]
 fn bad_requests_get_clear_errors_and_lose_nothing() {
-    let t = table();
+    let t = table("t", SelectorKind::Fifo, 100);
     let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
     let port = server.port();
     let client = Client::new(&format!("localhost:{port}")).unwrap();
@@ -242,7 +218,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
 #[test]
 fn client_disconnect_while_blocked_frees_the_stream() {
     // A sample blocked on an empty table, abandoned by its caller, must not wedge the table.
-    let t = table();
+    let t = table("t", SelectorKind::Fifo, 100);
     let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
     let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
     let err = block(client.sample("t", 1, None, Some(Duration::from_millis(100)))).unwrap_err();

@@ -1,41 +1,18 @@
 //! Client against a real server on a localhost port.
 
 use reverb_client::{Client, Tensor};
-use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
+mod common;
+
+use common::{block, table, T};
+use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn table(name: &str, sampler: SelectorKind, max_size: i64) -> Arc<Table> {
-    Arc::new(
-        Table::new(TableConfig {
-            name: name.into(),
-            sampler,
-            remover: SelectorKind::Fifo,
-            max_size,
-            max_times_sampled: 0,
-            rate_limiter: RateLimiterConfig {
-                samples_per_insert: 1.0,
-                min_size_to_sample: 1,
-                min_diff: -f64::MAX,
-                max_diff: f64::MAX,
-            },
-            signature: None,
-        })
-        .unwrap(),
-    )
-}
-
 fn scalar_f32(v: f32) -> Tensor {
     Tensor::new(DataType::DtFloat as i32, vec![], v.to_le_bytes().to_vec()).unwrap()
 }
-
-fn block<F: std::future::Future>(f: F) -> F::Output {
-    reverb_client::runtime().block_on(f)
-}
-
-const T: Option<Duration> = Some(Duration::from_secs(10));
 
 #[test]
 fn insert_sample_mutate_reset() {

@@ -3,31 +3,13 @@
 
 use reverb_client::writer::{ItemColumn, TrajectoryWriter, WriterOptions};
 use reverb_client::{Client, Tensor};
-use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
+mod common;
+
+use common::table;
+use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn table() -> Arc<Table> {
-    Arc::new(
-        Table::new(TableConfig {
-            name: "t".into(),
-            sampler: SelectorKind::Fifo,
-            remover: SelectorKind::Fifo,
-            max_size: 100,
-            max_times_sampled: 0,
-            rate_limiter: RateLimiterConfig {
-                samples_per_insert: 1.0,
-                min_size_to_sample: 1,
-                min_diff: -f64::MAX,
-                max_diff: f64::MAX,
-            },
-            signature: None,
-        })
-        .unwrap(),
-    )
-}
 
 fn bytes_row(n: usize, seed: u8) -> Tensor {
     // Incompressible-ish bytes, so snappy cannot shrink the chunk under the limit.
@@ -45,7 +27,7 @@ fn bytes_row(n: usize, seed: u8) -> Tensor {
 
 #[test]
 fn an_item_larger_than_the_server_accepts_fails_clearly() {
-    let t = table();
+    let t = table("t", SelectorKind::Fifo, 100);
     let options = ServerOptions {
         max_message_size: 1 << 20,
         ..ServerOptions::default()

@@ -1,0 +1,35 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)] // each test file uses a different subset
+
+use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The deadline of calls that should succeed quickly.
+pub const T: Option<Duration> = Some(Duration::from_secs(10));
+
+/// A table with a FIFO remover that may be sampled once it holds one item.
+pub fn table(name: &str, sampler: SelectorKind, max_size: i64) -> Arc<Table> {
+    Arc::new(
+        Table::new(TableConfig {
+            name: name.into(),
+            sampler,
+            remover: SelectorKind::Fifo,
+            max_size,
+            max_times_sampled: 0,
+            rate_limiter: RateLimiterConfig {
+                samples_per_insert: 1.0,
+                min_size_to_sample: 1,
+                min_diff: -f64::MAX,
+                max_diff: f64::MAX,
+            },
+            signature: None,
+        })
+        .unwrap(),
+    )
+}
+
+/// Runs a client future on the client runtime.
+pub fn block<F: std::future::Future>(f: F) -> F::Output {
+    reverb_client::runtime().block_on(f)
+}
