@@ -1,7 +1,11 @@
 """Reverb: a replay store for reinforcement learning, API-compatible with DeepMind Reverb 0.14.
 
-`import reverb` needs only numpy and protobuf; TensorFlow is imported lazily, where used.
+`import reverb` needs only numpy and protobuf. The TensorFlow parts (`TrajectoryDataset`,
+`TimestepDataset`, `TFClient`) import TensorFlow when first used.
 """
+
+import importlib
+from typing import Any
 
 from reverb import (
     checkpointers,
@@ -20,6 +24,27 @@ from reverb.server import Server, Table
 from reverb.trajectory_iterator import TrajectoryIterator
 from reverb.trajectory_writer import TrajectoryColumn, TrajectoryWriter
 
+# Names whose modules import TensorFlow: loaded on first access (PEP 562).
+_LAZY = {
+    "TFClient": "reverb.tf_client",
+    "TimestepDataset": "reverb.timestep_dataset",
+    "TrajectoryDataset": "reverb.trajectory_dataset",
+    "tf_client": "reverb.tf_client",
+    "timestep_dataset": "reverb.timestep_dataset",
+    "trajectory_dataset": "reverb.trajectory_dataset",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reverb' has no attribute {name!r}")
+    loaded = importlib.import_module(module)
+    value = loaded if module.endswith(name) else getattr(loaded, name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "Client",
     "DeadlineExceededError",
@@ -27,8 +52,11 @@ __all__ = [
     "ReverbError",
     "SampleInfo",
     "Server",
+    "TFClient",
     "Table",
+    "TimestepDataset",
     "TrajectoryColumn",
+    "TrajectoryDataset",
     "TrajectoryIterator",
     "TrajectoryWriter",
     "__version__",

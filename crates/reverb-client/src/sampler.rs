@@ -84,6 +84,16 @@ impl Sampler {
     /// end of the stream; `Ok(None)` when the wait passed with nothing ready; an empty vector
     /// once the stream has ended.
     pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<Sample>>> {
+        self.take(n, wait, true).await
+    }
+
+    /// Like [`Sampler::next`], but once the first sample is there it takes only the samples
+    /// already queued (at most `n`) instead of waiting for `n`.
+    pub async fn next_ready(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<Sample>>> {
+        self.take(n, wait, false).await
+    }
+
+    async fn take(&mut self, n: usize, wait: Duration, fill: bool) -> Result<Option<Vec<Sample>>> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             if let Some(e) = &self.failure {
@@ -100,8 +110,14 @@ impl Sampler {
                     Err(_) => return Ok(None),
                     Ok(e) => e,
                 }
-            } else {
+            } else if fill {
                 self.rx.recv().await
+            } else {
+                match self.rx.try_recv() {
+                    Ok(e) => Some(e),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => None,
+                }
             };
             match event {
                 Some(Event::Sample(s)) => out.push(*s),

@@ -1,0 +1,254 @@
+"""What `TrajectoryDataset` and `TimestepDataset` share: argument checks and the `tf.data`
+pipeline around the sampling kernel.
+
+The kernel (`ReverbRsDatasetSample`, one per iterator) owns a prefetching native sampler; each
+call returns all samples already queued, plus an end-of-sequence flag. The pipeline is
+
+    repeat -> map(kernel) -> take_while(not end) -> unbatch
+
+so a rate-limiter timeout or `max_samples` ends iteration cleanly (no error, nothing lost).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import itertools
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from reverb import _nest, _tf_ops, replay_sample
+from reverb import client as client_lib
+
+_instances = itertools.count(1)
+
+
+def constant_string(value: Any, what: str) -> str:
+    """A Python string from a string or a constant string tensor."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, str):
+        return value
+    static = tf.get_static_value(value)
+    if static is None:
+        raise ValueError(f"{what} must be a string or a constant string tensor, got {value!r}")
+    return static.decode() if isinstance(static, bytes) else str(static)
+
+
+def check_arguments(
+    dtypes: Any,
+    shapes: Any,
+    max_in_flight_samples_per_worker: int,
+    num_workers_per_iterator: int,
+    max_samples_per_stream: int,
+    rate_limiter_timeout_ms: int,
+    max_samples: int,
+) -> Any:
+    """The reference's ValueErrors for bad dataset arguments; returns `shapes` as a nest (the
+    structure of `dtypes`) of `tf.TensorShape`."""
+    try:
+        flat = _flat_shapes(dtypes, shapes)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(
+            f"dtypes and shapes must have the same structure ({e}): {dtypes!r} and {shapes!r}"
+        ) from None
+    shapes = tf.nest.pack_sequence_as(dtypes, flat)
+    if max_in_flight_samples_per_worker < 1:
+        raise ValueError(
+            f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be >= 1"
+        )
+    for name, value in (
+        ("num_workers_per_iterator", num_workers_per_iterator),
+        ("max_samples_per_stream", max_samples_per_stream),
+        ("max_samples", max_samples),
+    ):
+        if value < 1 and value != -1:
+            raise ValueError(f"{name} ({value}) must be an integer >= 1 or -1")
+    if rate_limiter_timeout_ms < -1:
+        raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be >= -1")
+    return shapes
+
+
+def _flat_shapes(dtypes: Any, shapes: Any) -> list:
+    """`shapes` flattened along the structure of `dtypes` (in `tf.nest.flatten` order); each
+    leaf (a list of dims, a tuple or a `tf.TensorShape`) becomes a `tf.TensorShape`."""
+    if not tf.nest.is_nested(dtypes):
+        return [tf.TensorShape(shapes)]
+    if isinstance(dtypes, collections.abc.Mapping):
+        if not isinstance(shapes, collections.abc.Mapping) or set(shapes) != set(dtypes):
+            raise ValueError("different keys")
+        return [s for k in sorted(dtypes) for s in _flat_shapes(dtypes[k], shapes[k])]
+    if isinstance(shapes, (str, bytes)) or len(shapes) != len(dtypes):
+        raise ValueError("different lengths")
+    return [s for d, sh in zip(dtypes, shapes) for s in _flat_shapes(d, sh)]
+
+
+def _lists_to_tuples(structure: Any) -> Any:
+    """tf.data turns lists into stacked tensors; like the reference, lists become tuples."""
+    if isinstance(structure, list):
+        return tuple(_lists_to_tuples(x) for x in structure)
+    if isinstance(structure, dict):
+        return type(structure)((k, _lists_to_tuples(v)) for k, v in structure.items())
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return type(structure)(*(_lists_to_tuples(x) for x in structure))
+    if isinstance(structure, tuple):
+        return tuple(_lists_to_tuples(x) for x in structure)
+    return structure
+
+
+def _column_names(dtypes: Any) -> list[str]:
+    paths = ["/".join(map(str, p)) for p, _ in _nest.flatten_with_path(dtypes)]
+    return [p or str(i) for i, p in enumerate(paths)]
+
+
+def build(
+    *,
+    server_address: Any,
+    table: Any,
+    dtypes: Any,
+    shapes: Any,
+    max_in_flight_samples_per_worker: int,
+    num_workers_per_iterator: int,
+    max_samples_per_stream: int,
+    rate_limiter_timeout_ms: int,
+    max_samples: int,
+    timestep: bool,
+) -> tf.data.Dataset:
+    """The dataset of `ReplaySample`s (one per item, or per step with `timestep`)."""
+    shapes = check_arguments(
+        dtypes,
+        shapes,
+        max_in_flight_samples_per_worker,
+        num_workers_per_iterator,
+        max_samples_per_stream,
+        rate_limiter_timeout_ms,
+        max_samples,
+    )
+    address = constant_string(server_address, "server_address")
+    table_name = constant_string(table, "table")
+    flat_dtypes = [tf.as_dtype(d) for d in tf.nest.flatten(dtypes)]
+    flat_shapes = tf.nest.flatten(shapes)
+    ranks = [-1 if s.rank is None else s.rank for s in flat_shapes]
+    dims = [-1 if d is None else d for s in flat_shapes if s.rank is not None for d in s.as_list()]
+    workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
+    structure = _lists_to_tuples(dtypes)
+    ops = _tf_ops.ops()
+    attrs = dict(
+        server_address=address,
+        table=table_name,
+        max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
+        num_workers=workers,
+        max_samples=max_samples,
+        rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+        max_batch=max(1, min(max_in_flight_samples_per_worker * workers, 4096)),
+        timestep=timestep,
+        dtypes=flat_dtypes,
+        ranks=ranks,
+        dims=dims,
+        names=_column_names(dtypes),
+        # Eager mode caches one kernel per distinct attrs: keep datasets apart.
+        instance=next(_instances),
+    )
+
+    @tf.autograph.experimental.do_not_convert
+    def sample(_: Any) -> tuple:
+        end, key, probability, table_size, priority, times_sampled, data = (
+            ops.reverb_rs_dataset_sample(**attrs)
+        )
+        info = replay_sample.SampleInfo(key, probability, table_size, priority, times_sampled)
+        for t in info:
+            t.set_shape([None])
+        for t, shape in zip(data, flat_shapes):
+            t.set_shape(tf.TensorShape([None]).concatenate(shape))
+        return end, replay_sample.ReplaySample(info, tf.nest.pack_sequence_as(structure, data))
+
+    ds = tf.data.Dataset.from_tensors(0).repeat()
+    ds = ds.map(sample)
+    ds = ds.take_while(lambda end, _: tf.logical_not(end))
+    ds = ds.map(lambda _, batch: batch)
+    return ds.unbatch()
+
+
+def table_signature(
+    server_address: Any, table: Any, get_signature_timeout_secs: Optional[float]
+) -> Any:
+    """The signature of `table` (a nest of `tf.TensorSpec`), or the reference's ValueErrors."""
+    address = constant_string(server_address, "server_address")
+    name = constant_string(table, "table")
+    info = client_lib.Client(address).server_info(get_signature_timeout_secs)
+    if name not in info:
+        raise ValueError(
+            f"Server at {address} does not contain any table named {name}. "
+            f"Found: {', '.join(sorted(info))}."
+        )
+    signature = info[name].signature
+    if signature is None:
+        raise ValueError(f"Table {name} at {address} does not have a signature.")
+    return signature
+
+
+class ReverbDatasetBase(tf.data.Dataset):
+    """A `tf.data.Dataset` wrapping the pipeline built by `build` (the reference's dataset
+    classes are `tf.data.Dataset` sources too). Subclasses choose items or steps."""
+
+    _timestep = False
+
+    def __init__(
+        self,
+        server_address: Any,
+        table: Any,
+        dtypes: Any,
+        shapes: Any,
+        max_in_flight_samples_per_worker: int,
+        num_workers_per_iterator: int = -1,
+        max_samples_per_stream: int = -1,
+        rate_limiter_timeout_ms: int = -1,
+        max_samples: int = -1,
+    ) -> None:
+        self._dataset = build(
+            server_address=server_address,
+            table=table,
+            dtypes=dtypes,
+            shapes=shapes,
+            max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
+            num_workers_per_iterator=num_workers_per_iterator,
+            max_samples_per_stream=max_samples_per_stream,
+            rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+            max_samples=max_samples,
+            timestep=self._timestep,
+        )
+        super().__init__(self._dataset._variant_tensor)
+
+    @classmethod
+    def from_table_signature(
+        cls,
+        server_address: Any,
+        table: Any,
+        max_in_flight_samples_per_worker: int,
+        num_workers_per_iterator: int = -1,
+        max_samples_per_stream: int = -1,
+        rate_limiter_timeout_ms: int = -1,
+        get_signature_timeout_secs: Optional[int] = None,
+        max_samples: int = -1,
+    ) -> Any:
+        """A dataset whose dtypes and shapes are the table's signature. ValueError when the
+        table does not exist or has no signature; DeadlineExceededError on timeout."""
+        signature = table_signature(server_address, table, get_signature_timeout_secs)
+        return cls(
+            server_address=server_address,
+            table=table,
+            dtypes=tf.nest.map_structure(lambda s: s.dtype, signature),
+            shapes=tf.nest.map_structure(lambda s: s.shape, signature),
+            max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
+            num_workers_per_iterator=num_workers_per_iterator,
+            max_samples_per_stream=max_samples_per_stream,
+            rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+            max_samples=max_samples,
+        )
+
+    def _inputs(self) -> list:
+        return [self._dataset]
+
+    @property
+    def element_spec(self) -> Any:
+        return self._dataset.element_spec

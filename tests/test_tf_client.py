@@ -1,0 +1,130 @@
+"""TFClient: insert, sample and update_priorities from eager code, tf.function and TF1 sessions,
+against a real server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reverb
+
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.fixture
+def server():
+    tables = [
+        reverb.Table.queue("q", 100),
+        reverb.Table(
+            "p",
+            reverb.selectors.Prioritized(1.0),
+            reverb.selectors.Fifo(),
+            100,
+            reverb.rate_limiters.MinSize(1),
+        ),
+    ]
+    with reverb.Server(tables) as s:
+        yield s
+
+
+def _client(server: reverb.Server) -> reverb.TFClient:
+    return reverb.TFClient(f"localhost:{server.port}")
+
+
+def test_insert_then_sample_round_trip_in_tf_function(server) -> None:
+    client = _client(server)
+
+    @tf.function
+    def insert(x: tf.Tensor, y: tf.Tensor) -> None:
+        client.insert([x, y], tf.constant(["q", "p"]), tf.constant([1.0, 2.5], tf.float64))
+
+    insert(tf.constant([1.0, 2.0], tf.float32), tf.constant(7, tf.int64))
+    assert server.localhost_client().server_info(timeout=10)["q"].current_size == 1
+
+    @tf.function
+    def sample() -> reverb.ReplaySample:
+        return client.sample("q", [tf.float32, tf.int64])
+
+    s = sample()
+    np.testing.assert_array_equal(s.data[0].numpy(), [1.0, 2.0])
+    assert int(s.data[1]) == 7
+    assert s.info.key.dtype == tf.uint64 and s.info.times_sampled.dtype == tf.int32
+    s = client.sample("p", {"x": tf.float32, "y": tf.int64})  # eager, nested dtypes
+    assert float(s.info.priority) == 2.5
+    assert int(s.data["y"]) == 7
+
+
+def test_sample_reads_items_written_by_the_python_client(server) -> None:
+    server.localhost_client().insert([np.arange(3, dtype=np.int32)], {"q": 1.0})
+    s = _client(server).sample("q", [tf.int32])
+    np.testing.assert_array_equal(s.data[0].numpy(), [0, 1, 2])
+
+
+def test_update_priorities(server) -> None:
+    py = server.localhost_client()
+    py.insert([np.float32(1)], {"p": 1.0})
+    key = int(_client(server).sample("p", [tf.float32]).info.key)
+    _client(server).update_priorities(
+        "p", tf.constant([key, 12345], tf.uint64), tf.constant([4.0, 1.0], tf.float64)
+    )  # unknown keys are ignored
+    assert float(_client(server).sample("p", [tf.float32]).info.priority) == 4.0
+
+
+def test_tf1_graph_mode(server) -> None:
+    address = f"localhost:{server.port}"
+    with tf.Graph().as_default():
+        client = reverb.TFClient(address)
+        value = tf.compat.v1.placeholder(tf.int32, [2])
+        insert = client.insert([value], tf.constant(["q"]), tf.constant([1.0], tf.float64))
+        sample = client.sample("q", [tf.int32])
+        with tf.compat.v1.Session() as sess:
+            sess.run(insert, {value: [3, 4]})
+            got = sess.run(sample)
+    np.testing.assert_array_equal(got.data[0], [3, 4])
+
+
+def test_unknown_table_is_not_found(server) -> None:
+    client = _client(server)
+    with pytest.raises(tf.errors.NotFoundError, match="nope"):
+        client.update_priorities(
+            "nope", tf.constant([1], tf.uint64), tf.constant([1.0], tf.float64)
+        )
+    with pytest.raises(tf.errors.NotFoundError, match="nope"):
+        client.sample("nope", [tf.float32])
+    with pytest.raises(tf.errors.NotFoundError, match="nope"):
+        client.insert([tf.constant(1.0)], tf.constant(["nope"]), tf.constant([1.0], tf.float64))
+    # Nothing was stored by the failed insert, and the server still serves.
+    assert server.localhost_client().server_info(timeout=10)["q"].current_size == 0
+
+
+def test_dtype_mismatch_is_a_tf_error_naming_it(server) -> None:
+    client = _client(server)
+    client.insert([tf.constant([1.0, 2.0])], tf.constant(["q"]), tf.constant([1.0], tf.float64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"data\[0\].*float32.*int64"):
+        client.sample("q", [tf.int64])
+
+
+def test_sample_honours_rate_limiter_timeout(server) -> None:
+    with pytest.raises(tf.errors.DeadlineExceededError):
+        _client(server).sample("q", [tf.float32], rate_limiter_timeout_ms=50)
+
+
+@pytest.mark.parametrize(
+    "tables, priorities, message",
+    [
+        (tf.constant([1]), tf.constant([1.0], tf.float64), "tables must be a string"),
+        (tf.constant("q"), tf.constant([1.0], tf.float64), "tables must be a string"),
+        (tf.constant(["q"]), tf.constant([1.0], tf.float32), "priorities must be a float64"),
+        (tf.constant(["q"]), tf.constant([1.0, 2.0], tf.float64), "same shape"),
+    ],
+)
+def test_insert_argument_checks(server, tables, priorities, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        _client(server).insert([tf.constant(1.0)], tables, priorities)
+
+
+def test_update_priorities_shape_check(server) -> None:
+    with pytest.raises(ValueError, match="same shape"):
+        _client(server).update_priorities(
+            "p", tf.constant([1, 2], tf.uint64), tf.constant([1.0], tf.float64)
+        )

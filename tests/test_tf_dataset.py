@@ -1,0 +1,290 @@
+"""TrajectoryDataset and TimestepDataset against real servers: eager, tf.function, TF1 graph
+mode, tf.distribute; clean ends; several iterators; bad specs; dead servers.
+
+Also run under TensorFlow 2.15 by tests/test_tf_kernels.py (in the reference's virtualenv)."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import reverb
+
+tf = pytest.importorskip("tensorflow")
+
+SPEC = {"obs": tf.TensorSpec([2, 3], tf.float32), "action": tf.TensorSpec([], tf.int32)}
+
+
+def _queue(name: str = "q", size: int = 1000, signature: object = None) -> reverb.Table:
+    return reverb.Table.queue(name, size, signature=signature)
+
+
+def _uniform(name: str = "u", signature: object = None) -> reverb.Table:
+    return reverb.Table(
+        name,
+        reverb.selectors.Uniform(),
+        reverb.selectors.Fifo(),
+        1000,
+        reverb.rate_limiters.MinSize(1),
+        signature=signature,
+    )
+
+
+def _write(client: reverb.Client, table: str, steps: int) -> None:
+    """Items of 2 steps: obs[t] = [t, t, t] (float32[2,3]), action = t (the last step)."""
+    with client.trajectory_writer(2) as w:
+        for t in range(steps):
+            w.append({"obs": np.full([3], t, np.float32), "action": np.int32(t)})
+            if t >= 1:
+                w.create_item(
+                    table, 1.0, {"obs": w.history["obs"][-2:], "action": w.history["action"][-1]}
+                )
+        w.flush(timeout_ms=10_000)
+
+
+def _dataset(address: str, table: str = "q", **kwargs) -> reverb.TrajectoryDataset:
+    args = dict(
+        dtypes={"obs": tf.float32, "action": tf.int32},
+        shapes={"obs": [2, 3], "action": []},
+        max_in_flight_samples_per_worker=4,
+        rate_limiter_timeout_ms=300,
+    )
+    args.update(kwargs)
+    return reverb.TrajectoryDataset(address, table, **args)
+
+
+@pytest.fixture
+def server():
+    with reverb.Server([_queue(), _uniform(), _queue("sig", signature=SPEC)]) as s:
+        yield s
+
+
+def _address(server: reverb.Server) -> str:
+    return f"localhost:{server.port}"
+
+
+def test_items_arrive_in_order_with_info_and_end_cleanly_on_rate_limiter_timeout(server) -> None:
+    client = server.localhost_client()
+    _write(client, "q", 11)
+    ds = _dataset(_address(server))
+    assert ds.element_spec.data["obs"] == tf.TensorSpec([2, 3], tf.float32)
+    assert ds.element_spec.info.key == tf.TensorSpec([], tf.uint64)
+    samples = list(ds)  # ends when the empty queue blocks for 300 ms: no error
+    assert [int(s.data["action"]) for s in samples] == list(range(1, 11))
+    for s in samples:
+        a = int(s.data["action"])
+        np.testing.assert_array_equal(s.data["obs"].numpy(), [[a - 1] * 3, [a] * 3])
+        assert s.info.probability.dtype == tf.float64
+        assert s.info.table_size.dtype == tf.int64
+        assert int(s.info.times_sampled) == 1
+        assert float(s.info.priority) == 1.0
+    assert len({int(s.info.key) for s in samples}) == 10
+
+
+def test_batch_and_prefetch(server) -> None:
+    _write(server.localhost_client(), "q", 9)
+    ds = _dataset(_address(server)).batch(3).prefetch(2)
+    batches = list(ds)
+    assert [b.data["obs"].shape.as_list() for b in batches] == [[3, 2, 3], [3, 2, 3], [2, 2, 3]]
+    actions = np.concatenate([b.data["action"].numpy() for b in batches])
+    assert actions.tolist() == list(range(1, 9))
+    assert batches[0].info.key.shape == (3,)
+
+
+def test_max_samples_ends_the_stream_without_error(server) -> None:
+    _write(server.localhost_client(), "u", 4)
+    ds = _dataset(_address(server), "u", max_samples=7, rate_limiter_timeout_ms=-1)
+    assert len(list(ds)) == 7
+    ds = _dataset(_address(server), "u", max_samples=5, num_workers_per_iterator=2)
+    assert len(list(ds.batch(2))) == 3
+
+
+def test_from_table_signature(server) -> None:
+    _write(server.localhost_client(), "sig", 3)
+    ds = reverb.TrajectoryDataset.from_table_signature(
+        _address(server), "sig", max_in_flight_samples_per_worker=2, rate_limiter_timeout_ms=300
+    )
+    assert ds.element_spec.data == SPEC
+    assert [int(s.data["action"]) for s in ds] == [1, 2]
+    with pytest.raises(ValueError, match="does not contain any table named nope. Found: q, sig, u"):
+        reverb.TrajectoryDataset.from_table_signature(_address(server), "nope", 2)
+    with pytest.raises(ValueError, match="Table q at .* does not have a signature"):
+        reverb.TrajectoryDataset.from_table_signature(_address(server), "q", 2)
+
+
+def test_timestep_dataset_emits_one_step_per_element(server) -> None:
+    client = server.localhost_client()
+    with client.trajectory_writer(3) as w:
+        for t in range(6):
+            w.append({"x": np.int64(10 * t), "v": np.full([2], t, np.float32)})
+            if t % 3 == 2:
+                w.create_item("q", 1.0, {"x": w.history["x"][-3:], "v": w.history["v"][-3:]})
+        w.flush(timeout_ms=10_000)
+    ds = reverb.TimestepDataset(
+        _address(server),
+        "q",
+        dtypes={"x": tf.int64, "v": tf.float32},
+        shapes={"x": [], "v": [2]},
+        max_in_flight_samples_per_worker=2,
+        rate_limiter_timeout_ms=300,
+    )
+    assert ds.element_spec.data["v"] == tf.TensorSpec([2], tf.float32)
+    steps = list(ds)
+    assert [int(s.data["x"]) for s in steps] == [0, 10, 20, 30, 40, 50]
+    keys = [int(s.info.key) for s in steps]
+    assert keys[0] == keys[1] == keys[2] != keys[3] == keys[4] == keys[5]
+    np.testing.assert_array_equal(steps[4].data["v"].numpy(), [4, 4])
+
+
+def test_lists_become_tuples_like_the_reference(server) -> None:
+    _write(server.localhost_client(), "q", 2)
+    ds = reverb.TrajectoryDataset(
+        _address(server),
+        "q",
+        dtypes=[tf.int32, tf.float32],
+        shapes=[[], [2, 3]],
+        max_in_flight_samples_per_worker=1,
+        rate_limiter_timeout_ms=300,
+    )
+    (sample,) = list(ds)
+    assert isinstance(sample.data, tuple)
+    assert int(sample.data[0]) == 1
+
+
+def test_inside_tf_function(server) -> None:
+    _write(server.localhost_client(), "q", 5)
+    ds = _dataset(_address(server)).batch(2)
+
+    @tf.function
+    def total() -> tf.Tensor:
+        s = tf.constant(0, tf.int32)
+        for batch in ds:
+            s += tf.reduce_sum(batch.data["action"])
+        return s
+
+    assert int(total()) == 1 + 2 + 3 + 4
+
+
+def test_tf1_graph_mode_with_initializable_iterator(server) -> None:
+    _write(server.localhost_client(), "q", 5)
+    address = _address(server)
+    got = []
+    with tf.Graph().as_default():
+        ds = _dataset(address).batch(2)
+        iterator = tf.compat.v1.data.make_initializable_iterator(ds)
+        element = iterator.get_next()
+        with tf.compat.v1.Session() as sess:
+            sess.run(iterator.initializer)
+            with pytest.raises(tf.errors.OutOfRangeError):
+                while True:
+                    got.extend(sess.run(element).data["action"].tolist())
+    assert got == [1, 2, 3, 4]
+
+
+def test_under_tf_distribute(server) -> None:
+    _write(server.localhost_client(), "q", 9)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    ds = strategy.experimental_distribute_dataset(_dataset(_address(server)).batch(4))
+    with strategy.scope():
+        actions = [a for batch in ds for a in batch.data["action"].numpy().tolist()]
+    assert actions == list(range(1, 9))
+
+
+def test_several_iterators_each_have_their_own_sampler(server) -> None:
+    client = server.localhost_client()
+    for i in range(60):
+        client.insert([np.int64(i)], {"q": 1.0})
+    ds = reverb.TrajectoryDataset(
+        _address(server),
+        "q",
+        dtypes=[tf.int64],
+        shapes=[[1]],
+        max_in_flight_samples_per_worker=2,
+        rate_limiter_timeout_ms=300,
+    )
+    first, second = iter(ds), iter(ds)
+    a = [int(next(first).data[0][0]) for _ in range(5)]
+    b = [int(next(second).data[0][0]) for _ in range(5)]
+    rest = [int(s.data[0][0]) for it in (first, second) for s in it]
+    assert a == sorted(a) and b == sorted(b)
+    assert sorted(a + b + rest) == list(range(60))  # nothing lost or repeated
+
+
+def test_destroying_an_iterator_stops_its_sampler(server) -> None:
+    client = server.localhost_client()
+    client.insert([np.int64(0)], {"q": 1.0})
+    ds = reverb.TrajectoryDataset(
+        _address(server), "q", dtypes=[tf.int64], shapes=[[1]], max_in_flight_samples_per_worker=1
+    )
+    it = iter(ds)
+    assert int(next(it).data[0][0]) == 0  # its sampler now waits for more
+    del it
+    gc.collect()
+    time.sleep(0.3)
+    for i in range(1, 6):
+        client.insert([np.int64(i)], {"q": 1.0})
+    # A sampler still running would have taken one of these.
+    got = [int(s[0].data[0]) for s in client.sample("q", num_samples=5, timeout=10)]
+    assert got == [1, 2, 3, 4, 5]
+
+
+def test_dtype_mismatch_names_the_column(server) -> None:
+    _write(server.localhost_client(), "q", 3)
+    ds = _dataset(_address(server), dtypes={"obs": tf.float64, "action": tf.int32})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'obs'.*float32.*float64"):
+        next(iter(ds))
+
+
+def test_shape_mismatch_names_the_column(server) -> None:
+    _write(server.localhost_client(), "q", 3)
+    ds = _dataset(_address(server), shapes={"obs": [2, 4], "action": []})
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'obs'.*\[2, 3\].*\[2, 4\]"):
+        next(iter(ds))
+
+
+def test_unknown_dims_are_accepted(server) -> None:
+    _write(server.localhost_client(), "q", 3)
+    ds = _dataset(_address(server), shapes={"obs": [None, 3], "action": None})
+    assert ds.element_spec.data["obs"].shape.as_list() == [None, 3]
+    assert [int(s.data["action"]) for s in ds] == [1, 2]
+
+
+def test_unknown_table_is_not_found(server) -> None:
+    with pytest.raises(tf.errors.NotFoundError, match="nope"):
+        next(iter(_dataset(_address(server), "nope")))
+
+
+def test_unreachable_server_fails_within_seconds() -> None:
+    with reverb.Server([_queue()]) as s:
+        address = _address(s)
+    start = time.monotonic()
+    # TensorFlow turns UNAVAILABLE from a non-communication op into INTERNAL.
+    with pytest.raises((tf.errors.UnavailableError, tf.errors.InternalError), match=address):
+        next(iter(_dataset(address, rate_limiter_timeout_ms=-1)))
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_in_flight_samples_per_worker=0), "max_in_flight_samples_per_worker"),
+        (dict(num_workers_per_iterator=0), "num_workers_per_iterator"),
+        (dict(max_samples_per_stream=-2), "max_samples_per_stream"),
+        (dict(max_samples=0), "max_samples"),
+        (dict(rate_limiter_timeout_ms=-2), "rate_limiter_timeout_ms"),
+        (dict(shapes={"obs": [2, 3]}), "same structure"),
+        (dict(shapes=[[2, 3], []]), "same structure"),
+    ],
+)
+def test_bad_arguments_raise_value_error(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _dataset("localhost:1", **kwargs)
+
+
+def test_string_tensor_arguments(server) -> None:
+    _write(server.localhost_client(), "q", 3)
+    ds = _dataset(tf.constant(_address(server)), tf.constant("q"))
+    assert len(list(ds)) == 2

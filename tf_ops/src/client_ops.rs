@@ -1,0 +1,211 @@
+//! The kernels behind `reverb.TFClient`: sample one item, insert one step into tables, update
+//! priorities. Each kernel holds a client for its `server_address` (connected lazily).
+
+use crate::kernel::{Construction, Context, Error, Kernel, Result};
+use crate::samples::{write_column, write_info, Spec};
+use reverb_client::tensor::dtype_size;
+use reverb_client::{runtime, Client, Tensor};
+use std::time::Duration;
+
+fn timeout_attr(c: &Construction, name: &str) -> Result<Option<Duration>> {
+    let ms = c.int(name)?;
+    Ok((ms >= 0).then(|| Duration::from_millis(ms as u64)))
+}
+
+/// `ReverbRsClientSample`: one item from `table` (the first step of its columns).
+pub struct ClientSample {
+    client: Client,
+    dtypes: Vec<i32>,
+    rate_limiter_timeout: Option<Duration>,
+}
+
+pub mod sample {
+    pub const OP: &str = "ReverbRsClientSample";
+    pub const INPUTS: &[&str] = &["table: string"];
+    pub const OUTPUTS: &[&str] = &[
+        "key: uint64",
+        "probability: double",
+        "table_size: int64",
+        "priority: double",
+        "times_sampled: int32",
+        "data: dtypes",
+    ];
+    pub const ATTRS: &[&str] = &[
+        "server_address: string",
+        "dtypes: list(type) >= 1",
+        "rate_limiter_timeout_ms: int = -1",
+    ];
+}
+
+impl Kernel for ClientSample {
+    fn create(c: &Construction) -> Result<Self> {
+        Ok(Self {
+            client: Client::new(&c.string("server_address")?)?,
+            dtypes: c.types("dtypes")?,
+            rate_limiter_timeout: timeout_attr(c, "rate_limiter_timeout_ms")?,
+        })
+    }
+
+    fn compute(&self, ctx: &Context) -> Result<()> {
+        let table = ctx.input(0)?.scalar_string("table")?;
+        let mut samples =
+            runtime().block_on(
+                self.client
+                    .sample(&table, 1, self.rate_limiter_timeout, None),
+            )?;
+        let mut sample = samples
+            .pop()
+            .ok_or_else(|| Error::invalid("no sample returned"))?;
+        first_step(&mut sample);
+        let spec = Spec {
+            table,
+            dtypes: self.dtypes.clone(),
+            shapes: vec![None; self.dtypes.len()],
+            names: (0..self.dtypes.len())
+                .map(|i| format!("data[{i}]"))
+                .collect(),
+        };
+        spec.check(&sample, false)?;
+        write_info(ctx, 0, &[(&sample, 1)], &[])?;
+        for c in 0..self.dtypes.len() {
+            write_column(ctx, 5 + c, c, &[&sample], None, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// Keeps only the first step of every column that has a time dimension (not squeezed), as the
+/// reference's `TFClient.sample` does: items written by `insert` sample as the inserted step.
+fn first_step(sample: &mut reverb_client::Sample) {
+    let squeezed: Vec<bool> = sample
+        .info
+        .item
+        .as_ref()
+        .and_then(|i| i.flat_trajectory.as_ref())
+        .map(|t| t.columns.iter().map(|c| c.squeeze).collect())
+        .unwrap_or_default();
+    for (c, t) in sample.columns.iter_mut().enumerate() {
+        if squeezed.get(c).copied().unwrap_or(false) || t.shape.first().is_none_or(|&n| n == 0) {
+            continue;
+        }
+        let row = t.row_bytes();
+        t.shape.remove(0);
+        t.data.truncate(row);
+    }
+}
+
+/// `ReverbRsClientInsert`: `data` as one step, one item per `(tables[i], priorities[i])`.
+pub struct ClientInsert {
+    client: Client,
+    timeout: Option<Duration>,
+}
+
+pub mod insert {
+    pub const OP: &str = "ReverbRsClientInsert";
+    pub const INPUTS: &[&str] = &["data: T", "tables: string", "priorities: double"];
+    pub const OUTPUTS: &[&str] = &[];
+    pub const ATTRS: &[&str] = &[
+        "server_address: string",
+        "T: list(type) >= 1",
+        "timeout_ms: int = -1",
+    ];
+}
+
+impl Kernel for ClientInsert {
+    fn create(c: &Construction) -> Result<Self> {
+        Ok(Self {
+            client: Client::new(&c.string("server_address")?)?,
+            timeout: timeout_attr(c, "timeout_ms")?,
+        })
+    }
+
+    fn compute(&self, ctx: &Context) -> Result<()> {
+        let n = ctx.num_inputs();
+        let mut columns = Vec::with_capacity(n - 2);
+        for i in 0..n - 2 {
+            let t = ctx.input(i)?;
+            if dtype_size(t.dtype()).is_none() {
+                return Err(Error::invalid(format!(
+                    "data[{i}] has dtype {}, which TFClient.insert does not support yet",
+                    crate::samples::dtype_name(t.dtype())
+                )));
+            }
+            columns.push(Tensor::new(t.dtype(), t.shape(), t.bytes().to_vec())?);
+        }
+        let tables = ctx.input(n - 2)?.strings()?;
+        let priorities = ctx.input(n - 1)?;
+        let priorities: Vec<f64> = priorities
+            .bytes()
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        if tables.len() != priorities.len() {
+            return Err(Error::invalid(format!(
+                "tables and priorities must have the same length, got {} and {}",
+                tables.len(),
+                priorities.len()
+            )));
+        }
+        let targets = tables
+            .into_iter()
+            .map(|t| String::from_utf8(t).map_err(|_| Error::invalid("table name is not UTF-8")))
+            .zip(priorities)
+            .map(|(t, p)| t.map(|t| (t, p)))
+            .collect::<Result<Vec<_>>>()?;
+        runtime().block_on(self.client.insert_step(columns, targets, self.timeout))?;
+        Ok(())
+    }
+}
+
+/// `ReverbRsClientUpdatePriorities`: sets `priorities[i]` on item `keys[i]` of `table`.
+pub struct ClientUpdatePriorities {
+    client: Client,
+    timeout: Option<Duration>,
+}
+
+pub mod update_priorities {
+    pub const OP: &str = "ReverbRsClientUpdatePriorities";
+    pub const INPUTS: &[&str] = &["table: string", "keys: uint64", "priorities: double"];
+    pub const OUTPUTS: &[&str] = &[];
+    pub const ATTRS: &[&str] = &["server_address: string", "timeout_ms: int = -1"];
+}
+
+impl Kernel for ClientUpdatePriorities {
+    fn create(c: &Construction) -> Result<Self> {
+        Ok(Self {
+            client: Client::new(&c.string("server_address")?)?,
+            timeout: timeout_attr(c, "timeout_ms")?,
+        })
+    }
+
+    fn compute(&self, ctx: &Context) -> Result<()> {
+        let table = ctx.input(0)?.scalar_string("table")?;
+        let keys = ctx.input(1)?;
+        let priorities = ctx.input(2)?;
+        if keys.shape() != priorities.shape() {
+            return Err(Error::invalid(format!(
+                "keys and priorities must have the same shape, got {:?} and {:?}",
+                keys.shape(),
+                priorities.shape()
+            )));
+        }
+        let updates: Vec<(u64, f64)> = keys
+            .bytes()
+            .chunks_exact(8)
+            .zip(priorities.bytes().chunks_exact(8))
+            .map(|(k, p)| {
+                (
+                    u64::from_le_bytes(k.try_into().expect("8 bytes")),
+                    f64::from_le_bytes(p.try_into().expect("8 bytes")),
+                )
+            })
+            .collect();
+        runtime().block_on(self.client.mutate_priorities(
+            &table,
+            updates,
+            Vec::new(),
+            self.timeout,
+        ))?;
+        Ok(())
+    }
+}
