@@ -171,6 +171,69 @@ def client_sample(setup: Setup, seconds: float) -> dict:
     return {"value": samples / (time.perf_counter() - start), "unit": "samples/s"}
 
 
+def _fill_small(address: str, items: int = 2000) -> None:
+    client = reverb.Client(address)
+    obs = np.zeros(8, np.float32)
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        for t in range(items + 1):
+            writer.append({"obs": obs, "action": np.int32(t), "reward": np.float32(1.0)})
+            if t >= 1:
+                writer.create_item(TABLE, 1.0, last_two(writer.history))
+
+
+def _iterate(dataset, seconds: float, per_batch: float) -> float:
+    """Iterates `dataset` for `seconds` after a warm-up batch; returns units per second."""
+    it = iter(dataset)
+    next(it)
+    done = 0.0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            next(it)
+            done += per_batch
+    return done / (time.perf_counter() - start)
+
+
+def dataset_small(setup: Setup, seconds: float) -> dict:
+    """TrajectoryDataset of small 2-step items, .batch(256)."""
+    import tensorflow as tf
+
+    _fill_small(setup.address)
+    dataset = reverb.TrajectoryDataset(
+        setup.address,
+        TABLE,
+        dtypes={"obs": tf.float32, "action": tf.int32, "reward": tf.float32},
+        shapes={
+            "obs": tf.TensorShape([2, 8]),
+            "action": tf.TensorShape([2]),
+            "reward": tf.TensorShape([2]),
+        },
+        max_in_flight_samples_per_worker=512,
+    ).batch(256)
+    return {"value": _iterate(dataset, seconds, 256), "unit": "samples/s"}
+
+
+def dataset_frames(setup: Setup, seconds: float) -> dict:
+    """TrajectoryDataset of 84x84x10 uint8 items, .batch(32)."""
+    import tensorflow as tf
+
+    client = reverb.Client(setup.address)
+    rng = np.random.default_rng(0)
+    with client.trajectory_writer(num_keep_alive_refs=10) as writer:
+        for t in range(310):
+            writer.append({"frame": rng.integers(0, 255, (84, 84), dtype=np.uint8)})
+            if t >= 9:
+                writer.create_item(TABLE, 1.0, {"frame": writer.history["frame"][-10:]})
+    dataset = reverb.TrajectoryDataset(
+        setup.address,
+        TABLE,
+        dtypes={"frame": tf.uint8},
+        shapes={"frame": tf.TensorShape([10, 84, 84])},
+        max_in_flight_samples_per_worker=64,
+    ).batch(32)
+    return {"value": _iterate(dataset, seconds, 32 * 10 * 84 * 84 / 1e6), "unit": "MB/s"}
+
+
 def prioritized(setup: Setup, seconds: float) -> dict:
     """Learner loop on a prioritized table (exponent 0.6): sample 256, update 256 priorities."""
     client = reverb.Client(setup.address)
@@ -319,6 +382,8 @@ WORKLOADS = {
     "writer_batched": writer_batched,
     "client_sample": client_sample,
     "prioritized": prioritized,
+    "dataset_small": dataset_small,
+    "dataset_frames": dataset_frames,
     "actors2": actors2,
     "actors4": actors4,
     "memory": memory,

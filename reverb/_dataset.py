@@ -113,8 +113,12 @@ def build(
     rate_limiter_timeout_ms: int,
     max_samples: int,
     timestep: bool,
+    batch_size: int = 0,
+    drop_remainder: bool = False,
 ) -> tf.data.Dataset:
-    """The dataset of `ReplaySample`s (one per item, or per step with `timestep`)."""
+    """The dataset of `ReplaySample`s: one per item, or per step with `timestep`; with
+    `batch_size`, batches of that many items made by the kernel itself (what `.batch` on the
+    unbatched dataset would give, without handling single elements in tf.data)."""
     shapes = check_arguments(
         dtypes,
         shapes,
@@ -130,7 +134,8 @@ def build(
     flat_shapes = tf.nest.flatten(shapes)
     ranks = [-1 if s.rank is None else s.rank for s in flat_shapes]
     dims = [-1 if d is None else d for s in flat_shapes if s.rank is not None for d in s.as_list()]
-    workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
+    # -1: the native sampler picks (two workers, one per client thread).
+    workers = 0 if num_workers_per_iterator == -1 else num_workers_per_iterator
     structure = _lists_to_tuples(dtypes)
     ops = _tf_ops.ops()
     attrs = dict(
@@ -140,8 +145,10 @@ def build(
         num_workers=workers,
         max_samples=max_samples,
         rate_limiter_timeout_ms=rate_limiter_timeout_ms,
-        max_batch=max(1, min(max_in_flight_samples_per_worker * workers, 4096)),
+        max_batch=max(1, min(max_in_flight_samples_per_worker * max(workers, 2), 4096)),
         timestep=timestep,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
         dtypes=flat_dtypes,
         ranks=ranks,
         dims=dims,
@@ -165,8 +172,19 @@ def build(
     ds = tf.data.Dataset.from_tensors(0).repeat()
     ds = ds.map(sample)
     ds = ds.take_while(lambda end, _: tf.logical_not(end))
-    ds = ds.map(lambda _, batch: batch)
-    return ds.unbatch()
+    if batch_size:
+        # Calls that timed out waiting return zero rows: skip them.
+        ds = ds.filter(lambda _, batch: tf.size(batch.info.key) > 0)
+        if not drop_remainder:
+            return ds.map(lambda _, batch: batch)
+
+        def static_batch(_: Any, batch: Any) -> Any:
+            for t in tf.nest.flatten(batch):
+                t.set_shape(tf.TensorShape([batch_size]).concatenate(t.shape[1:]))
+            return batch
+
+        return ds.map(static_batch)
+    return ds.map(lambda _, batch: batch).unbatch()
 
 
 def table_signature(
@@ -205,7 +223,7 @@ class ReverbDatasetBase(tf.data.Dataset):
         rate_limiter_timeout_ms: int = -1,
         max_samples: int = -1,
     ) -> None:
-        self._dataset = build(
+        self._args = dict(
             server_address=server_address,
             table=table,
             dtypes=dtypes,
@@ -217,7 +235,25 @@ class ReverbDatasetBase(tf.data.Dataset):
             max_samples=max_samples,
             timestep=self._timestep,
         )
+        self._dataset = build(**self._args)
         super().__init__(self._dataset._variant_tensor)
+
+    def batch(
+        self,
+        batch_size: Any,
+        drop_remainder: bool = False,
+        num_parallel_calls: Any = None,
+        deterministic: Any = None,
+        name: Optional[str] = None,
+    ) -> tf.data.Dataset:
+        """`tf.data.Dataset.batch`, done inside the sampling kernel for item datasets: the same
+        elements, without tf.data handling each sample on its own."""
+        size = tf.get_static_value(batch_size)
+        if self._timestep or size is None or int(size) < 1:
+            return super().batch(
+                batch_size, drop_remainder, num_parallel_calls, deterministic, name
+            )
+        return build(**self._args, batch_size=int(size), drop_remainder=bool(drop_remainder))
 
     @classmethod
     def from_table_signature(

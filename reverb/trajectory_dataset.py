@@ -11,7 +11,7 @@ class TrajectoryDataset(_dataset.ReverbDatasetBase):
     num_workers_per_iterator=-1, max_samples_per_stream=-1, rate_limiter_timeout_ms=-1,
     max_samples=-1)`, or `TrajectoryDataset.from_table_signature(server_address, table, ...)`.
 
-    Each iterator runs its own native sampler with `num_workers_per_iterator` workers (-1: one),
+    Each iterator runs its own native sampler with `num_workers_per_iterator` workers (-1: two),
     each keeping `max_in_flight_samples_per_worker` samples requested, so network latency is
     hidden inside the client. Iteration ends cleanly after `max_samples` samples, or when the
     table's rate limiter blocks a sample for `rate_limiter_timeout_ms` (-1: wait forever).

@@ -59,7 +59,8 @@ class TrajectoryIterator:
         self._signature = (
             self._client._signature(table, None) if unpack_as_table_signature else None
         )
-        workers = 1 if num_workers_per_iterator == -1 else num_workers_per_iterator
+        # -1: the native sampler picks (two workers, one per client thread).
+        workers = 0 if num_workers_per_iterator == -1 else num_workers_per_iterator
         self._sampler: Optional[_native.Sampler] = _native.Sampler(
             self._client._client,
             table,

@@ -288,3 +288,42 @@ def test_string_tensor_arguments(server) -> None:
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(tf.constant(_address(server)), tf.constant("q"))
     assert len(list(ds)) == 2
+
+
+def test_batch_is_done_in_the_kernel_with_tf_batch_semantics(server) -> None:
+    client = server.localhost_client()
+    _write(client, "q", 11)
+    ds = _dataset(_address(server)).batch(4)
+    assert ds.element_spec.data["obs"].shape.as_list() == [None, 2, 3]
+    batches = list(ds)
+    assert [b.data["action"].numpy().tolist() for b in batches] == [
+        [1, 2, 3, 4],
+        [5, 6, 7, 8],
+        [9, 10],
+    ]
+    assert [b.info.key.shape[0] for b in batches] == [4, 4, 2]
+    _write(client, "q", 11)
+    ds = _dataset(_address(server)).batch(4, drop_remainder=True)
+    assert ds.element_spec.data["obs"].shape.as_list() == [4, 2, 3]
+    assert ds.element_spec.info.key.shape.as_list() == [4]
+    assert [b.data["action"].numpy().tolist() for b in ds] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+
+def test_batch_of_items_with_different_shapes_fails_clearly(server) -> None:
+    client = server.localhost_client()
+    with client.trajectory_writer(3) as w:
+        for t in range(3):
+            w.append({"x": np.float32(t)})
+        w.create_item("q", 1.0, {"x": w.history["x"][-2:]})
+        w.create_item("q", 1.0, {"x": w.history["x"][-3:]})
+        w.flush(timeout_ms=10_000)
+    ds = reverb.TrajectoryDataset(
+        _address(server),
+        "q",
+        dtypes={"x": tf.float32},
+        shapes={"x": [None]},
+        max_in_flight_samples_per_worker=2,
+        rate_limiter_timeout_ms=300,
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="different shapes"):
+        list(ds.batch(2))

@@ -4,14 +4,18 @@
 //! to `max_batch`), so the Python side unbatches; network latency stays inside the sampler.
 //! A call returns zero rows when nothing arrived within [`WAIT`], and `end_of_sequence` once
 //! the sampler has ended (max_samples reached, or the rate limiter timed out).
+//!
+//! With `batch_size > 0` (the dataset's `.batch(n)`), a call instead returns exactly `n`
+//! samples (the remainder at the end unless `drop_remainder`), so tf.data never touches single
+//! elements.
 
-use crate::kernel::{Construction, Context, Kernel, Result};
+use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{same_shapes, steps, write_column, write_info, Spec};
 use parking_lot::Mutex;
 use reverb_client::sampler::{Sampler, SamplerOptions};
 use reverb_client::{runtime, Client, Sample};
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const OP: &str = "ReverbRsDatasetSample";
 pub const INPUTS: &[&str] = &[];
@@ -32,6 +36,8 @@ pub const ATTRS: &[&str] = &[
     "max_samples: int",
     "rate_limiter_timeout_ms: int",
     "max_batch: int",
+    "batch_size: int",
+    "drop_remainder: bool",
     "timestep: bool",
     "dtypes: list(type) >= 1",
     "ranks: list(int)",
@@ -49,6 +55,8 @@ pub struct DatasetSample {
     address: String,
     options: SamplerOptions,
     max_batch: usize,
+    batch_size: usize,
+    drop_remainder: bool,
     timestep: bool,
     spec: Spec,
     state: Mutex<State>,
@@ -78,11 +86,13 @@ impl Kernel for DatasetSample {
             options: SamplerOptions {
                 max_in_flight_samples_per_worker: c.int("max_in_flight_samples_per_worker")?.max(1)
                     as usize,
-                num_workers: c.int("num_workers")?.max(1) as usize,
+                num_workers: c.int("num_workers")?.max(0) as usize,
                 max_samples: (max_samples >= 0).then_some(max_samples as u64),
                 rate_limiter_timeout: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
             },
             max_batch: c.int("max_batch")?.max(1) as usize,
+            batch_size: c.int("batch_size")?.max(0) as usize,
+            drop_remainder: c.bool("drop_remainder")?,
             timestep: c.bool("timestep")?,
             spec,
             state: Mutex::new(State::default()),
@@ -91,24 +101,36 @@ impl Kernel for DatasetSample {
 
     fn compute(&self, ctx: &Context) -> Result<()> {
         let mut st = self.state.lock();
-        if st.pending.is_empty() && !st.ended {
-            self.refill(&mut st)?;
-        }
-        // The longest run of queued samples that fit one batch (same column shapes).
-        let mut take = 0;
-        let mut rows = 0;
-        while take < st.pending.len() && take < self.max_batch {
-            let s = &st.pending[take];
-            if take > 0 && !same_shapes(&st.pending[0], s, self.timestep) {
+        let want = self.batch_size.max(1);
+        let deadline = Instant::now() + WAIT;
+        while st.pending.len() < want && !st.ended {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 break;
             }
-            self.spec.check(s, self.timestep)?;
-            rows += if self.timestep { steps(s)? } else { 1 };
-            take += 1;
+            let n = if self.batch_size > 0 {
+                want - st.pending.len()
+            } else {
+                self.max_batch
+            };
+            self.refill(&mut st, n, left)?;
+            if self.batch_size == 0 {
+                break; // ready mode: return whatever came
+            }
         }
+        let take = if self.batch_size > 0 {
+            self.exact_batch(&mut st)?
+        } else {
+            self.ready_batch(&st)?
+        };
         let batch: Vec<Sample> = st.pending.drain(..take).collect();
-        let end = batch.is_empty() && st.ended;
+        let end = batch.is_empty() && st.ended && st.pending.is_empty();
         drop(st);
+        let rows: usize = if self.timestep {
+            batch.iter().map(steps).sum::<Result<usize>>()?
+        } else {
+            batch.len()
+        };
 
         ctx.output_values(0, 10, &[], &[u8::from(end)])?;
         let dims = [rows as i64];
@@ -139,8 +161,56 @@ impl Kernel for DatasetSample {
 }
 
 impl DatasetSample {
-    /// Waits (at most [`WAIT`]) for samples or the end of the stream, and queues them.
-    fn refill(&self, st: &mut State) -> Result<()> {
+    /// Ready mode: how many queued samples to return, the longest run (up to `max_batch`)
+    /// whose column shapes match, so they fit one output.
+    fn ready_batch(&self, st: &State) -> Result<usize> {
+        let mut take = 0;
+        while take < st.pending.len() && take < self.max_batch {
+            let s = &st.pending[take];
+            if take > 0 && !same_shapes(&st.pending[0], s, self.timestep) {
+                break;
+            }
+            self.spec.check(s, self.timestep)?;
+            take += 1;
+        }
+        Ok(take)
+    }
+
+    /// Batch mode: `batch_size` samples once queued; at the end of the stream the remainder
+    /// (or nothing, with `drop_remainder`); otherwise nothing yet.
+    fn exact_batch(&self, st: &mut State) -> Result<usize> {
+        let n = st.pending.len();
+        let take = if n >= self.batch_size {
+            self.batch_size
+        } else if st.ended && !self.drop_remainder {
+            n
+        } else {
+            if st.ended {
+                st.pending.clear();
+            }
+            0
+        };
+        for s in st.pending.iter().take(take) {
+            self.spec.check(s, self.timestep)?;
+            if !same_shapes(&st.pending[0], s, self.timestep) {
+                return Err(Error::invalid(format!(
+                    "Cannot batch items of table '{}' with different shapes ({:?} and {:?}); \
+                     declare the varying dimensions as None and batch with padded_batch",
+                    self.spec.table,
+                    st.pending[0]
+                        .columns
+                        .iter()
+                        .map(|t| &t.shape)
+                        .collect::<Vec<_>>(),
+                    s.columns.iter().map(|t| &t.shape).collect::<Vec<_>>(),
+                )));
+            }
+        }
+        Ok(take)
+    }
+
+    /// Waits at most `wait` for up to `n` samples or the end of the stream, and queues them.
+    fn refill(&self, st: &mut State, n: usize, wait: Duration) -> Result<()> {
         if st.sampler.is_none() {
             let client = Client::new(&self.address)?;
             st.sampler = Some(Sampler::new(
@@ -150,7 +220,7 @@ impl DatasetSample {
             )?);
         }
         let sampler = st.sampler.as_mut().expect("created above");
-        match runtime().block_on(sampler.next_ready(self.max_batch, WAIT))? {
+        match runtime().block_on(sampler.next_ready(n, wait))? {
             None => {}
             Some(v) if v.is_empty() => {
                 st.ended = true;

@@ -30,6 +30,9 @@ pub struct Client {
 }
 
 const MAX_MESSAGE_SIZE: usize = 1 << 30;
+const HTTP2_STREAM_WINDOW: u32 = 16 << 20;
+const HTTP2_CONNECTION_WINDOW: u32 = 64 << 20;
+const HTTP2_MAX_FRAME: u32 = 1 << 20;
 
 impl Client {
     /// A client for `address` (`host:port`, optionally with a scheme). Does not connect yet.
@@ -43,6 +46,11 @@ impl Client {
             .map_err(|e| ClientError::invalid(format!("Invalid server address '{address}': {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
+            // Large HTTP/2 windows and frames: samples and chunks are big, and hyper's defaults
+            // (2 MiB stream window, 16 KiB frames) stall a stream of 2 MiB sample responses.
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .max_frame_size(HTTP2_MAX_FRAME)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true);
         let channel = {
@@ -290,13 +298,7 @@ impl Client {
         if num_samples == 0 {
             return Err(ClientError::invalid("num_samples must be >= 1"));
         }
-        let request = SampleStreamRequest {
-            table: table.to_string(),
-            num_samples: num_samples as i64,
-            rate_limiter_timeout: Some(Timeout {
-                milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
-            }),
-        };
+        let request = sample_request(table, num_samples, rate_limiter_timeout);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let expired = || {
             ClientError::deadline(format!(
@@ -370,8 +372,23 @@ impl Client {
     }
 }
 
+/// A `SampleStreamRequest`; `None` waits for the rate limiter forever.
+pub(crate) fn sample_request(
+    table: &str,
+    num_samples: usize,
+    rate_limiter_timeout: Option<Duration>,
+) -> SampleStreamRequest {
+    SampleStreamRequest {
+        table: table.to_string(),
+        num_samples: num_samples as i64,
+        rate_limiter_timeout: Some(Timeout {
+            milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
+        }),
+    }
+}
+
 /// Builds a sample's columns from its chunks.
-fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
+pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
     let mut decoded: HashMap<u64, Vec<Tensor>> = HashMap::with_capacity(chunks.len());
     for chunk in chunks {
         if let std::collections::hash_map::Entry::Vacant(slot) = decoded.entry(chunk.chunk_key) {

@@ -2,11 +2,14 @@
 //! requested from one table, decode them, and queue them for a consumer that takes batches.
 //! Feeds the numpy / PyTorch iterators (and, later, the TensorFlow kernels).
 
+use crate::client::{assemble, sample_request};
 use crate::{runtime, Client, ClientError, Result, Sample, Tensor};
+use reverb_proto::{ChunkData, SampleInfo};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 /// Settings of a sampler (the reference's `Sampler::Options`).
@@ -14,7 +17,7 @@ use tonic::Code;
 pub struct SamplerOptions {
     /// Samples each worker keeps requested.
     pub max_in_flight_samples_per_worker: usize,
-    /// Worker count (each with its own stream).
+    /// Worker count (each with its own stream); 0 picks [`AUTO_WORKERS`].
     pub num_workers: usize,
     /// Total samples to return; `None` for unlimited.
     pub max_samples: Option<u64>,
@@ -22,10 +25,13 @@ pub struct SamplerOptions {
     pub rate_limiter_timeout: Option<Duration>,
 }
 
+/// Workers when none are asked for: one per client runtime thread, so decoding runs on both.
+pub const AUTO_WORKERS: usize = 2;
+
 /// What the queue carries.
 enum Event {
     Sample(Box<Sample>),
-    /// A worker is done (max_samples reached or the rate limiter timed out).
+    /// Every worker is done (max_samples reached or the rate limiter timed out).
     Done,
     Failed(ClientError),
 }
@@ -33,8 +39,9 @@ enum Event {
 /// A running sampler. Dropping it stops the workers.
 pub struct Sampler {
     rx: mpsc::Receiver<Event>,
-    workers: Vec<tokio::task::JoinHandle<()>>,
-    running: usize,
+    /// Starts the workers and waits for them; aborting it aborts them (its `JoinSet`).
+    supervisor: tokio::task::JoinHandle<()>,
+    ended: bool,
     failure: Option<ClientError>,
 }
 
@@ -47,6 +54,30 @@ pub struct Batch {
     pub columns: Vec<Tensor>,
 }
 
+/// The worker count when none was asked for: one for tables sampled in a fixed order (FIFO,
+/// LIFO, heaps), where parallel streams would reorder items, as the reference advises;
+/// otherwise [`AUTO_WORKERS`].
+async fn auto_workers(client: &Client, table: &str) -> usize {
+    use reverb_proto::key_distribution_options::Distribution;
+    let infos = client
+        .server_info(Some(Duration::from_secs(5)))
+        .await
+        .unwrap_or_default();
+    let ordered = infos.iter().find(|i| i.name == table).is_none_or(|info| {
+        matches!(
+            info.sampler_options
+                .as_ref()
+                .and_then(|o| o.distribution.as_ref()),
+            Some(Distribution::Fifo(_) | Distribution::Lifo(_) | Distribution::Heap(_))
+        )
+    });
+    if ordered {
+        1
+    } else {
+        AUTO_WORKERS
+    }
+}
+
 impl Sampler {
     /// Starts the workers.
     pub fn new(client: Client, table: &str, options: SamplerOptions) -> Result<Self> {
@@ -55,27 +86,36 @@ impl Sampler {
                 "max_in_flight_samples_per_worker must be >= 1",
             ));
         }
-        let num_workers = options.num_workers.max(1);
-        let (tx, rx) = mpsc::channel(options.max_in_flight_samples_per_worker * num_workers);
+        let capacity =
+            options.max_in_flight_samples_per_worker * options.num_workers.max(AUTO_WORKERS);
+        let (tx, rx) = mpsc::channel(capacity);
         // Samples not yet requested (shared by the workers); i64::MAX when unlimited.
         let budget = Arc::new(AtomicI64::new(
             options.max_samples.map_or(i64::MAX, |m| m as i64),
         ));
-        let workers = (0..num_workers)
-            .map(|_| {
-                runtime().spawn(worker(
+        let table = table.to_string();
+        let supervisor = runtime().spawn(async move {
+            let workers = match options.num_workers {
+                0 => auto_workers(&client, &table).await,
+                n => n,
+            };
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..workers {
+                set.spawn(worker(
                     client.clone(),
-                    table.to_string(),
+                    table.clone(),
                     options.clone(),
                     budget.clone(),
                     tx.clone(),
-                ))
-            })
-            .collect();
+                ));
+            }
+            while set.join_next().await.is_some() {}
+            let _ = tx.send(Event::Done).await;
+        });
         Ok(Self {
             rx,
-            workers,
-            running: num_workers,
+            supervisor,
+            ended: false,
             failure: None,
         })
     }
@@ -102,7 +142,7 @@ impl Sampler {
                 }
                 break;
             }
-            if self.running == 0 {
+            if self.ended {
                 break;
             }
             let event = if out.is_empty() {
@@ -121,11 +161,8 @@ impl Sampler {
             };
             match event {
                 Some(Event::Sample(s)) => out.push(*s),
-                Some(Event::Done) | None => self.running = self.running.saturating_sub(1),
-                Some(Event::Failed(e)) => {
-                    self.running = self.running.saturating_sub(1);
-                    self.failure = Some(e);
-                }
+                Some(Event::Done) | None => self.ended = true,
+                Some(Event::Failed(e)) => self.failure = Some(e),
             }
         }
         Ok(Some(out))
@@ -134,9 +171,7 @@ impl Sampler {
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        for w in &self.workers {
-            w.abort();
-        }
+        self.supervisor.abort();
     }
 }
 
@@ -149,51 +184,122 @@ async fn worker(
 ) {
     let mut backoff = Duration::from_millis(1);
     loop {
-        // Reserve what this round asks for, so workers never exceed max_samples together.
-        let want = options.max_in_flight_samples_per_worker as i64;
-        let granted = budget
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                (left > 0).then(|| left - left.min(want))
-            })
-            .map(|left| left.min(want))
-            .unwrap_or(0);
-        if granted == 0 {
-            let _ = tx.send(Event::Done).await;
-            return;
-        }
-        let (samples, failure) = match client
-            .sample_partial(&table, granted as usize, options.rate_limiter_timeout, None)
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => (Vec::new(), Some(e)),
+        let mut received = 0usize;
+        let failure = match stream(&client, &table, &options, &budget, &tx, &mut received).await {
+            Ok(()) => return,
+            Err(e) => e,
         };
-        let received = samples.len() as i64;
-        for sample in samples {
-            if tx.send(Event::Sample(Box::new(sample))).await.is_err() {
-                return; // the consumer went away
+        if received > 0 {
+            backoff = Duration::from_millis(1);
+        }
+        match failure.code {
+            // A rate-limiter timeout ends the stream cleanly, as in the reference's datasets.
+            Code::DeadlineExceeded => return,
+            Code::Unavailable | Code::Cancelled if backoff < Duration::from_secs(1) => {
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            _ => {
+                let _ = tx.send(Event::Failed(failure)).await;
+                return;
             }
         }
-        // Give back what was reserved but not received.
-        budget.fetch_add(granted - received, Ordering::SeqCst);
-        match failure {
-            None => backoff = Duration::from_millis(1),
-            // A rate-limiter timeout ends the stream cleanly, as in the reference's datasets.
-            Some(e) if e.code == Code::DeadlineExceeded => {
-                let _ = tx.send(Event::Done).await;
-                return;
+    }
+}
+
+/// Takes up to `want` samples from the shared budget; returns how many were granted.
+fn reserve(budget: &AtomicI64, want: usize) -> usize {
+    budget
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+            (left > 0).then(|| left - left.min(want as i64))
+        })
+        .map(|left| left.min(want as i64) as usize)
+        .unwrap_or(0)
+}
+
+/// One `SampleStream` kept full: requests are pipelined so that about
+/// `max_in_flight_samples_per_worker` samples are always requested and not yet received (a
+/// new request goes out once half of them have arrived). Returns `Ok` once the budget is spent
+/// or the consumer has gone; on an error, gives back the samples requested but not received.
+async fn stream(
+    client: &Client,
+    table: &str,
+    options: &SamplerOptions,
+    budget: &AtomicI64,
+    tx: &mpsc::Sender<Event>,
+    received: &mut usize,
+) -> Result<()> {
+    let max_in_flight = options.max_in_flight_samples_per_worker;
+    let (requests, rx) = mpsc::channel(4);
+    let mut outstanding = reserve(budget, max_in_flight);
+    if outstanding == 0 {
+        return Ok(());
+    }
+    let request = |n| sample_request(table, n, options.rate_limiter_timeout);
+    let _ = requests.send(request(outstanding)).await;
+    let give_back = |outstanding: usize| budget.fetch_add(outstanding as i64, Ordering::SeqCst);
+    let mut stub = client.stub.clone();
+    let mut responses = match stub.sample_stream(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            give_back(outstanding);
+            return Err(client.status(status));
+        }
+    };
+    let mut partial: Option<(SampleInfo, Vec<ChunkData>)> = None;
+    loop {
+        if outstanding <= max_in_flight / 2 {
+            let more = reserve(budget, max_in_flight - outstanding);
+            if more > 0 {
+                let _ = requests.send(request(more)).await;
+                outstanding += more;
+            } else if outstanding == 0 {
+                return Ok(());
             }
-            Some(e) if matches!(e.code, Code::Unavailable | Code::Cancelled) => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                if backoff >= Duration::from_secs(1) {
-                    let _ = tx.send(Event::Failed(e)).await;
-                    return;
+        }
+        let response = match responses.message().await {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                give_back(outstanding);
+                return Err(ClientError::new(
+                    Code::Internal,
+                    format!(
+                        "Server at {} ended the sample stream early",
+                        client.address()
+                    ),
+                ));
+            }
+            Err(status) => {
+                give_back(outstanding);
+                return Err(client.status(status));
+            }
+        };
+        for entry in response.entries {
+            let (_, chunks) = match (&mut partial, entry.info) {
+                (None, Some(info)) => partial.insert((info, Vec::new())),
+                (Some(p), None) => p,
+                _ => {
+                    give_back(outstanding);
+                    return Err(ClientError::data_loss(
+                        "Malformed sample stream: sample entries out of order",
+                    ));
                 }
-            }
-            Some(e) => {
-                let _ = tx.send(Event::Failed(e)).await;
-                return;
+            };
+            chunks.extend(entry.data);
+            if entry.end_of_sequence {
+                let (info, chunks) = partial.take().expect("set above");
+                outstanding = outstanding.saturating_sub(1);
+                *received += 1;
+                let sample = match assemble(info, &chunks) {
+                    Ok(sample) => sample,
+                    Err(e) => {
+                        give_back(outstanding);
+                        return Err(e);
+                    }
+                };
+                if tx.send(Event::Sample(Box::new(sample))).await.is_err() {
+                    return Ok(()); // the consumer went away
+                }
             }
         }
     }

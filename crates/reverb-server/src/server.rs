@@ -82,7 +82,12 @@ impl Server {
                         let _ = stream.set_nodelay(true);
                     })
                 });
+                // Large HTTP/2 windows and frames for big chunks (hyper's server defaults are a
+                // 1 MiB window and 16 KiB frames).
                 let _ = tonic::transport::Server::builder()
+                    .initial_stream_window_size(16 << 20)
+                    .initial_connection_window_size(64 << 20)
+                    .max_frame_size(1 << 20)
                     .add_service(svc)
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = shutdown_rx.await;

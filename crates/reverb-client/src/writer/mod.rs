@@ -24,7 +24,8 @@ use tonic::Code;
 pub struct WriterOptions {
     /// Cells each column keeps referenceable (the reference's `num_keep_alive_refs`).
     pub num_keep_alive_refs: usize,
-    /// Rows per chunk; `None` picks `num_keep_alive_refs` (at most ~1 MiB of rows).
+    /// Rows per chunk; `None` picks `num_keep_alive_refs`, shortened for big rows (about 16 KiB
+    /// per chunk).
     pub max_chunk_length: Option<usize>,
     /// Items sent but not yet confirmed before `create_item` waits (back-pressure).
     pub max_in_flight_items: usize,
@@ -80,14 +81,19 @@ struct Column {
     open: Option<OpenChunk>,
 }
 
+/// Target size of an automatically sized chunk.
+const AUTO_CHUNK_BYTES: usize = 16 << 10;
+
 impl Column {
     fn chunk_length(&self) -> usize {
         let wanted = self.max_chunk_length.unwrap_or(self.keep_alive).max(1);
         if self.max_chunk_length.is_some() {
             return wanted;
         }
-        // Auto: keep chunks under ~1 MiB so big rows are not held back.
-        let by_bytes = ((1 << 20) / self.row_bytes.max(1)).max(1);
+        // Auto: about AUTO_CHUNK_BYTES per chunk. A sampled item carries whole chunks, so an
+        // item of L rows costs about L + chunk_length - 1 rows on the wire: big rows get short
+        // chunks (84x84 frames: 2 rows), small rows keep num_keep_alive_refs rows.
+        let by_bytes = (AUTO_CHUNK_BYTES / self.row_bytes.max(1)).max(1);
         wanted.min(by_bytes)
     }
 
