@@ -26,6 +26,8 @@ WORKLOADS = [
     "writer_batched",
     "client_sample",
     "prioritized",
+    "dataset_small",
+    "dataset_frames",
     "actors2",
     "actors4",
     "latency_insert",
@@ -33,7 +35,7 @@ WORKLOADS = [
     "memory",
 ]
 # Lower is better for these: their ratio is reference / ours.
-LOWER_IS_BETTER = {"latency_insert", "latency_sample", "memory"}
+LOWER_IS_BETTER = {"latency_insert", "latency_sample", "memory", "memory_1m"}
 OURS_ONLY = {"writer_batched"}
 
 
@@ -99,11 +101,14 @@ def main() -> None:
         "latency_insert": "us (p50)",
         "latency_sample": "us (p50)",
         "memory": "bytes/item",
+        "memory_1m": "bytes/item",
+        "dataset_small": "samples/s",
+        "dataset_frames": "MB/s",
     }
     results: Dict[tuple, Dict[str, List[float]]] = {}
     for workload in workloads:
         for mode in modes:
-            if workload == "memory" and mode != "remote":
+            if workload.startswith("memory") and mode != "remote":
                 continue  # measures the server process's RSS
             key = (workload, mode)
             results[key] = {"ours": [], "reference": []}

@@ -322,12 +322,19 @@ def _rss(pid: int) -> int:
 
 def memory(setup: Setup, seconds: float) -> dict:
     """Server RSS per stored small 2-step item (200k items; server in another process)."""
-    del seconds
+    return _memory(setup, 200_000)
+
+
+def memory_1m(setup: Setup, seconds: float) -> dict:
+    """Server RSS per stored small 2-step item (1M items; server in another process)."""
+    return _memory(setup, 1_000_000)
+
+
+def _memory(setup: Setup, n: int) -> dict:
     if setup.child is None:
         raise SystemExit("memory needs --modes remote (the server's RSS is measured)")
     client = reverb.Client(setup.address)
     before = _rss(setup.child.pid)
-    n = 200_000
     obs = np.zeros(8, np.float32)
     with client.trajectory_writer(num_keep_alive_refs=2) as writer:
         for t in range(n + 1):
@@ -387,6 +394,7 @@ WORKLOADS = {
     "actors2": actors2,
     "actors4": actors4,
     "memory": memory,
+    "memory_1m": memory_1m,
     "latency_insert": latency_insert,
     "latency_sample": latency_sample,
 }
