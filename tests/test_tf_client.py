@@ -128,3 +128,14 @@ def test_update_priorities_shape_check(server) -> None:
         _client(server).update_priorities(
             "p", tf.constant([1, 2], tf.uint64), tf.constant([1.0], tf.float64)
         )
+
+
+def test_dead_server_is_an_error_not_a_hang() -> None:
+    with reverb.Server([reverb.Table.queue("q", 10)]) as s:
+        client = reverb.TFClient(f"localhost:{s.port}")
+    # TensorFlow reports UNAVAILABLE from a non-communication op as INTERNAL.
+    errors = (tf.errors.UnavailableError, tf.errors.InternalError)
+    with pytest.raises(errors, match=f"localhost:{s.port}"):
+        client.insert([tf.constant(1.0)], tf.constant(["q"]), tf.constant([1.0], tf.float64))
+    with pytest.raises(errors, match=f"localhost:{s.port}"):
+        client.sample("q", [tf.float32])
