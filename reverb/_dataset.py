@@ -249,11 +249,12 @@ class ReverbDatasetBase(tf.data.Dataset):
         """`tf.data.Dataset.batch`, done inside the sampling kernel for item datasets: the same
         elements, without tf.data handling each sample on its own."""
         size = tf.get_static_value(batch_size)
-        if self._timestep or size is None or int(size) < 1:
+        drop = tf.get_static_value(drop_remainder)
+        if self._timestep or size is None or drop is None or int(size) < 1:
             return super().batch(
                 batch_size, drop_remainder, num_parallel_calls, deterministic, name
             )
-        return build(**self._args, batch_size=int(size), drop_remainder=bool(drop_remainder))
+        return build(**self._args, batch_size=int(size), drop_remainder=bool(drop))
 
     @classmethod
     def from_table_signature(

@@ -48,7 +48,10 @@ pub const ATTRS: &[&str] = &[
 
 /// The longest one call waits for samples. TensorFlow's C API gives kernels no cancellation
 /// hook, so a call never blocks for long: when nothing came, it returns zero rows (not the end)
-/// and tf.data calls again, checking in between whether the iterator is being destroyed.
+/// and tf.data calls again. Once an iterator is cancelled (destroyed), TensorFlow refuses to
+/// run its functions, so destroying an iterator waits at most this long. (An iterator whose
+/// `GetNext` is blocked on an empty table with no rate-limiter timeout keeps polling, as the
+/// reference's blocks.)
 const WAIT: Duration = Duration::from_millis(200);
 
 pub struct DatasetSample {
@@ -123,20 +126,27 @@ impl Kernel for DatasetSample {
         } else {
             self.ready_batch(&st)?
         };
-        let batch: Vec<Sample> = st.pending.drain(..take).collect();
-        let end = batch.is_empty() && st.ended && st.pending.is_empty();
-        drop(st);
+        let end = take == 0 && st.ended && st.pending.is_empty();
+        // Write from the queue and remove the samples only once every output is written, so a
+        // failed call loses nothing.
+        let batch: Vec<&Sample> = st.pending.iter().take(take).collect();
+        self.write(ctx, end, &batch)?;
+        st.pending.drain(..take);
+        Ok(())
+    }
+}
+
+impl DatasetSample {
+    fn write(&self, ctx: &Context, end: bool, batch: &[&Sample]) -> Result<()> {
         let rows: usize = if self.timestep {
-            batch.iter().map(steps).sum::<Result<usize>>()?
+            batch.iter().map(|s| steps(s)).sum::<Result<usize>>()?
         } else {
             batch.len()
         };
-
         ctx.output_values(0, 10, &[], &[u8::from(end)])?;
-        let dims = [rows as i64];
         let repeats: Vec<(&Sample, usize)> = batch
             .iter()
-            .map(|s| {
+            .map(|&s| {
                 (
                     s,
                     if self.timestep {
@@ -147,20 +157,17 @@ impl Kernel for DatasetSample {
                 )
             })
             .collect();
-        write_info(ctx, 1, &repeats, &dims)?;
-        let refs: Vec<&Sample> = batch.iter().collect();
+        write_info(ctx, 1, &repeats, &[rows as i64])?;
         for c in 0..self.spec.dtypes.len() {
-            if refs.is_empty() {
+            if batch.is_empty() {
                 self.write_empty(ctx, c)?;
             } else {
-                write_column(ctx, 6 + c, c, &refs, Some(rows), self.timestep)?;
+                write_column(ctx, 6 + c, c, batch, Some(rows), self.timestep)?;
             }
         }
         Ok(())
     }
-}
 
-impl DatasetSample {
     /// Ready mode: how many queued samples to return, the longest run (up to `max_batch`)
     /// whose column shapes match, so they fit one output.
     fn ready_batch(&self, st: &State) -> Result<usize> {

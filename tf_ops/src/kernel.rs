@@ -11,6 +11,8 @@ use std::ptr;
 /// Canonical status codes used here (the same numbers in TF and gRPC).
 pub mod code {
     pub const INVALID_ARGUMENT: i32 = 3;
+    pub const FAILED_PRECONDITION: i32 = 9;
+    pub const OUT_OF_RANGE: i32 = 11;
     pub const INTERNAL: i32 = 13;
 }
 
@@ -32,8 +34,14 @@ impl Error {
 
 impl From<ClientError> for Error {
     fn from(e: ClientError) -> Self {
+        let code = match e.code as i32 {
+            // OK is no failure, and OUT_OF_RANGE would end a tf.data iteration silently.
+            0 => code::INTERNAL,
+            code::OUT_OF_RANGE => code::FAILED_PRECONDITION,
+            c => c,
+        };
         Self {
-            code: e.code as i32,
+            code,
             message: e.message,
         }
     }
@@ -269,6 +277,9 @@ impl Input {
                 2 => {
                     let size = u32::from_le_bytes(s[0..4].try_into().unwrap()) as usize >> 2;
                     let offset = u32::from_le_bytes(s[4..8].try_into().unwrap()) as usize;
+                    if i * 24 + offset + size > raw.len() {
+                        return Err(Error::invalid("malformed string tensor"));
+                    }
                     // SAFETY: the offset is relative to this element, inside the tensor buffer.
                     (size, unsafe { raw.as_ptr().add(i * 24 + offset) })
                 }
@@ -346,8 +357,29 @@ impl Context {
             )
         };
         status.check()?;
-        // SAFETY: the new output tensor holds `len` bytes that nothing else references until
-        // compute returns; we release our reference (the context keeps its own) after `fill`.
+        if t.is_null() {
+            return Err(Error {
+                code: code::INTERNAL,
+                message: format!("TensorFlow did not allocate output {i}"),
+            });
+        }
+        // TF sizes the buffer from the op's declared output type, not from `dtype`/`len`:
+        // check they agree before writing.
+        // SAFETY: t is a live tensor we own a reference to.
+        let (size, actual) = unsafe { (TF_TensorByteSize(t), TF_TensorType(t)) };
+        if size != len || actual != dtype {
+            // SAFETY: we own this reference.
+            unsafe { TF_DeleteTensor(t) };
+            return Err(Error {
+                code: code::INTERNAL,
+                message: format!(
+                    "output {i}: allocated {size} bytes of dtype {actual}, expected {len} of {dtype}"
+                ),
+            });
+        }
+        // SAFETY: the new output tensor holds `len` bytes (checked above) that nothing else
+        // references until compute returns; we release our reference (the context keeps its
+        // own) after `fill`.
         unsafe {
             let data = TF_TensorData(t) as *mut u8;
             let result = if len == 0 || data.is_null() {
@@ -433,7 +465,9 @@ unsafe extern "C" fn compute<K: Kernel>(kernel: *mut c_void, ctx: *mut TF_OpKern
 unsafe extern "C" fn delete<K: Kernel>(kernel: *mut c_void) {
     if !kernel.is_null() {
         // SAFETY: created by Box::into_raw in create::<K>; TF deletes each kernel once.
-        drop(unsafe { Box::from_raw(kernel as *mut K) });
+        let k = unsafe { Box::from_raw(kernel as *mut K) };
+        // A panic while dropping must not unwind into TensorFlow.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(k)));
     }
 }
 

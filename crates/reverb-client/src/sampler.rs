@@ -43,6 +43,8 @@ pub struct Sampler {
     supervisor: tokio::task::JoinHandle<()>,
     ended: bool,
     failure: Option<ClientError>,
+    /// Samples a timed-out `next` call received, returned by the next call.
+    held: Vec<Sample>,
 }
 
 /// A batch: info columns and one stacked tensor per data column.
@@ -109,7 +111,19 @@ impl Sampler {
                     tx.clone(),
                 ));
             }
-            while set.join_next().await.is_some() {}
+            while let Some(joined) = set.join_next().await {
+                match joined {
+                    // The first rate-limiter timeout ends the stream, as in the reference.
+                    Ok(Exit::TimedOut) => set.abort_all(),
+                    Ok(Exit::Finished) => {}
+                    Err(e) if e.is_panic() => {
+                        set.abort_all();
+                        let e = ClientError::new(Code::Internal, "a sampler worker panicked");
+                        let _ = tx.send(Event::Failed(e)).await;
+                    }
+                    Err(_) => {} // aborted above
+                }
+            }
             let _ = tx.send(Event::Done).await;
         });
         Ok(Self {
@@ -117,12 +131,13 @@ impl Sampler {
             supervisor,
             ended: false,
             failure: None,
+            held: Vec::new(),
         })
     }
 
-    /// Takes up to `n` samples, waiting at most `wait` for the first one. Returns fewer at the
-    /// end of the stream; `Ok(None)` when the wait passed with nothing ready; an empty vector
-    /// once the stream has ended.
+    /// Takes `n` samples, waiting at most `wait` in all. Returns fewer at the end of the
+    /// stream; `Ok(None)` when the wait passed first (samples that did arrive are kept for the
+    /// next call); an empty vector once the stream has ended.
     pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<Sample>>> {
         self.take(n, wait, true).await
     }
@@ -134,7 +149,13 @@ impl Sampler {
     }
 
     async fn take(&mut self, n: usize, wait: Duration, fill: bool) -> Result<Option<Vec<Sample>>> {
-        let mut out = Vec::with_capacity(n);
+        if n == 0 {
+            return Err(ClientError::invalid(
+                "a sampler call must ask for >= 1 sample",
+            ));
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut out = std::mem::take(&mut self.held);
         while out.len() < n {
             if let Some(e) = &self.failure {
                 if out.is_empty() {
@@ -145,13 +166,14 @@ impl Sampler {
             if self.ended {
                 break;
             }
-            let event = if out.is_empty() {
-                match tokio::time::timeout(wait, self.rx.recv()).await {
-                    Err(_) => return Ok(None),
+            let event = if out.is_empty() || fill {
+                match tokio::time::timeout_at(deadline, self.rx.recv()).await {
                     Ok(e) => e,
+                    Err(_) => {
+                        self.held = out; // kept for the next call
+                        return Ok(None);
+                    }
                 }
-            } else if fill {
-                self.rx.recv().await
             } else {
                 match self.rx.try_recv() {
                     Ok(e) => Some(e),
@@ -175,33 +197,42 @@ impl Drop for Sampler {
     }
 }
 
+/// How a worker ended (failures are reported through the queue).
+enum Exit {
+    Finished,
+    TimedOut,
+}
+
 async fn worker(
     client: Client,
     table: String,
     options: SamplerOptions,
     budget: Arc<AtomicI64>,
     tx: mpsc::Sender<Event>,
-) {
+) -> Exit {
     let mut backoff = Duration::from_millis(1);
     loop {
         let mut received = 0usize;
         let failure = match stream(&client, &table, &options, &budget, &tx, &mut received).await {
-            Ok(()) => return,
+            Ok(()) => return Exit::Finished,
             Err(e) => e,
         };
         if received > 0 {
             backoff = Duration::from_millis(1);
         }
         match failure.code {
-            // A rate-limiter timeout ends the stream cleanly, as in the reference's datasets.
-            Code::DeadlineExceeded => return,
+            // A rate-limiter timeout ends the stream cleanly, as in the reference's datasets
+            // (without a rate-limiter timeout, DEADLINE_EXCEEDED is a real error).
+            Code::DeadlineExceeded if options.rate_limiter_timeout.is_some() => {
+                return Exit::TimedOut
+            }
             Code::Unavailable | Code::Cancelled if backoff < Duration::from_secs(1) => {
                 tokio::time::sleep(backoff).await;
                 backoff *= 2;
             }
             _ => {
                 let _ = tx.send(Event::Failed(failure)).await;
-                return;
+                return Exit::Finished;
             }
         }
     }
@@ -288,7 +319,13 @@ async fn stream(
             chunks.extend(entry.data);
             if entry.end_of_sequence {
                 let (info, chunks) = partial.take().expect("set above");
-                outstanding = outstanding.saturating_sub(1);
+                if outstanding == 0 {
+                    return Err(ClientError::data_loss(format!(
+                        "Server at {} sent more samples than requested",
+                        client.address()
+                    )));
+                }
+                outstanding -= 1;
                 *received += 1;
                 let sample = match assemble(info, &chunks) {
                     Ok(sample) => sample,

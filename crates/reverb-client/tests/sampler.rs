@@ -1,0 +1,121 @@
+//! The prefetching sampler against a real server: partial batches are kept across timed-out
+//! calls, max_samples is exact over several workers, and a rate-limiter timeout ends cleanly.
+
+use reverb_client::sampler::{Sampler, SamplerOptions};
+use reverb_client::{Client, Tensor};
+mod common;
+use common::{block, table, T};
+use reverb_core::SelectorKind;
+use reverb_proto::tensorflow::DataType;
+use reverb_server::{Server, ServerOptions};
+use std::time::Duration;
+
+fn insert(client: &Client, table: &str, value: i64) {
+    let t = Tensor::new(
+        DataType::DtInt64 as i32,
+        vec![],
+        value.to_le_bytes().to_vec(),
+    )
+    .unwrap();
+    block(client.insert_step(vec![t], vec![(table.into(), 1.0)], T)).unwrap();
+}
+
+fn value(s: &reverb_client::Sample) -> i64 {
+    i64::from_le_bytes(s.columns[0].data[..8].try_into().unwrap())
+}
+
+fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) -> SamplerOptions {
+    SamplerOptions {
+        max_in_flight_samples_per_worker: 2,
+        num_workers: workers,
+        max_samples,
+        rate_limiter_timeout: timeout_ms.map(Duration::from_millis),
+    }
+}
+
+/// A queue: each item sampled once, sampling blocks while the table is empty.
+fn queue(name: &str) -> std::sync::Arc<reverb_core::Table> {
+    use reverb_core::{RateLimiterConfig, TableConfig};
+    std::sync::Arc::new(
+        reverb_core::Table::new(TableConfig {
+            name: name.into(),
+            sampler: SelectorKind::Fifo,
+            remover: SelectorKind::Fifo,
+            max_size: 100,
+            max_times_sampled: 1,
+            rate_limiter: RateLimiterConfig {
+                samples_per_insert: 1.0,
+                min_size_to_sample: 1,
+                min_diff: -f64::MAX,
+                max_diff: f64::MAX,
+            },
+            signature: None,
+        })
+        .unwrap(),
+    )
+}
+
+#[test]
+fn a_timed_out_call_keeps_what_arrived_for_the_next_call() {
+    let server = Server::start(vec![queue("q")], ServerOptions::default()).unwrap();
+    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    for i in 0..3 {
+        insert(&client, "q", i);
+    }
+    let mut sampler = Sampler::new(client.clone(), "q", options(1, None, None)).unwrap();
+    // Three items for a call that wants five: it times out and keeps them...
+    assert!(block(sampler.next(5, Duration::from_millis(300)))
+        .unwrap()
+        .is_none());
+    for i in 3..5 {
+        insert(&client, "q", i);
+    }
+    // ...and the next call returns all five, in order.
+    let got = block(sampler.next(5, Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        got.iter().map(value).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+}
+
+#[test]
+fn max_samples_is_exact_over_several_workers() {
+    let uniform = table("u", SelectorKind::Uniform, 100);
+    let server = Server::start(vec![uniform], ServerOptions::default()).unwrap();
+    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    insert(&client, "u", 7);
+    let mut sampler = Sampler::new(client, "u", options(3, Some(11), None)).unwrap();
+    let mut total = 0;
+    loop {
+        match block(sampler.next_ready(4, Duration::from_secs(5))).unwrap() {
+            Some(v) if v.is_empty() => break,
+            Some(v) => {
+                assert!(v.iter().all(|s| value(s) == 7));
+                total += v.len();
+            }
+            None => panic!("the sampler stalled"),
+        }
+    }
+    assert_eq!(total, 11);
+}
+
+#[test]
+fn a_rate_limiter_timeout_ends_the_stream_without_error() {
+    let server = Server::start(vec![queue("q")], ServerOptions::default()).unwrap();
+    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    // An empty table blocks every sample: with a 100 ms timeout, both workers end.
+    let mut sampler = Sampler::new(client, "q", options(2, None, Some(100))).unwrap();
+    let got = block(sampler.next(1, Duration::from_secs(10))).unwrap();
+    assert!(matches!(got, Some(v) if v.is_empty()));
+}
+
+#[test]
+fn zero_samples_is_rejected() {
+    let fifo = table("q", SelectorKind::Fifo, 100);
+    let server = Server::start(vec![fifo], ServerOptions::default()).unwrap();
+    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    let mut sampler = Sampler::new(client, "q", options(1, None, Some(100))).unwrap();
+    assert!(block(sampler.next(0, Duration::from_secs(1))).is_err());
+}
