@@ -54,9 +54,11 @@ class TFClient:
         tables: tf.Tensor,
         priorities: tf.Tensor,
         name: Optional[str] = None,
+        timeout_ms: int = -1,
     ) -> Any:
         """Inserts `data` (one step) as an item with priority `priorities[i]` into `tables[i]`
-        for every i. Returns the op (in graph mode)."""
+        for every i, waiting until the server confirms it (at most `timeout_ms` if >= 0).
+        Returns the op (in graph mode)."""
         if tables.dtype != tf.string or tables.shape.rank != 1:
             raise ValueError("tables must be a string tensor of rank 1")
         if priorities.dtype != tf.float64 or priorities.shape.rank != 1:
@@ -69,6 +71,7 @@ class TFClient:
                 tables,
                 priorities,
                 server_address=self._server_address,
+                timeout_ms=timeout_ms,
             )
 
     def update_priorities(
@@ -77,8 +80,10 @@ class TFClient:
         keys: tf.Tensor,
         priorities: tf.Tensor,
         name: Optional[str] = None,
+        timeout_ms: int = -1,
     ) -> Any:
-        """Sets `priorities[i]` on item `keys[i]` of `table`; unknown keys are ignored."""
+        """Sets `priorities[i]` on item `keys[i]` of `table`; unknown keys are ignored. Fails
+        with DEADLINE_EXCEEDED after `timeout_ms` if >= 0."""
         keys = tf.convert_to_tensor(keys, tf.uint64)
         priorities = tf.convert_to_tensor(priorities, tf.float64)
         if not keys.shape.is_compatible_with(priorities.shape):
@@ -88,7 +93,7 @@ class TFClient:
             )
         with tf.name_scope(name or f"{self._name}_update_priorities"):
             return self._ops.reverb_rs_client_update_priorities(
-                table, keys, priorities, server_address=self._server_address
+                table, keys, priorities, server_address=self._server_address, timeout_ms=timeout_ms
             )
 
 

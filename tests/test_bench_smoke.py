@@ -13,8 +13,26 @@ import pytest
 WORKLOADS = pathlib.Path(__file__).resolve().parent.parent / "bench" / "workloads.py"
 
 
+def _has_tensorflow() -> bool:
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize(
-    "workload", ["writer_small", "writer_frames", "client_sample", "prioritized"]
+    "workload",
+    [
+        "writer_small",
+        "writer_frames",
+        "client_sample",
+        "prioritized",
+        pytest.param(
+            "dataset_small",
+            marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
+        ),
+    ],
 )
 def test_workload_runs_and_reports(workload: str) -> None:
     out = subprocess.run(

@@ -139,3 +139,15 @@ def test_dead_server_is_an_error_not_a_hang() -> None:
         client.insert([tf.constant(1.0)], tf.constant(["q"]), tf.constant([1.0], tf.float64))
     with pytest.raises(errors, match=f"localhost:{s.port}"):
         client.sample("q", [tf.float32])
+
+
+def test_insert_times_out_when_the_table_is_full(server) -> None:
+    # A queue of 100 blocks inserts once full: the insert op fails after its timeout.
+    client = _client(server)
+    for i in range(100):
+        client.insert([tf.constant(i)], tf.constant(["q"]), tf.constant([1.0], tf.float64))
+    with pytest.raises(tf.errors.DeadlineExceededError):
+        client.insert(
+            [tf.constant(0)], tf.constant(["q"]), tf.constant([1.0], tf.float64), timeout_ms=100
+        )
+    assert server.localhost_client().server_info(timeout=10)["q"].current_size == 100
