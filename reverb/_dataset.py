@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import collections.abc
 import itertools
+import os
 from typing import Any, Optional
 
 import tensorflow as tf
 
-from reverb import _nest, _tf_ops, replay_sample
+from reverb import _native, _nest, _tf_ops, replay_sample
 from reverb import client as client_lib
 
 _instances = itertools.count(1)
@@ -155,6 +156,7 @@ def build(
         names=_column_names(dtypes),
         # Eager mode caches one kernel per distinct attrs: keep datasets apart.
         instance=next(_instances),
+        **_local_server(address),
     )
 
     @tf.autograph.experimental.do_not_convert
@@ -185,6 +187,16 @@ def build(
 
         return ds.map(static_batch)
     return ds.map(lambda _, batch: batch).unbatch()
+
+
+def _local_server(address: str) -> dict:
+    """With a server of this process at `address`, the kernel samples its tables directly
+    (through `reverb._native`) instead of over loopback gRPC. `REVERB_NO_LOCAL=1` turns that
+    off."""
+    port = _native.local_port(address)
+    if port is None:
+        return dict(local_library="", local_port=0)
+    return dict(local_library=os.path.abspath(_native.__file__), local_port=port)
 
 
 def table_signature(

@@ -14,6 +14,14 @@ from reverb import rate_limiters, selectors
 T = 10.0
 
 
+@pytest.fixture(params=["local", "grpc"], autouse=True)
+def sampling_path(request, monkeypatch):
+    """Every test runs twice: sampling this process's server directly, and over gRPC."""
+    if request.param == "grpc":
+        monkeypatch.setenv("REVERB_NO_LOCAL", "1")
+    return request.param
+
+
 def _fill(client: reverb.Client, table: str, n: int) -> None:
     with client.trajectory_writer(2) as writer:
         for t in range(n + 1):

@@ -44,6 +44,8 @@ pub const ATTRS: &[&str] = &[
     "dims: list(int)",
     "names: list(string)",
     "instance: int",
+    "local_library: string",
+    "local_port: int",
 ];
 
 /// The longest one call waits for samples. TensorFlow's C API gives kernels no cancellation
@@ -92,6 +94,7 @@ impl Kernel for DatasetSample {
                 num_workers: c.int("num_workers")?.max(0) as usize,
                 max_samples: (max_samples >= 0).then_some(max_samples as u64),
                 rate_limiter_timeout: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
+                local: crate::local::find(&c.string("local_library")?, c.int("local_port")?),
             },
             max_batch: c.int("max_batch")?.max(1) as usize,
             batch_size: c.int("batch_size")?.max(0) as usize,

@@ -7,6 +7,7 @@ mod client_ops;
 mod dataset;
 mod ffi;
 mod kernel;
+mod local;
 mod samples;
 
 use kernel::{register_kernel, register_op, Kernel};

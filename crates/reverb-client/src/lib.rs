@@ -3,6 +3,7 @@
 
 mod client;
 mod error;
+pub mod local;
 pub mod sampler;
 pub mod tensor;
 pub mod writer;

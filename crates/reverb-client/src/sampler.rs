@@ -3,6 +3,7 @@
 //! Feeds the numpy / PyTorch iterators (and, later, the TensorFlow kernels).
 
 use crate::client::{assemble, sample_request};
+use crate::local::Local;
 use crate::{runtime, Client, ClientError, Result, Sample, Tensor};
 use reverb_proto::{ChunkData, SampleInfo};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -23,6 +24,8 @@ pub struct SamplerOptions {
     pub max_samples: Option<u64>,
     /// Ends the stream (cleanly) when the table's rate limiter blocks this long.
     pub rate_limiter_timeout: Option<Duration>,
+    /// The server runs in this process: sample it directly instead of through gRPC.
+    pub local: Option<Local>,
 }
 
 /// Workers when none are asked for: one per client runtime thread, so decoding runs on both.
@@ -103,13 +106,12 @@ impl Sampler {
             };
             let mut set = tokio::task::JoinSet::new();
             for _ in 0..workers {
-                set.spawn(worker(
-                    client.clone(),
-                    table.clone(),
-                    options.clone(),
-                    budget.clone(),
-                    tx.clone(),
-                ));
+                let (table, options, budget, tx) =
+                    (table.clone(), options.clone(), budget.clone(), tx.clone());
+                match options.local {
+                    Some(local) => set.spawn(local_worker(local, table, options, budget, tx)),
+                    None => set.spawn(worker(client.clone(), table, options, budget, tx)),
+                };
             }
             while let Some(joined) = set.join_next().await {
                 match joined {
@@ -232,6 +234,68 @@ async fn worker(
             }
             _ => {
                 let _ = tx.send(Event::Failed(failure)).await;
+                return Exit::Finished;
+            }
+        }
+    }
+}
+
+/// The longest one in-process call waits, so an aborted sampler stops soon.
+const LOCAL_WAIT: Duration = Duration::from_millis(100);
+
+/// A worker for a server in this process: takes what is ready (up to
+/// `max_in_flight_samples_per_worker`) in blocking calls on the blocking pool.
+async fn local_worker(
+    local: Local,
+    table: String,
+    options: SamplerOptions,
+    budget: Arc<AtomicI64>,
+    tx: mpsc::Sender<Event>,
+) -> Exit {
+    let give_back = |n: usize| budget.fetch_add(n as i64, Ordering::SeqCst);
+    loop {
+        let n = reserve(&budget, options.max_in_flight_samples_per_worker);
+        if n == 0 {
+            return Exit::Finished;
+        }
+        let mut blocked = Duration::ZERO;
+        let samples = loop {
+            let wait = options
+                .rate_limiter_timeout
+                .map_or(LOCAL_WAIT, |t| t.saturating_sub(blocked).min(LOCAL_WAIT));
+            let name = table.clone();
+            let got = tokio::task::spawn_blocking(move || {
+                local.sample(&name, n, wait.max(Duration::from_millis(1)))
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::new(
+                    Code::Internal,
+                    "in-process sampling panicked",
+                ))
+            });
+            match got {
+                Ok(v) if !v.is_empty() => break v,
+                Ok(_) => {
+                    blocked += wait;
+                    if options.rate_limiter_timeout.is_some_and(|t| blocked >= t) {
+                        give_back(n);
+                        return Exit::TimedOut;
+                    }
+                    if tx.is_closed() {
+                        return Exit::Finished;
+                    }
+                }
+                Err(e) => {
+                    give_back(n);
+                    let _ = tx.send(Event::Failed(e)).await;
+                    return Exit::Finished;
+                }
+            }
+        };
+        give_back(n - samples.len().min(n));
+        for sample in samples {
+            if tx.send(Event::Sample(Box::new(sample))).await.is_err() {
                 return Exit::Finished;
             }
         }

@@ -30,6 +30,7 @@ fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) ->
         num_workers: workers,
         max_samples,
         rate_limiter_timeout: timeout_ms.map(Duration::from_millis),
+        local: None,
     }
 }
 

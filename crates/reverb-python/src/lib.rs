@@ -9,6 +9,7 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
+use reverb_client::local::{loopback_port, EmitFn, Local};
 use reverb_client::sampler::{stack, Sampler, SamplerOptions};
 use reverb_client::writer::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
 use reverb_client::{runtime, Client, ClientError, Sample, Tensor};
@@ -739,6 +740,7 @@ impl PySampler {
             max_samples: (max_samples >= 0).then_some(max_samples as u64),
             rate_limiter_timeout: (rate_limiter_timeout_ms >= 0)
                 .then(|| Duration::from_millis(rate_limiter_timeout_ms as u64)),
+            local: local_server(client.inner.address()),
         };
         let sampler = {
             let _guard = runtime().enter();
@@ -812,6 +814,89 @@ fn descriptor_set<'py>(py: Python<'py>) -> Bound<'py, PyBytes> {
     PyBytes::new(py, reverb_proto::FILE_DESCRIPTOR_SET)
 }
 
+/// A server of this process that `address` names, reached without gRPC (unless the
+/// environment sets `REVERB_NO_LOCAL`).
+fn local_server(address: &str) -> Option<Local> {
+    if std::env::var_os("REVERB_NO_LOCAL").is_some_and(|v| !v.is_empty()) {
+        return None; // force gRPC (tests cover both paths)
+    }
+    let port = loopback_port(address).filter(|&p| reverb_server::local::is_local(p))?;
+    Some(Local {
+        sample: reverb_inproc_sample_v1,
+        port,
+    })
+}
+
+/// The port of `address` when it names a server running in this process, else `None`: the
+/// TensorFlow kernels then sample it through `reverb_inproc_sample_v1`.
+#[pyfunction]
+fn local_port(address: &str) -> Option<u16> {
+    local_server(address).map(|l| l.port)
+}
+
+/// In-process sampling for clients built into other libraries (the TensorFlow kernels), which
+/// find this function with `dlsym`: up to `max_items` samples of `table` from this process's
+/// server on `port`, waiting at most `wait_ms` for the first, handed to `emit` piece by piece
+/// (see `reverb_client::local`). Returns a status code (0: OK).
+///
+/// # Safety
+/// `table` must point at `table_len` readable bytes; `sink` is passed back to `emit` as is.
+#[no_mangle]
+pub unsafe extern "C" fn reverb_inproc_sample_v1(
+    port: u16,
+    table: *const u8,
+    table_len: usize,
+    max_items: usize,
+    wait_ms: u64,
+    sink: *mut std::ffi::c_void,
+    emit: EmitFn,
+) -> i32 {
+    use reverb_client::local::{CHUNK, DATA, ERROR, INFO};
+    // SAFETY: the caller passes `table_len` readable bytes at `table`.
+    let name = unsafe { std::slice::from_raw_parts(table, table_len) };
+    let result = std::panic::catch_unwind(|| {
+        let name = std::str::from_utf8(name)
+            .map_err(|_| tonic::Status::invalid_argument("table name is not UTF-8"))?;
+        reverb_server::local::sample(port, name, max_items, Duration::from_millis(wait_ms))
+    });
+    let send = |kind: u32, bytes: &[u8]| {
+        // SAFETY: `emit` and `sink` come from the caller, which reads `bytes` only during
+        // the call.
+        unsafe { emit(sink, kind, bytes.as_ptr(), bytes.len()) }
+    };
+    match result {
+        Ok(Ok(items)) => {
+            for s in items {
+                let info = reverb_proto::SampleInfo {
+                    item: Some(s.item.to_proto(s.priority, s.times_sampled)),
+                    probability: s.probability,
+                    table_size: s.table_size,
+                    rate_limited: false,
+                };
+                send(INFO, &info.encode_to_vec());
+                for chunk in &s.item.chunks {
+                    let data = chunk.data();
+                    let header = reverb_proto::ChunkData {
+                        data: Default::default(),
+                        ..data.clone()
+                    };
+                    send(CHUNK, &header.encode_to_vec());
+                    send(DATA, &data.data);
+                }
+            }
+            0
+        }
+        Ok(Err(status)) => {
+            send(ERROR, status.message().as_bytes());
+            status.code() as i32
+        }
+        Err(_) => {
+            send(ERROR, b"in-process sampling panicked");
+            tonic::Code::Internal as i32
+        }
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTable>()?;
@@ -820,6 +905,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTrajectoryWriter>()?;
     m.add_class::<PySampler>()?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
+    m.add_function(wrap_pyfunction!(local_port, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

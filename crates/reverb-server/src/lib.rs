@@ -6,6 +6,7 @@
 
 pub mod checkpointer;
 mod insert;
+pub mod local;
 mod sample;
 mod server;
 mod service;

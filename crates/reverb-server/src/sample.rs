@@ -15,7 +15,7 @@ use tonic::{Status, Streaming};
 type Tx = mpsc::Sender<Result<SampleStreamResponse, Status>>;
 
 /// Most chunk bytes one table call samples (the reference's kMaxSampleResponseSizeBytes).
-const MAX_BATCH_BYTES: usize = 1 << 20;
+pub(crate) const MAX_BATCH_BYTES: usize = 1 << 20;
 /// A response is sent once it holds this many chunk bytes.
 const MAX_RESPONSE_BYTES: usize = 2 << 20;
 /// Most items one table call samples.

@@ -97,6 +97,7 @@ impl Server {
             *done.0.lock().unwrap() = true;
             done.1.notify_all();
         });
+        crate::local::register(port, service.tables_map());
         Ok(Self {
             port,
             service,
@@ -129,6 +130,7 @@ impl Server {
     /// Stops accepting, ends open streams and shuts the runtime down (bounded to ~1 s).
     pub fn stop(&self) {
         if let Some(tx) = self.shutdown.lock().unwrap().take() {
+            crate::local::unregister(self.port);
             let _ = tx.send(());
         }
         let runtime = self.runtime.lock().unwrap().take();

@@ -24,6 +24,11 @@ pub struct ReverbServiceImpl {
 }
 
 impl ReverbServiceImpl {
+    /// The tables by name.
+    pub(crate) fn tables_map(&self) -> Arc<BTreeMap<String, Arc<Table>>> {
+        self.tables.clone()
+    }
+
     /// Serves `tables`; names must be unique.
     pub fn new(tables: Vec<Arc<Table>>) -> Result<Self, String> {
         let mut map = BTreeMap::new();

@@ -1,0 +1,126 @@
+//! Sampling a server that runs in this process without gRPC, through a small C ABI that the
+//! Python extension (`reverb._native`, which holds the servers) exports. Code built into a
+//! separate library (the TensorFlow kernels) finds it with `dlsym` and gets the chunk bytes
+//! with one copy instead of a trip through protobuf, HTTP/2 and the loopback socket.
+
+use crate::client::assemble;
+use crate::{ClientError, Result, Sample};
+use bytes::Bytes;
+use prost::Message;
+use reverb_proto::{ChunkData, SampleInfo};
+use std::os::raw::c_void;
+use std::time::Duration;
+use tonic::Code;
+
+/// A piece of a sample handed to [`EmitFn`]: a `SampleInfo` proto (starts a sample).
+pub const INFO: u32 = 1;
+/// A `ChunkData` proto without its `data` (the next piece carries it).
+pub const CHUNK: u32 = 2;
+/// The data bytes of the last chunk.
+pub const DATA: u32 = 3;
+/// An error message (the call's return value is the status code).
+pub const ERROR: u32 = 4;
+
+/// Receives the pieces of the samples, in order; `ptr` is valid only during the call.
+pub type EmitFn = unsafe extern "C" fn(sink: *mut c_void, kind: u32, ptr: *const u8, len: usize);
+
+/// `reverb_inproc_sample_v1(port, table, table_len, max_items, wait_ms, sink, emit)`: samples
+/// up to `max_items` items (none if the rate limiter blocks for `wait_ms`); returns a status
+/// code (0: OK).
+pub type SampleFn = unsafe extern "C" fn(
+    port: u16,
+    table: *const u8,
+    table_len: usize,
+    max_items: usize,
+    wait_ms: u64,
+    sink: *mut c_void,
+    emit: EmitFn,
+) -> i32;
+
+/// The exported function's name (NUL-terminated, for `dlsym`).
+pub const SAMPLE_SYMBOL: &[u8] = b"reverb_inproc_sample_v1\0";
+
+/// A server of this process, reached through `sample`.
+#[derive(Debug, Clone, Copy)]
+pub struct Local {
+    pub sample: SampleFn,
+    pub port: u16,
+}
+
+#[derive(Default)]
+struct Sink {
+    samples: Vec<(SampleInfo, Vec<ChunkData>)>,
+    error: String,
+    malformed: bool,
+}
+
+unsafe extern "C" fn emit(sink: *mut c_void, kind: u32, ptr: *const u8, len: usize) {
+    // SAFETY: `sink` is the `Sink` that `Local::sample` passed for this call, and `ptr` points
+    // at `len` readable bytes for the duration of this callback (the exporter's contract).
+    let (sink, bytes) = unsafe {
+        let bytes: &[u8] = if ptr.is_null() || len == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(ptr, len)
+        };
+        (&mut *(sink as *mut Sink), bytes)
+    };
+    match kind {
+        INFO => match SampleInfo::decode(bytes) {
+            Ok(info) => sink.samples.push((info, Vec::new())),
+            Err(_) => sink.malformed = true,
+        },
+        CHUNK => match (ChunkData::decode(bytes), sink.samples.last_mut()) {
+            (Ok(chunk), Some((_, chunks))) => chunks.push(chunk),
+            _ => sink.malformed = true,
+        },
+        DATA => match sink.samples.last_mut().and_then(|(_, c)| c.last_mut()) {
+            Some(chunk) => chunk.data = Bytes::copy_from_slice(bytes),
+            None => sink.malformed = true,
+        },
+        ERROR => sink.error = String::from_utf8_lossy(bytes).into_owned(),
+        _ => sink.malformed = true,
+    }
+}
+
+impl Local {
+    /// Up to `max_items` samples of `table`, waiting at most `wait` for the first (an empty
+    /// vector when the wait passed). Blocks: call it off the async runtime.
+    pub fn sample(&self, table: &str, max_items: usize, wait: Duration) -> Result<Vec<Sample>> {
+        let mut sink = Sink::default();
+        // SAFETY: `self.sample` is the exporter's function (looked up by SAMPLE_SYMBOL, with
+        // this signature); the table bytes and the sink outlive the call.
+        let code = unsafe {
+            (self.sample)(
+                self.port,
+                table.as_ptr(),
+                table.len(),
+                max_items,
+                wait.as_millis() as u64,
+                &mut sink as *mut Sink as *mut c_void,
+                emit,
+            )
+        };
+        if code != 0 {
+            return Err(ClientError::new(Code::from(code), sink.error));
+        }
+        if sink.malformed {
+            return Err(ClientError::data_loss("Malformed in-process sample"));
+        }
+        sink.samples
+            .into_iter()
+            .map(|(info, chunks)| assemble(info, &chunks))
+            .collect()
+    }
+}
+
+/// The port of `address` if it names this machine (`localhost`, `127.0.0.1`, `[::1]`, ...),
+/// with an optional `http://` scheme.
+pub fn loopback_port(address: &str) -> Option<u16> {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
+    let (host, port) = rest.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    matches!(host, "localhost" | "127.0.0.1" | "::1" | "0.0.0.0" | "::")
+        .then(|| port.trim_end_matches('/').parse().ok())
+        .flatten()
+}
