@@ -80,37 +80,47 @@ class Client:
         # The same machinery as the trajectory writer: one persistent insert stream per client,
         # each insert its own one-step episode (as with the reference's legacy writer).
         with self._insert_lock:
-            if self._insert_writer is not None and self._insert_writer.failed:
-                # Its stream died between calls (e.g. the server restarted): start afresh.
-                self._insert_writer = None
-            if self._insert_writer is None:
-                # No reconnect loop: a dead server fails the call (UnavailableError) at once.
-                self._insert_writer = _native.TrajectoryWriter(
-                    self._client, 1, 1, 1024, False, reconnect_timeout=0.0
-                )
-                self._insert_columns = {}
-            writer = self._insert_writer
-            # One writer column per (position, dtype, shape): inserts may change structure.
-            columns = [
-                self._insert_columns.setdefault(
-                    (i, a.dtype.str, a.shape), len(self._insert_columns)
-                )
-                for i, a in enumerate(arrays)
-            ]
-            step = writer.episode_start
-            try:
-                if writer.append(columns, arrays, False) is not None:
-                    raise RuntimeError("internal error: insert columns collided")
-                cells = [([(column, step)], False) for column in columns]
-                for table, priority in pairs:
-                    writer.create_item(table, priority, cells)
-                writer.end_episode(True, timeout_ms)
-            except BaseException:
-                # A failed or timed-out insert is not stored later: cancel what the server
-                # has not stored yet; the next insert starts a fresh stream.
-                writer.abort()
-                self._insert_writer = None
-                raise
+            for attempt in range(2):
+                reused = self._insert_writer is not None
+                try:
+                    self._insert_once(arrays, pairs, timeout_ms)
+                    return
+                except errors.UnavailableError:
+                    # The stream of a writer kept from an earlier insert may have died without
+                    # it knowing yet (e.g. the server restarted): retry once on a fresh stream.
+                    if not reused or attempt == 1:
+                        raise
+
+    def _insert_once(self, arrays: list, pairs: list, timeout_ms: Optional[int]) -> None:
+        if self._insert_writer is not None and self._insert_writer.failed:
+            # Its stream died between calls (e.g. the server restarted): start afresh.
+            self._insert_writer = None
+        if self._insert_writer is None:
+            # No reconnect loop: a dead server fails the call (UnavailableError) at once.
+            self._insert_writer = _native.TrajectoryWriter(
+                self._client, 1, 1, 1024, False, reconnect_timeout=0.0
+            )
+            self._insert_columns = {}
+        writer = self._insert_writer
+        # One writer column per (position, dtype, shape): inserts may change structure.
+        columns = [
+            self._insert_columns.setdefault((i, a.dtype.str, a.shape), len(self._insert_columns))
+            for i, a in enumerate(arrays)
+        ]
+        step = writer.episode_start
+        try:
+            if writer.append(columns, arrays, False) is not None:
+                raise RuntimeError("internal error: insert columns collided")
+            cells = [([(column, step)], False) for column in columns]
+            for table, priority in pairs:
+                writer.create_item(table, priority, cells)
+            writer.end_episode(True, timeout_ms)
+        except BaseException:
+            # A failed or timed-out insert is not stored later: cancel what the server
+            # has not stored yet; the next insert starts a fresh stream.
+            writer.abort()
+            self._insert_writer = None
+            raise
 
     def sample(
         self,
