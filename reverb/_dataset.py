@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from reverb import _native, _nest, _tf_ops, replay_sample
 from reverb import client as client_lib
+from reverb.trajectory_iterator import check_sampler_arguments
 
 _instances = itertools.count(1)
 
@@ -54,19 +55,13 @@ def check_arguments(
             f"dtypes and shapes must have the same structure ({e}): {dtypes!r} and {shapes!r}"
         ) from None
     shapes = tf.nest.pack_sequence_as(dtypes, flat)
-    if max_in_flight_samples_per_worker < 1:
-        raise ValueError(
-            f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be >= 1"
-        )
-    for name, value in (
-        ("num_workers_per_iterator", num_workers_per_iterator),
-        ("max_samples_per_stream", max_samples_per_stream),
-        ("max_samples", max_samples),
-    ):
-        if value < 1 and value != -1:
-            raise ValueError(f"{name} ({value}) must be an integer >= 1 or -1")
-    if rate_limiter_timeout_ms < -1:
-        raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be >= -1")
+    check_sampler_arguments(
+        max_in_flight_samples_per_worker,
+        num_workers_per_iterator,
+        max_samples_per_stream,
+        rate_limiter_timeout_ms,
+        max_samples,
+    )
     return shapes
 
 

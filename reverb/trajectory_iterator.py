@@ -14,6 +14,29 @@ from reverb import _dtypes, _native, _nest, replay_sample
 from reverb import client as client_lib
 
 
+def check_sampler_arguments(
+    max_in_flight_samples_per_worker: int,
+    num_workers_per_iterator: int,
+    max_samples_per_stream: int,
+    rate_limiter_timeout_ms: int,
+    max_samples: int,
+) -> None:
+    """The reference's ValueErrors for bad sampler arguments (shared with the datasets)."""
+    if max_in_flight_samples_per_worker < 1:
+        raise ValueError(
+            f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be >= 1"
+        )
+    for name, value in (
+        ("num_workers_per_iterator", num_workers_per_iterator),
+        ("max_samples_per_stream", max_samples_per_stream),
+        ("max_samples", max_samples),
+    ):
+        if value < 1 and value != -1:
+            raise ValueError(f"{name} ({value}) must be an integer >= 1 or -1")
+    if rate_limiter_timeout_ms < -1:
+        raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be >= -1")
+
+
 class TrajectoryIterator:
     """Streams samples of `table` from the server at `server_address`.
 
@@ -40,19 +63,13 @@ class TrajectoryIterator:
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size ({batch_size}) must be None or >= 1")
-        if max_in_flight_samples_per_worker < 1:
-            raise ValueError(
-                "max_in_flight_samples_per_worker "
-                f"({max_in_flight_samples_per_worker}) must be >= 1"
-            )
-        for name, value in (
-            ("num_workers_per_iterator", num_workers_per_iterator),
-            ("max_samples", max_samples),
-        ):
-            if value < 1 and value != -1:
-                raise ValueError(f"{name} ({value}) must be -1 or >= 1")
-        if rate_limiter_timeout_ms < -1:
-            raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be >= -1")
+        check_sampler_arguments(
+            max_in_flight_samples_per_worker,
+            num_workers_per_iterator,
+            -1,
+            rate_limiter_timeout_ms,
+            max_samples,
+        )
         self._client = client_lib.Client(server_address)
         self._table = table
         self._batch_size = batch_size

@@ -2,7 +2,7 @@
 //! priorities. Each kernel holds a client for its `server_address` (connected lazily).
 
 use crate::kernel::{Construction, Context, Error, Kernel, Result};
-use crate::samples::{write_column, write_info, Spec};
+use crate::samples::{write_column, write_info, Spec, INFO_OUTPUTS};
 use reverb_client::tensor::dtype_size;
 use reverb_client::{runtime, Client, Tensor};
 use std::time::Duration;
@@ -22,14 +22,7 @@ pub struct ClientSample {
 pub mod sample {
     pub const OP: &str = "ReverbRsClientSample";
     pub const INPUTS: &[&str] = &["table: string"];
-    pub const OUTPUTS: &[&str] = &[
-        "key: uint64",
-        "probability: double",
-        "table_size: int64",
-        "priority: double",
-        "times_sampled: int32",
-        "data: dtypes",
-    ];
+    pub const OUTPUTS: &[&[&str]] = &[super::INFO_OUTPUTS, &["data: dtypes"]];
     pub const ATTRS: &[&str] = &[
         "server_address: string",
         "dtypes: list(type) >= 1",
@@ -68,7 +61,7 @@ impl Kernel for ClientSample {
         spec.check(&sample, false)?;
         write_info(ctx, 0, &[(&sample, 1)], &[])?;
         for c in 0..self.dtypes.len() {
-            write_column(ctx, 5 + c, c, &[&sample], None, false)?;
+            write_column(ctx, INFO_OUTPUTS.len() + c, c, &[&sample], None, false)?;
         }
         Ok(())
     }
@@ -103,7 +96,7 @@ pub struct ClientInsert {
 pub mod insert {
     pub const OP: &str = "ReverbRsClientInsert";
     pub const INPUTS: &[&str] = &["data: T", "tables: string", "priorities: double"];
-    pub const OUTPUTS: &[&str] = &[];
+    pub const OUTPUTS: &[&[&str]] = &[];
     pub const ATTRS: &[&str] = &[
         "server_address: string",
         "T: list(type) >= 1",
@@ -166,7 +159,7 @@ pub struct ClientUpdatePriorities {
 pub mod update_priorities {
     pub const OP: &str = "ReverbRsClientUpdatePriorities";
     pub const INPUTS: &[&str] = &["table: string", "keys: uint64", "priorities: double"];
-    pub const OUTPUTS: &[&str] = &[];
+    pub const OUTPUTS: &[&[&str]] = &[];
     pub const ATTRS: &[&str] = &["server_address: string", "timeout_ms: int = -1"];
 }
 

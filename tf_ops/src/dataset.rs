@@ -10,7 +10,7 @@
 //! elements.
 
 use crate::kernel::{Construction, Context, Error, Kernel, Result};
-use crate::samples::{same_shapes, steps, write_column, write_info, Spec};
+use crate::samples::{same_shapes, steps, write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::sampler::{Sampler, SamplerOptions};
 use reverb_client::{runtime, Client, Sample};
@@ -19,15 +19,11 @@ use std::time::{Duration, Instant};
 
 pub const OP: &str = "ReverbRsDatasetSample";
 pub const INPUTS: &[&str] = &[];
-pub const OUTPUTS: &[&str] = &[
-    "end_of_sequence: bool",
-    "key: uint64",
-    "probability: double",
-    "table_size: int64",
-    "priority: double",
-    "times_sampled: int32",
-    "data: dtypes",
-];
+/// Index of the first data output (after the end flag and the info outputs).
+const DATA: usize = 1 + INFO_OUTPUTS.len();
+
+/// Output groups: the end flag, the info columns, the data columns.
+pub const OUTPUTS: &[&[&str]] = &[&["end_of_sequence: bool"], INFO_OUTPUTS, &["data: dtypes"]];
 pub const ATTRS: &[&str] = &[
     "server_address: string",
     "table: string",
@@ -165,7 +161,7 @@ impl DatasetSample {
             if batch.is_empty() {
                 self.write_empty(ctx, c)?;
             } else {
-                write_column(ctx, 6 + c, c, batch, Some(rows), self.timestep)?;
+                write_column(ctx, DATA + c, c, batch, Some(rows), self.timestep)?;
             }
         }
         Ok(())
@@ -247,6 +243,6 @@ impl DatasetSample {
         if let Some(shape) = &self.spec.shapes[c] {
             dims.extend(shape.iter().map(|&d| d.max(0)));
         }
-        ctx.output(6 + c, self.spec.dtypes[c], &dims, 1, |_| Ok(()))
+        ctx.output(DATA + c, self.spec.dtypes[c], &dims, 1, |_| Ok(()))
     }
 }

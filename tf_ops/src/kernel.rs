@@ -93,6 +93,16 @@ fn cstr(s: &str) -> CString {
     CString::new(s).expect("attribute and op names contain no NUL")
 }
 
+type ScalarGetter<T> =
+    unsafe extern "C" fn(*mut TF_OpKernelConstruction, *const c_char, *mut T, *mut TF_Status);
+type ListGetter<T> = unsafe extern "C" fn(
+    *mut TF_OpKernelConstruction,
+    *const c_char,
+    *mut T,
+    c_int,
+    *mut TF_Status,
+);
+
 /// Kernel construction: reads the node's attributes.
 pub struct Construction(*mut TF_OpKernelConstruction);
 
@@ -130,66 +140,47 @@ impl Construction {
         String::from_utf8(buf).map_err(|_| Error::invalid(format!("attr {name} is not UTF-8")))
     }
 
-    /// An `int` attribute.
-    pub fn int(&self, name: &str) -> Result<i64> {
-        let mut v = 0i64;
+    /// A scalar attribute read by `get` (one of the `GetAttr<Scalar>` functions).
+    fn scalar<T: Copy + Default>(&self, name: &str, get: ScalarGetter<T>) -> Result<T> {
+        let mut v = T::default();
         let status = Status::new();
         let n = cstr(name);
-        // SAFETY: live construction, local out-param.
-        unsafe { TF_OpKernelConstruction_GetAttrInt64(self.0, n.as_ptr(), &mut v, status.0) };
+        // SAFETY: live construction; `get` writes one T into the local out-param.
+        unsafe { get(self.0, n.as_ptr(), &mut v, status.0) };
         status.check()?;
         Ok(v)
     }
 
-    /// A `bool` attribute.
-    pub fn bool(&self, name: &str) -> Result<bool> {
-        let mut v = 0u8;
+    /// A list attribute read by `get` (one of the `GetAttr<Scalar>List` functions).
+    fn list<T: Copy + Default>(&self, name: &str, get: ListGetter<T>) -> Result<Vec<T>> {
+        let (len, _) = self.size(name)?;
+        let mut v = vec![T::default(); len.max(0) as usize];
         let status = Status::new();
         let n = cstr(name);
-        // SAFETY: live construction, local out-param (TF_Bool is an unsigned char).
-        unsafe { TF_OpKernelConstruction_GetAttrBool(self.0, n.as_ptr(), &mut v, status.0) };
+        // SAFETY: v has room for `len` values and TF writes at most max_vals.
+        unsafe { get(self.0, n.as_ptr(), v.as_mut_ptr(), len as c_int, status.0) };
         status.check()?;
-        Ok(v != 0)
+        Ok(v)
+    }
+
+    /// An `int` attribute.
+    pub fn int(&self, name: &str) -> Result<i64> {
+        self.scalar(name, TF_OpKernelConstruction_GetAttrInt64)
+    }
+
+    /// A `bool` attribute (TF_Bool is an unsigned char).
+    pub fn bool(&self, name: &str) -> Result<bool> {
+        Ok(self.scalar(name, TF_OpKernelConstruction_GetAttrBool)? != 0)
     }
 
     /// A `list(type)` attribute.
     pub fn types(&self, name: &str) -> Result<Vec<i32>> {
-        let (len, _) = self.size(name)?;
-        let mut v = vec![0 as TF_DataType; len.max(0) as usize];
-        let status = Status::new();
-        let n = cstr(name);
-        // SAFETY: v has room for `len` values and TF writes at most max_vals.
-        unsafe {
-            TF_OpKernelConstruction_GetAttrTypeList(
-                self.0,
-                n.as_ptr(),
-                v.as_mut_ptr(),
-                len as c_int,
-                status.0,
-            )
-        };
-        status.check()?;
-        Ok(v)
+        self.list(name, TF_OpKernelConstruction_GetAttrTypeList)
     }
 
     /// A `list(int)` attribute.
     pub fn ints(&self, name: &str) -> Result<Vec<i64>> {
-        let (len, _) = self.size(name)?;
-        let mut v = vec![0i64; len.max(0) as usize];
-        let status = Status::new();
-        let n = cstr(name);
-        // SAFETY: v has room for `len` values and TF writes at most max_vals.
-        unsafe {
-            TF_OpKernelConstruction_GetAttrInt64List(
-                self.0,
-                n.as_ptr(),
-                v.as_mut_ptr(),
-                len as c_int,
-                status.0,
-            )
-        };
-        status.check()?;
-        Ok(v)
+        self.list(name, TF_OpKernelConstruction_GetAttrInt64List)
     }
 
     /// A `list(string)` attribute.
@@ -471,8 +462,9 @@ unsafe extern "C" fn delete<K: Kernel>(kernel: *mut c_void) {
     }
 }
 
-/// Registers an op: input/output/attr specs in TF's `name: type` syntax.
-pub fn register_op(name: &str, inputs: &[&str], outputs: &[&str], attrs: &[&str]) -> Result<()> {
+/// Registers an op: input/output/attr specs in TF's `name: type` syntax; outputs come in
+/// groups (concatenated in order).
+pub fn register_op(name: &str, inputs: &[&str], outputs: &[&[&str]], attrs: &[&str]) -> Result<()> {
     let n = cstr(name);
     // SAFETY: the builder is created here and consumed by TF_RegisterOpDefinition; spec strings
     // are copied by TF.
@@ -484,7 +476,7 @@ pub fn register_op(name: &str, inputs: &[&str], outputs: &[&str], attrs: &[&str]
         for i in inputs {
             TF_OpDefinitionBuilderAddInput(b, cstr(i).as_ptr());
         }
-        for o in outputs {
+        for o in outputs.iter().flat_map(|group| group.iter()) {
             TF_OpDefinitionBuilderAddOutput(b, cstr(o).as_ptr());
         }
         TF_OpDefinitionBuilderSetIsStateful(b, true);

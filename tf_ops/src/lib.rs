@@ -12,7 +12,7 @@ mod samples;
 
 use kernel::{register_kernel, register_op, Kernel};
 
-fn register<K: Kernel>(op: &str, inputs: &[&str], outputs: &[&str], attrs: &[&str]) {
+fn register<K: Kernel>(op: &str, inputs: &[&str], outputs: &[&[&str]], attrs: &[&str]) {
     if let Err(e) = register_op(op, inputs, outputs, attrs).and_then(|_| register_kernel::<K>(op)) {
         eprintln!(
             "reverb: could not register TensorFlow op {op}: {}",

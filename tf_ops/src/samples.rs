@@ -168,6 +168,15 @@ pub fn same_shapes(a: &Sample, b: &Sample, timestep: bool) -> bool {
         })
 }
 
+/// The info outputs, in the order [`write_info`] writes them.
+pub const INFO_OUTPUTS: &[&str] = &[
+    "key: uint64",
+    "probability: double",
+    "table_size: int64",
+    "priority: double",
+    "times_sampled: int32",
+];
+
 /// Writes the info outputs (`key, probability, table_size, priority, times_sampled`) starting
 /// at output `base`; `dims` is `[rows]` for a batch, `[]` for a scalar.
 pub fn write_info(

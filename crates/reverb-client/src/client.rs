@@ -319,7 +319,7 @@ impl Client {
         };
         let mut responses = started.map_err(|s| self.status(s))?.into_inner();
         let mut samples = Vec::with_capacity(num_samples);
-        let mut partial: Option<(SampleInfo, Vec<ChunkData>)> = None;
+        let mut partial = PartialSample::default();
         let mut failure = None;
         while samples.len() < num_samples {
             let next = match deadline {
@@ -347,19 +347,8 @@ impl Client {
                 }
             };
             for entry in response.entries {
-                let (_, chunks) = match (&mut partial, entry.info) {
-                    (None, Some(info)) => partial.insert((info, Vec::new())),
-                    (Some(p), None) => p,
-                    _ => {
-                        return Err(ClientError::data_loss(
-                            "Malformed sample stream: sample entries out of order",
-                        ))
-                    }
-                };
-                chunks.extend(entry.data);
-                if entry.end_of_sequence {
-                    let (info, chunks) = partial.take().expect("set above");
-                    samples.push((info, chunks));
+                if let Some(sample) = partial.add(entry)? {
+                    samples.push(sample);
                 }
             }
         }
@@ -369,6 +358,35 @@ impl Client {
             .map(|(info, chunks)| assemble(info, &chunks))
             .collect::<Result<Vec<Sample>>>()?;
         Ok((samples, failure))
+    }
+}
+
+/// Collects a sample's entries from a sample stream: the first carries `info`, the last has
+/// `end_of_sequence`, and a sample's chunks may be split over several entries.
+#[derive(Default)]
+pub(crate) struct PartialSample(Option<(SampleInfo, Vec<ChunkData>)>);
+
+impl PartialSample {
+    /// Adds an entry; returns the sample once complete.
+    pub(crate) fn add(
+        &mut self,
+        entry: sample_stream_response::SampleEntry,
+    ) -> Result<Option<(SampleInfo, Vec<ChunkData>)>> {
+        let (_, chunks) = match (&mut self.0, entry.info) {
+            (None, Some(info)) => self.0.insert((info, Vec::new())),
+            (Some(p), None) => p,
+            _ => {
+                return Err(ClientError::data_loss(
+                    "Malformed sample stream: sample entries out of order",
+                ))
+            }
+        };
+        chunks.extend(entry.data);
+        Ok(if entry.end_of_sequence {
+            self.0.take()
+        } else {
+            None
+        })
     }
 }
 

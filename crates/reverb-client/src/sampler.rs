@@ -2,10 +2,9 @@
 //! requested from one table, decode them, and queue them for a consumer that takes batches.
 //! Feeds the numpy / PyTorch iterators (and, later, the TensorFlow kernels).
 
-use crate::client::{assemble, sample_request};
+use crate::client::{assemble, sample_request, PartialSample};
 use crate::local::Local;
 use crate::{runtime, Client, ClientError, Result, Sample, Tensor};
-use reverb_proto::{ChunkData, SampleInfo};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -341,7 +340,7 @@ async fn stream(
             return Err(client.status(status));
         }
     };
-    let mut partial: Option<(SampleInfo, Vec<ChunkData>)> = None;
+    let mut partial = PartialSample::default();
     loop {
         if outstanding <= max_in_flight / 2 {
             let more = reserve(budget, max_in_flight - outstanding);
@@ -370,19 +369,14 @@ async fn stream(
             }
         };
         for entry in response.entries {
-            let (_, chunks) = match (&mut partial, entry.info) {
-                (None, Some(info)) => partial.insert((info, Vec::new())),
-                (Some(p), None) => p,
-                _ => {
+            let complete = match partial.add(entry) {
+                Ok(complete) => complete,
+                Err(e) => {
                     give_back(outstanding);
-                    return Err(ClientError::data_loss(
-                        "Malformed sample stream: sample entries out of order",
-                    ));
+                    return Err(e);
                 }
             };
-            chunks.extend(entry.data);
-            if entry.end_of_sequence {
-                let (info, chunks) = partial.take().expect("set above");
+            if let Some((info, chunks)) = complete {
                 if outstanding == 0 {
                     return Err(ClientError::data_loss(format!(
                         "Server at {} sent more samples than requested",

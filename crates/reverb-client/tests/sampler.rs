@@ -4,7 +4,7 @@
 use reverb_client::sampler::{Sampler, SamplerOptions};
 use reverb_client::{Client, Tensor};
 mod common;
-use common::{block, table, T};
+use common::{block, queue, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -34,31 +34,9 @@ fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) ->
     }
 }
 
-/// A queue: each item sampled once, sampling blocks while the table is empty.
-fn queue(name: &str) -> std::sync::Arc<reverb_core::Table> {
-    use reverb_core::{RateLimiterConfig, TableConfig};
-    std::sync::Arc::new(
-        reverb_core::Table::new(TableConfig {
-            name: name.into(),
-            sampler: SelectorKind::Fifo,
-            remover: SelectorKind::Fifo,
-            max_size: 100,
-            max_times_sampled: 1,
-            rate_limiter: RateLimiterConfig {
-                samples_per_insert: 1.0,
-                min_size_to_sample: 1,
-                min_diff: -f64::MAX,
-                max_diff: f64::MAX,
-            },
-            signature: None,
-        })
-        .unwrap(),
-    )
-}
-
 #[test]
 fn a_timed_out_call_keeps_what_arrived_for_the_next_call() {
-    let server = Server::start(vec![queue("q")], ServerOptions::default()).unwrap();
+    let server = Server::start(vec![queue("q", 100)], ServerOptions::default()).unwrap();
     let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
     for i in 0..3 {
         insert(&client, "q", i);
@@ -104,7 +82,7 @@ fn max_samples_is_exact_over_several_workers() {
 
 #[test]
 fn a_rate_limiter_timeout_ends_the_stream_without_error() {
-    let server = Server::start(vec![queue("q")], ServerOptions::default()).unwrap();
+    let server = Server::start(vec![queue("q", 100)], ServerOptions::default()).unwrap();
     let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
     // An empty table blocks every sample: with a 100 ms timeout, both workers end.
     let mut sampler = Sampler::new(client, "q", options(2, None, Some(100))).unwrap();

@@ -10,13 +10,27 @@ pub const T: Option<Duration> = Some(Duration::from_secs(10));
 
 /// A table with a FIFO remover that may be sampled once it holds one item.
 pub fn table(name: &str, sampler: SelectorKind, max_size: i64) -> Arc<Table> {
+    fifo_removed(name, sampler, max_size, 0)
+}
+
+/// A queue: FIFO, each item sampled once; sampling waits while the table is empty.
+pub fn queue(name: &str, max_size: i64) -> Arc<Table> {
+    fifo_removed(name, SelectorKind::Fifo, max_size, 1)
+}
+
+fn fifo_removed(
+    name: &str,
+    sampler: SelectorKind,
+    max_size: i64,
+    max_times_sampled: i32,
+) -> Arc<Table> {
     Arc::new(
         Table::new(TableConfig {
             name: name.into(),
             sampler,
             remover: SelectorKind::Fifo,
             max_size,
-            max_times_sampled: 0,
+            max_times_sampled,
             rate_limiter: RateLimiterConfig {
                 samples_per_insert: 1.0,
                 min_size_to_sample: 1,
