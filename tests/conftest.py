@@ -69,6 +69,15 @@ def standard_tables() -> List[reverb.Table]:
     ]
 
 
+@pytest.fixture(params=["local", "grpc"])
+def both_paths(request, monkeypatch) -> str:
+    """Runs a test twice: reaching servers of this process directly (sampling and inserting
+    without gRPC), and over loopback gRPC (`REVERB_NO_LOCAL=1`)."""
+    if request.param == "grpc":
+        monkeypatch.setenv("REVERB_NO_LOCAL", "1")
+    return request.param
+
+
 @pytest.fixture
 def make_server() -> Callable[..., reverb.Server]:
     """Factory of servers; every server it made is stopped at teardown."""

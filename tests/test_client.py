@@ -13,6 +13,9 @@ import pytest
 import reverb
 from reverb import rate_limiters, reverb_types, selectors
 
+# Every test runs twice: inserting into this process's server directly, and over gRPC.
+pytestmark = pytest.mark.usefixtures("both_paths")
+
 T = 10.0  # timeout of calls that should not block
 
 DTYPES = [

@@ -56,12 +56,8 @@ def _dataset(address: str, table: str = "q", **kwargs) -> reverb.TrajectoryDatas
     return reverb.TrajectoryDataset(address, table, **args)
 
 
-@pytest.fixture(params=["local", "grpc"], autouse=True)
-def sampling_path(request, monkeypatch):
-    """Every test runs twice: sampling this process's server directly, and over gRPC."""
-    if request.param == "grpc":
-        monkeypatch.setenv("REVERB_NO_LOCAL", "1")
-    return request.param
+# Every test runs twice: through this process's server directly, and over gRPC.
+pytestmark = pytest.mark.usefixtures("both_paths")
 
 
 @pytest.fixture

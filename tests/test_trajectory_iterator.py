@@ -14,12 +14,8 @@ from reverb import rate_limiters, selectors
 T = 10.0
 
 
-@pytest.fixture(params=["local", "grpc"], autouse=True)
-def sampling_path(request, monkeypatch):
-    """Every test runs twice: sampling this process's server directly, and over gRPC."""
-    if request.param == "grpc":
-        monkeypatch.setenv("REVERB_NO_LOCAL", "1")
-    return request.param
+# Every test runs twice: through this process's server directly, and over gRPC.
+pytestmark = pytest.mark.usefixtures("both_paths")
 
 
 def _fill(client: reverb.Client, table: str, n: int) -> None:

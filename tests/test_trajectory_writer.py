@@ -11,6 +11,9 @@ import pytest
 import reverb
 from reverb import rate_limiters, selectors
 
+# Every test runs twice: inserting into this process's server directly, and over gRPC.
+pytestmark = pytest.mark.usefixtures("both_paths")
+
 T = 10.0
 TMS = 10_000
 
@@ -299,6 +302,28 @@ def test_reconnects_after_server_restart_on_the_same_port(make_server) -> None:
     writer.flush(timeout_ms=TMS)
     got = [int(s.data[0]) for s in _drain(second.localhost_client(), "a")]
     assert got == [2, 3, 4]
+
+
+def test_insert_blocked_when_the_server_stops_goes_to_its_successor(make_server) -> None:
+    first = make_server([reverb.Table.queue("q", 1)])
+    port = first.port
+    writer = reverb.Client(f"localhost:{port}").trajectory_writer(1)
+    for t in range(2):
+        writer.append({"x": t})
+        writer.create_item("q", 1.0, writer.history["x"][-1])
+    with pytest.raises(reverb.DeadlineExceededError):
+        writer.flush(timeout_ms=300)  # item 1 waits for room in the queue
+    first.stop()
+    second = make_server([reverb.Table.queue("q", 1)], port=port)
+    client = second.localhost_client()
+    got = []
+    deadline = time.monotonic() + T
+    while writer.num_unconfirmed_items and time.monotonic() < deadline:
+        got += [int(s.data[0]) for s in client.sample("q", 1, emit_timesteps=False, timeout=T)]
+    writer.flush(timeout_ms=TMS)
+    got += [int(s.data[0]) for s in _drain(client, "q")]
+    # Unconfirmed items are sent again (at least once); the blocked one is not lost.
+    assert got[-1] == 1 and set(got) <= {0, 1}
 
 
 def test_server_gone_gives_an_error_within_the_timeout(make_server) -> None:

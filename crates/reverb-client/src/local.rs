@@ -1,14 +1,20 @@
-//! Sampling a server that runs in this process without gRPC, through a small C ABI that the
-//! Python extension (`reverb._native`, which holds the servers) exports. Code built into a
-//! separate library (the TensorFlow kernels) finds it with `dlsym` and gets the chunk bytes
-//! with one copy instead of a trip through protobuf, HTTP/2 and the loopback socket.
+//! Reaching a server that runs in this process without gRPC.
+//!
+//! - Sampling, through a small C ABI that the Python extension (`reverb._native`, which holds
+//!   the servers) exports. Code built into a separate library (the TensorFlow kernels) finds
+//!   it with `dlsym` and gets the chunk bytes with one copy instead of a trip through
+//!   protobuf, HTTP/2 and the loopback socket.
+//! - Inserting, through a hook the extension installs ([`set_local_insert`]): writers then
+//!   hand their chunks to the server's tables without copying them.
 
 use crate::client::assemble;
 use crate::{ClientError, Result, Sample};
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use prost::Message;
-use reverb_proto::{ChunkData, SampleInfo};
+use reverb_proto::{ChunkData, InsertStreamRequest, SampleInfo};
 use std::os::raw::c_void;
+use std::sync::OnceLock;
 use std::time::Duration;
 use tonic::Code;
 
@@ -123,4 +129,30 @@ pub fn loopback_port(address: &str) -> Option<u16> {
     matches!(host, "localhost" | "127.0.0.1" | "::1" | "0.0.0.0" | "::")
         .then(|| port.trim_end_matches('/').parse().ok())
         .flatten()
+}
+
+/// An insert stream to a server of this process.
+pub trait LocalInsert: Send {
+    /// Handles one request as the `InsertStream` RPC would; returns the confirmed keys.
+    /// UNAVAILABLE once that server stopped.
+    fn insert(
+        &mut self,
+        request: InsertStreamRequest,
+    ) -> BoxFuture<'_, std::result::Result<Vec<u64>, tonic::Status>>;
+}
+
+/// Opens an insert stream to the server of this process that an address names, if any.
+pub type OpenLocalInsert = fn(address: &str) -> Option<Box<dyn LocalInsert>>;
+
+static OPEN_LOCAL_INSERT: OnceLock<OpenLocalInsert> = OnceLock::new();
+
+/// Installs the function writers use to reach servers of this process without gRPC (set by
+/// the library that holds the servers; the first call wins).
+pub fn set_local_insert(open: OpenLocalInsert) {
+    let _ = OPEN_LOCAL_INSERT.set(open);
+}
+
+/// An insert stream to the server of this process that `address` names, if there is one.
+pub(crate) fn open_local_insert(address: &str) -> Option<Box<dyn LocalInsert>> {
+    OPEN_LOCAL_INSERT.get()?(address)
 }

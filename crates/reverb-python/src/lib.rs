@@ -897,6 +897,25 @@ pub unsafe extern "C" fn reverb_inproc_sample_v1(
     }
 }
 
+/// A writer's insert stream to a server of this process (see `reverb_client::local`).
+struct LocalInsert(reverb_server::local::LocalInsert);
+
+impl reverb_client::local::LocalInsert for LocalInsert {
+    fn insert(
+        &mut self,
+        request: reverb_proto::InsertStreamRequest,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<u64>, tonic::Status>> {
+        Box::pin(self.0.insert(request))
+    }
+}
+
+/// Opens an insert stream without gRPC when `address` names a server of this process.
+fn open_local_insert(address: &str) -> Option<Box<dyn reverb_client::local::LocalInsert>> {
+    let local = local_server(address)?;
+    let insert = reverb_server::local::LocalInsert::open(local.port)?;
+    Some(Box::new(LocalInsert(insert)))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTable>()?;
@@ -907,5 +926,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(local_port, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    reverb_client::local::set_local_insert(open_local_insert);
     Ok(())
 }

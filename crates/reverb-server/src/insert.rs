@@ -5,8 +5,9 @@ use crate::service::find_table;
 use crate::status;
 use reverb_core::{Chunk, InsertOutcome, ItemData, Table};
 use reverb_proto::{InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
@@ -17,7 +18,7 @@ pub(crate) async fn run(
     mut inbound: Streaming<InsertStreamRequest>,
     tx: Tx,
 ) {
-    let mut chunks: HashMap<u64, Arc<Chunk>> = HashMap::new();
+    let mut inserter = Inserter::default();
     loop {
         let request = match inbound.message().await {
             Ok(Some(r)) => r,
@@ -28,51 +29,65 @@ pub(crate) async fn run(
                 return;
             }
         };
-        match handle(&tables, &mut chunks, request, &tx).await {
+        // Waiting on the rate limiter ends when the client goes away.
+        let result = tokio::select! {
+            r = inserter.handle(&tables, request, &|| true) => r,
+            _ = tx.closed() => return,
+        };
+        match result {
             Ok(keys) if keys.is_empty() => {}
             Ok(keys) => {
                 if tx.send(Ok(InsertStreamResponse { keys })).await.is_err() {
                     return;
                 }
             }
-            Err(Some(status)) => {
+            Err(status) => {
                 let _ = tx.send(Err(status)).await;
                 return;
             }
-            Err(None) => return, // client gone
         }
     }
 }
 
-/// Returns the confirmed keys; `Err(None)` when the client disconnected while we waited.
-async fn handle(
-    tables: &BTreeMap<String, Arc<Table>>,
-    chunks: &mut HashMap<u64, Arc<Chunk>>,
-    request: InsertStreamRequest,
-    tx: &Tx,
-) -> Result<Vec<u64>, Option<Status>> {
-    if request.chunks.is_empty() && request.items.is_empty() {
-        return Err(Some(Status::invalid_argument(
-            "InsertStreamRequest must contain at least one chunk or item",
-        )));
+/// The state of one insert stream: the chunks the client asked the server to keep.
+#[derive(Default)]
+pub(crate) struct Inserter {
+    chunks: HashMap<u64, Arc<Chunk>>,
+}
+
+impl Inserter {
+    /// Stores a request's chunks and inserts its items (waiting while a rate limiter blocks,
+    /// as long as `alive()`); returns the confirmed keys.
+    pub(crate) async fn handle(
+        &mut self,
+        tables: &BTreeMap<String, Arc<Table>>,
+        request: InsertStreamRequest,
+        alive: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<u64>, Status> {
+        if request.chunks.is_empty() && request.items.is_empty() {
+            return Err(Status::invalid_argument(
+                "InsertStreamRequest must contain at least one chunk or item",
+            ));
+        }
+        for data in request.chunks {
+            self.chunks
+                .insert(data.chunk_key, Arc::new(Chunk::new(data)));
+        }
+        let mut confirmed = Vec::with_capacity(request.items.len());
+        for item in request.items {
+            let table = find_table(tables, &item.table)?;
+            let priority = item.priority;
+            let key = item.key;
+            let item = resolve(item, &self.chunks)?;
+            insert_waiting(&table, item, priority, alive).await?;
+            confirmed.push(key);
+        }
+        if !request.keep_chunk_keys.is_empty() || !confirmed.is_empty() {
+            let keep: HashSet<u64> = request.keep_chunk_keys.into_iter().collect();
+            self.chunks.retain(|k, _| keep.contains(k));
+        }
+        Ok(confirmed)
     }
-    for data in request.chunks {
-        chunks.insert(data.chunk_key, Arc::new(Chunk::new(data)));
-    }
-    let mut confirmed = Vec::with_capacity(request.items.len());
-    for item in request.items {
-        let table = find_table(tables, &item.table)?;
-        let priority = item.priority;
-        let key = item.key;
-        let item = resolve(item, chunks)?;
-        insert_waiting(&table, item, priority, tx).await?;
-        confirmed.push(key);
-    }
-    if !request.keep_chunk_keys.is_empty() || !confirmed.is_empty() {
-        let keep: std::collections::HashSet<u64> = request.keep_chunk_keys.into_iter().collect();
-        chunks.retain(|k, _| keep.contains(k));
-    }
-    Ok(confirmed)
 }
 
 /// Checks an item's trajectory and attaches the chunks it references.
@@ -122,27 +137,27 @@ fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Arc<Chunk>>) -> Result<I
     Ok(ItemData::from_proto(item, used))
 }
 
-/// Inserts, waiting while the rate limiter blocks; gives up if the client disconnects.
+/// How often a blocked insert checks that its server still runs.
+const ALIVE_CHECK: Duration = Duration::from_millis(100);
+
+/// Inserts, waiting while the rate limiter blocks; gives up when `alive()` turns false.
 async fn insert_waiting(
     table: &Table,
     mut item: ItemData,
     priority: f64,
-    tx: &Tx,
-) -> Result<(), Option<Status>> {
+    alive: &(dyn Fn() -> bool + Sync),
+) -> Result<(), Status> {
     loop {
         let notified = table.changed().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match table
-            .try_insert(item, priority)
-            .map_err(|e| Some(status(e)))?
-        {
+        match table.try_insert(item, priority).map_err(status)? {
             InsertOutcome::Blocked(back) => item = back,
             _ => return Ok(()),
         }
-        tokio::select! {
-            _ = notified => {}
-            _ = tx.closed() => return Err(None),
+        let _ = tokio::time::timeout(ALIVE_CHECK, notified).await;
+        if !alive() {
+            return Err(Status::unavailable("the server stopped"));
         }
     }
 }

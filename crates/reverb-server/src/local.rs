@@ -55,3 +55,46 @@ pub fn sample(
         pause = (pause * 2).min(Duration::from_millis(2));
     }
 }
+
+/// An insert stream to the server of this process on a port, without gRPC: the same checks
+/// and semantics as `InsertStream`, with chunk bytes shared instead of copied.
+pub struct LocalInsert {
+    port: u16,
+    tables: Tables,
+    inserter: crate::insert::Inserter,
+}
+
+impl LocalInsert {
+    /// Opens a stream to the server of this process on `port`, if there is one.
+    pub fn open(port: u16) -> Option<Self> {
+        let tables = LOCAL.lock().unwrap().get(&port).cloned()?;
+        Some(Self {
+            port,
+            tables,
+            inserter: Default::default(),
+        })
+    }
+
+    /// Whether the server this stream was opened to still runs.
+    fn alive(port: u16, tables: &Tables) -> bool {
+        LOCAL
+            .lock()
+            .unwrap()
+            .get(&port)
+            .is_some_and(|t| Arc::ptr_eq(t, tables))
+    }
+
+    /// Handles one request as `InsertStream` would; returns the confirmed keys. UNAVAILABLE
+    /// once the server stopped (a new server on the same port needs a new stream).
+    pub async fn insert(
+        &mut self,
+        request: reverb_proto::InsertStreamRequest,
+    ) -> Result<Vec<u64>, Status> {
+        let (port, tables) = (self.port, self.tables.clone());
+        let alive = move || Self::alive(port, &tables);
+        if !alive() {
+            return Err(Status::unavailable("the server stopped"));
+        }
+        self.inserter.handle(&self.tables, request, &alive).await
+    }
+}

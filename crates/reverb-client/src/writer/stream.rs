@@ -88,15 +88,31 @@ pub(crate) async fn run(
             return;
         }
         let confirmed_before = shared.progress.lock().unwrap().confirmed;
-        let result = session(
-            &client,
-            &mut rx,
-            &shared,
-            &mut unconfirmed,
-            &mut input_closed,
-            max_in_flight,
-        )
-        .await;
+        let result = match crate::local::open_local_insert(client.address()) {
+            Some(local) => {
+                local_session(
+                    &client,
+                    local,
+                    &mut rx,
+                    &shared,
+                    &mut unconfirmed,
+                    &mut input_closed,
+                    max_in_flight,
+                )
+                .await
+            }
+            None => {
+                session(
+                    &client,
+                    &mut rx,
+                    &shared,
+                    &mut unconfirmed,
+                    &mut input_closed,
+                    max_in_flight,
+                )
+                .await
+            }
+        };
         if shared.progress.lock().unwrap().confirmed > confirmed_before {
             // The connection worked for a while: the reconnect window starts afresh.
             failing_since = None;
@@ -163,12 +179,7 @@ async fn session(
             next = rx.recv(), if !*input_closed => match next {
                 None => *input_closed = true,
                 Some(first) => {
-                    if shared.urgent.load(Ordering::SeqCst) == 0 {
-                        tokio::select! {
-                            _ = tokio::time::sleep(LINGER) => {}
-                            _ = shared.wake.notified() => {}
-                        }
-                    }
+                    linger(shared).await;
                     let mut batch = vec![first];
                     let mut bytes: usize = batch[0].chunks.iter().map(|c| c.data.len()).sum();
                     while bytes < MAX_REQUEST_BYTES && batch.len() < max_in_flight {
@@ -186,20 +197,76 @@ async fn session(
                 }
             },
             response = next_response(&mut responses), if responses.is_some() => match response {
-                Ok(Some(r)) => {
-                    let mut n = 0;
-                    for key in r.keys {
-                        if let Some(pos) = unconfirmed.iter().position(|o| o.item.key == key) {
-                            unconfirmed.remove(pos);
-                            n += 1;
-                        }
-                    }
-                    shared.update(|p| p.confirmed += n);
-                }
+                Ok(Some(r)) => confirm(shared, unconfirmed, r.keys),
                 Ok(None) => return Err(ClientError::new(Code::Unavailable, "the server closed the insert stream")),
                 Err(status) => return Err(client.status(status)),
             },
         }
+    }
+}
+
+/// Waits a little for more items unless someone waits for everything to be sent.
+async fn linger(shared: &Shared) {
+    if shared.urgent.load(Ordering::SeqCst) == 0 {
+        tokio::select! {
+            _ = tokio::time::sleep(LINGER) => {}
+            _ = shared.wake.notified() => {}
+        }
+    }
+}
+
+/// Takes confirmed keys off `unconfirmed` and reports them.
+fn confirm(shared: &Shared, unconfirmed: &mut VecDeque<Outgoing>, keys: Vec<u64>) {
+    let mut n = 0;
+    for key in keys {
+        if let Some(pos) = unconfirmed.iter().position(|o| o.item.key == key) {
+            unconfirmed.remove(pos);
+            n += 1;
+        }
+    }
+    shared.update(|p| p.confirmed += n);
+}
+
+/// Like `session`, to a server of this process: each request is handled (and confirmed) in
+/// place, with chunk bytes shared rather than copied through protobuf and a socket.
+async fn local_session(
+    client: &Client,
+    mut local: Box<dyn crate::local::LocalInsert>,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    shared: &Shared,
+    unconfirmed: &mut VecDeque<Outgoing>,
+    input_closed: &mut bool,
+    max_in_flight: usize,
+) -> Result<(), ClientError> {
+    let mut sent_chunks: HashSet<u64> = HashSet::new();
+    // What the previous connection did not confirm goes first, in order.
+    let mut resend = !unconfirmed.is_empty();
+    loop {
+        if !resend {
+            if *input_closed {
+                return Ok(());
+            }
+            let Some(first) = rx.recv().await else {
+                *input_closed = true;
+                continue;
+            };
+            linger(shared).await;
+            let mut bytes: usize = first.chunks.iter().map(|c| c.data.len()).sum();
+            unconfirmed.push_back(first);
+            while bytes < MAX_REQUEST_BYTES && unconfirmed.len() < max_in_flight {
+                match rx.try_recv() {
+                    Ok(o) => {
+                        bytes += o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
+                        unconfirmed.push_back(o);
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        resend = false;
+        let req = request(unconfirmed.make_contiguous(), &mut sent_chunks);
+        let keys = local.insert(req).await.map_err(|s| client.status(s))?;
+        confirm(shared, unconfirmed, keys);
     }
 }
 
