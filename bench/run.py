@@ -24,6 +24,7 @@ WORKLOADS = [
     "writer_small",
     "writer_frames",
     "writer_batched",
+    "writer_vector",
     "client_sample",
     "prioritized",
     "dataset_small",
@@ -36,7 +37,7 @@ WORKLOADS = [
 ]
 # Lower is better for these: their ratio is reference / ours.
 LOWER_IS_BETTER = {"latency_insert", "latency_sample", "memory", "memory_1m"}
-OURS_ONLY = {"writer_batched"}
+OURS_ONLY = {"writer_batched", "writer_vector"}
 
 
 def make_reference_venv(path: str) -> str:
@@ -94,6 +95,7 @@ def main() -> None:
         "writer_small": "steps/s",
         "writer_frames": "MB/s",
         "writer_batched": "steps/s",
+        "writer_vector": "steps/s",
         "client_sample": "samples/s",
         "prioritized": "samples/s",
         "actors2": "steps/s",

@@ -154,6 +154,31 @@ def writer_batched(setup: Setup, seconds: float) -> dict:
     return {"value": steps / elapsed, "unit": "steps/s"}
 
 
+def writer_vector(setup: Setup, seconds: float) -> dict:
+    """Ours only: a vectorised environment of 256 small-step episodes; every step appends
+    to all of them in one call and creates a 2-step item in each (256 items per call)."""
+    client = reverb.Client(setup.address)
+    n = 256
+    step = {
+        "obs": np.zeros((n, 8), np.float32),
+        "action": np.zeros(n, np.int32),
+        "reward": np.ones(n, np.float32),
+    }
+    with client.vector_trajectory_writer(n, num_keep_alive_refs=2) as writer:
+        start = time.perf_counter()
+        writer.append(step)
+        steps = n
+        trajectory = last_two(writer.history)
+        while time.perf_counter() - start < seconds:
+            for _ in range(50):
+                writer.append(step)
+                writer.create_item(TABLE, 1.0, trajectory)
+                steps += n
+        writer.flush()
+        elapsed = time.perf_counter() - start
+    return {"value": steps / elapsed, "unit": "steps/s"}
+
+
 def client_sample(setup: Setup, seconds: float) -> dict:
     """Client.sample of small 2-step items, 256 per call."""
     client = reverb.Client(setup.address)
@@ -387,6 +412,7 @@ WORKLOADS = {
     "writer_small": writer_small,
     "writer_frames": writer_frames,
     "writer_batched": writer_batched,
+    "writer_vector": writer_vector,
     "client_sample": client_sample,
     "prioritized": prioritized,
     "dataset_small": dataset_small,
@@ -398,7 +424,7 @@ WORKLOADS = {
     "latency_insert": latency_insert,
     "latency_sample": latency_sample,
 }
-OURS_ONLY = {"writer_batched"}
+OURS_ONLY = {"writer_batched", "writer_vector"}
 
 
 def main() -> None:

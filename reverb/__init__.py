@@ -23,6 +23,7 @@ from reverb.replay_sample import ReplaySample, SampleInfo
 from reverb.server import Server, Table
 from reverb.trajectory_iterator import TrajectoryIterator
 from reverb.trajectory_writer import TrajectoryColumn, TrajectoryWriter
+from reverb.vector_trajectory_writer import VectorTrajectoryWriter
 
 # Names whose modules import TensorFlow: loaded on first access (PEP 562).
 _LAZY = {
@@ -59,6 +60,7 @@ __all__ = [
     "TrajectoryDataset",
     "TrajectoryIterator",
     "TrajectoryWriter",
+    "VectorTrajectoryWriter",
     "__version__",
     "checkpointers",
     "errors",

@@ -15,6 +15,7 @@ from reverb import (
     replay_sample,
     reverb_types,
     trajectory_writer,
+    vector_trajectory_writer,
 )
 
 
@@ -221,6 +222,37 @@ class Client:
             self._client, num_keep_alive_refs, None, max_in_flight_items, delta_encode
         )
         return trajectory_writer.TrajectoryWriter(native, self, validate_items)
+
+    def vector_trajectory_writer(
+        self,
+        num_envs: int,
+        num_keep_alive_refs: int,
+        *,
+        validate_items: bool = True,
+        max_in_flight_items: int = 4096,
+        delta_encode: bool = False,
+    ) -> vector_trajectory_writer.VectorTrajectoryWriter:
+        """A writer of `num_envs` parallel episodes (a vectorised environment; beyond the
+        reference): each `append` adds one step to every environment, `create_item` makes
+        one item per environment, `end_episode(envs=...)` ends some episodes. Options as in
+        `trajectory_writer`, per (field, environment) column."""
+        if num_envs < 1:
+            raise ValueError(f"num_envs ({num_envs}) must be >= 1")
+        if num_keep_alive_refs < 1:
+            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be >= 1")
+        if max_in_flight_items < 1:
+            raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
+        native = _native.TrajectoryWriter(
+            self._client,
+            num_keep_alive_refs,
+            None,
+            max_in_flight_items,
+            delta_encode,
+            num_envs=num_envs,
+        )
+        return vector_trajectory_writer.VectorTrajectoryWriter(
+            native, num_envs, self, validate_items
+        )
 
     def _signature(self, table: str, timeout: Optional[float]) -> Any:
         if table not in self._signature_cache:

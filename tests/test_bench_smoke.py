@@ -26,6 +26,7 @@ def _has_tensorflow() -> bool:
     [
         "writer_small",
         "writer_frames",
+        "writer_vector",
         "client_sample",
         "prioritized",
         pytest.param(

@@ -92,7 +92,21 @@ pub fn encode_chunk_with(
     tensors: &[Tensor],
     delta: bool,
 ) -> ChunkData {
-    let mut encoder = snap::raw::Encoder::new();
+    thread_local! {
+        // Reused: a fresh encoder allocates and clears its hash table on every call.
+        static ENCODER: std::cell::RefCell<snap::raw::Encoder> =
+            std::cell::RefCell::new(snap::raw::Encoder::new());
+    }
+    ENCODER.with_borrow_mut(|encoder| encode_chunk_using(encoder, chunk_key, range, tensors, delta))
+}
+
+fn encode_chunk_using(
+    encoder: &mut snap::raw::Encoder,
+    chunk_key: u64,
+    range: SequenceRange,
+    tensors: &[Tensor],
+    delta: bool,
+) -> ChunkData {
     let mut uncompressed = 0i64;
     let protos: Vec<TensorProto> = tensors
         .iter()

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use reverb_client::local::{loopback_port, EmitFn, Local};
 use reverb_client::sampler::{stack, Sampler, SamplerOptions};
-use reverb_client::writer::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
+use reverb_client::writer::{AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions};
 use reverb_client::{runtime, Client, ClientError, Sample, Tensor};
 use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
 use reverb_server::{Checkpointer, Server, ServerOptions};
@@ -520,7 +520,8 @@ impl PyTrajectoryWriter {
 #[pymethods]
 impl PyTrajectoryWriter {
     #[new]
-    #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0))]
+    #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0, num_envs=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         client: &PyClient,
         num_keep_alive_refs: usize,
@@ -528,6 +529,7 @@ impl PyTrajectoryWriter {
         max_in_flight_items: usize,
         delta_encode: bool,
         reconnect_timeout: f64,
+        num_envs: Option<usize>,
     ) -> PyResult<Self> {
         if !(reconnect_timeout.is_finite() && reconnect_timeout >= 0.0) {
             return Err(PyValueError::new_err(
@@ -541,7 +543,12 @@ impl PyTrajectoryWriter {
             delta_encode,
             reconnect_timeout: Duration::from_secs_f64(reconnect_timeout),
         };
-        let writer = TrajectoryWriter::new(client.inner.clone(), options).map_err(client_err)?;
+        let client = client.inner.clone();
+        let writer = match num_envs {
+            None => TrajectoryWriter::new(client, options),
+            Some(n) => TrajectoryWriter::with_lanes(client, options, n),
+        }
+        .map_err(client_err)?;
         Ok(Self {
             inner: Mutex::new(writer),
         })
@@ -713,6 +720,74 @@ impl PyTrajectoryWriter {
     /// Items created and not yet confirmed.
     fn unconfirmed(&self, py: Python<'_>) -> u64 {
         self.with(py, |w| w.unconfirmed())
+    }
+
+    /// Vectorised writers: appends one step to every env; `values[i]` (field `fields[i]`)
+    /// has a leading dimension of num_envs. Returns None or an error tuple as `append`
+    /// (naming the field).
+    fn append_lanes(
+        &self,
+        py: Python<'_>,
+        fields: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<PyTuple>>> {
+        let tensors = values
+            .iter()
+            .map(|v| to_tensor(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        let values: Vec<(usize, Tensor)> = fields.into_iter().zip(tensors).collect();
+        match self.with(py, |w| w.append_lanes(values)) {
+            Ok(()) => Ok(None),
+            Err(e) => append_error(py, e),
+        }
+    }
+
+    /// Vectorised writers: steps of each env's episode so far.
+    fn lane_steps(&self, py: Python<'_>) -> Vec<u64> {
+        self.with(py, |w| w.lane_steps())
+    }
+
+    /// Vectorised writers: ends the episodes of `envs` (does not wait).
+    fn end_lanes(&self, py: Python<'_>, envs: Vec<usize>, clear_buffers: bool) -> PyResult<()> {
+        self.with(py, |w| w.end_lanes(&envs, clear_buffers))
+            .map_err(client_err)
+    }
+
+    /// Vectorised writers: one item per env of `envs`; `columns` are `(field, steps,
+    /// squeeze)` with steps an int, a `(start, stop, step)` tuple, or a list of ints.
+    fn create_lane_items(
+        &self,
+        py: Python<'_>,
+        table: String,
+        priorities: Vec<f64>,
+        envs: Vec<usize>,
+        columns: Vec<(usize, Bound<'_, PyAny>, bool)>,
+    ) -> PyResult<()> {
+        let columns = columns
+            .into_iter()
+            .map(|(field, steps, squeeze)| {
+                let steps = if let Ok(i) = steps.extract::<i64>() {
+                    Steps::Index(i)
+                } else if let Ok((a, b, c)) =
+                    steps.extract::<(Option<i64>, Option<i64>, Option<i64>)>()
+                {
+                    Steps::Slice(a, b, c)
+                } else {
+                    Steps::List(steps.extract::<Vec<i64>>()?)
+                };
+                Ok((field, steps, squeeze))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let now = Some(Instant::now());
+        let sent = self
+            .with(py, |w| {
+                w.create_lane_items(&table, &priorities, &envs, &columns, now)
+            })
+            .map_err(client_err)?;
+        if !sent {
+            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+        }
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use crate::tensor::{decode_chunk, dtype_size, encode_chunk_with, Tensor};
 use crate::{runtime, Client, ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column as FlatColumn};
 use reverb_proto::{ChunkData, FlatTrajectory, PrioritizedItem, SequenceRange};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use stream::{Outgoing, Shared};
@@ -47,7 +47,83 @@ impl Default for WriterOptions {
     }
 }
 
-/// A chunk being built or built: items and cells share it; its data is set when finalized.
+/// One episode being written.
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    episode_id: u64,
+    /// `step` at the start of the episode.
+    start: u64,
+}
+
+impl Lane {
+    fn new(start: u64) -> Self {
+        Self {
+            episode_id: rand::random(),
+            start,
+        }
+    }
+}
+
+/// Which episode steps of each lane an item column takes (Python's indexing, relative to
+/// the lane's episode so far).
+#[derive(Debug, Clone)]
+pub enum Steps {
+    /// One step (negative counts from the end); the column is squeezed.
+    Index(i64),
+    /// `start:stop:step`, as Python slices them.
+    Slice(Option<i64>, Option<i64>, Option<i64>),
+    /// These steps, in order.
+    List(Vec<i64>),
+}
+
+impl Steps {
+    /// Episode steps of a lane with `len` steps, or an error naming what is out of range.
+    fn resolve(&self, len: i64) -> std::result::Result<Vec<i64>, String> {
+        let one = |i: i64| {
+            let j = if i < 0 { i + len } else { i };
+            if (0..len).contains(&j) {
+                Ok(j)
+            } else {
+                Err(format!("history index {i} out of range for {len} steps"))
+            }
+        };
+        match self {
+            Steps::Index(i) => Ok(vec![one(*i)?]),
+            Steps::List(v) => v.iter().map(|&i| one(i)).collect(),
+            Steps::Slice(start, stop, step) => {
+                let step = step.unwrap_or(1);
+                if step == 0 {
+                    return Err("slice step cannot be zero".into());
+                }
+                let clamp = |v: Option<i64>, default: i64, lo: i64, hi: i64| match v {
+                    None => default,
+                    Some(v) if v < 0 => (v + len).max(lo),
+                    Some(v) => v.min(hi),
+                };
+                let mut out = Vec::new();
+                if step > 0 {
+                    let (a, b) = (clamp(*start, 0, 0, len), clamp(*stop, len, 0, len));
+                    let mut i = a;
+                    while i < b {
+                        out.push(i);
+                        i += step;
+                    }
+                } else {
+                    let a = clamp(*start, len - 1, -1, len - 1);
+                    let b = clamp(*stop, -1, -1, len - 1);
+                    let mut i = a;
+                    while i > b {
+                        out.push(i);
+                        i += step;
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// A chunk being built: items and cells share it; its data is set when finalized.
 #[derive(Debug)]
 struct ChunkSlot {
     key: u64,
@@ -137,11 +213,11 @@ pub struct TrajectoryWriter {
     columns: Vec<Option<Column>>,
     /// Per-column overrides from `configure`, applied when the column first appears.
     overrides: Vec<(usize, usize, Option<usize>)>,
-    episode_id: u64,
+    /// The episodes being written: one for a plain writer, one per environment for a
+    /// vectorised one. Column `c` belongs to lane `c % lanes.len()`.
+    lanes: Vec<Lane>,
     /// Index of the open step since the writer was created (cells are keyed by it).
     step: u64,
-    /// `step` at the start of the current episode.
-    episode_start: u64,
     step_open: bool,
     pending: VecDeque<(PrioritizedItem, Vec<Arc<ChunkSlot>>)>,
     /// Chunks referenced by `pending` items, with their reference counts.
@@ -184,9 +260,8 @@ impl TrajectoryWriter {
             options,
             columns: Vec::new(),
             overrides: Vec::new(),
-            episode_id: rand::random(),
+            lanes: vec![Lane::new(0)],
             step: 0,
-            episode_start: 0,
             step_open: false,
             pending: VecDeque::new(),
             pending_chunks: HashMap::new(),
@@ -199,13 +274,13 @@ impl TrajectoryWriter {
 
     /// Full steps appended since the episode began.
     pub fn episode_steps(&self) -> u64 {
-        self.step - self.episode_start
+        self.step - self.lanes[0].start
     }
 
     /// The writer-wide step index where the current episode began. Cells are addressed by
     /// writer-wide step: episode step `i` is `episode_start() + i`.
     pub fn episode_start(&self) -> u64 {
-        self.episode_start
+        self.lanes[0].start
     }
 
     /// Whether a partial step is open.
@@ -297,7 +372,7 @@ impl TrajectoryWriter {
         }
         let step = self.step;
         for (column, value) in values {
-            self.push_row(column, step, value);
+            self.push_row(column, step, value.dtype, &value.shape, &value.data);
         }
         if partial {
             self.step_open = true;
@@ -363,19 +438,15 @@ impl TrajectoryWriter {
             let step = self.step;
             for (column, value) in &values {
                 let row_bytes = value.row_bytes();
-                let row = Tensor {
-                    dtype: value.dtype,
-                    shape: value.shape[1..].to_vec(),
-                    data: value.data[t * row_bytes..(t + 1) * row_bytes].to_vec(),
-                };
-                self.push_row(*column, step, row);
+                let row = &value.data[t * row_bytes..(t + 1) * row_bytes];
+                self.push_row(*column, step, value.dtype, &value.shape[1..], row);
             }
             self.step += 1;
         }
         Ok(n as u64)
     }
 
-    fn push_row(&mut self, column: usize, step: u64, value: Tensor) {
+    fn push_row(&mut self, column: usize, step: u64, dtype: i32, shape: &[i64], data: &[u8]) {
         if self.columns.len() <= column {
             self.columns.resize_with(column + 1, || None);
         }
@@ -388,9 +459,9 @@ impl TrajectoryWriter {
                 .find(|o| o.0 == column)
                 .map_or((keep_alive, max_chunk_length), |o| (o.1, o.2));
             Column {
-                dtype: value.dtype,
-                row_shape: value.shape.clone(),
-                row_bytes: value.data.len(),
+                dtype,
+                row_shape: shape.to_vec(),
+                row_bytes: data.len(),
                 keep_alive,
                 max_chunk_length,
                 cells: VecDeque::new(),
@@ -409,7 +480,7 @@ impl TrajectoryWriter {
             rows: 0,
             data: Vec::with_capacity(capacity),
         });
-        open.data.extend_from_slice(&value.data);
+        open.data.extend_from_slice(data);
         open.last_step = step;
         open.rows += 1;
         col.cells.push_back(Cell {
@@ -428,8 +499,10 @@ impl TrajectoryWriter {
     /// Encodes a column's open chunk.
     fn finalize(&mut self, column: usize) {
         let delta = self.options.delta_encode;
-        let episode_id = self.episode_id;
-        let episode_start = self.episode_start;
+        let Lane {
+            episode_id,
+            start: episode_start,
+        } = self.lanes[column % self.lanes.len()];
         let Some(col) = self.columns.get_mut(column).and_then(Option::as_mut) else {
             return;
         };
@@ -501,6 +574,13 @@ impl TrajectoryWriter {
         deadline: Option<Instant>,
     ) -> Result<(u64, bool)> {
         self.check_error()?;
+        let key = self.queue_item(table, priority, columns)?;
+        let done = self.pump(deadline)?;
+        Ok((key, done))
+    }
+
+    /// Checks an item and queues it (it leaves with the next `pump`); returns its key.
+    fn queue_item(&mut self, table: &str, priority: f64, columns: &[ItemColumn]) -> Result<u64> {
         if table.is_empty() {
             return Err(ClientError::invalid("table must be a non-empty string"));
         }
@@ -575,15 +655,15 @@ impl TrajectoryWriter {
             ..Default::default()
         };
         self.push_pending_front_or_back(item, slots, false);
-        let done = self.pump(deadline)?;
-        Ok((key, done))
+        Ok(key)
     }
 
     /// Chunk keys the server must keep: finalized chunks of live cells and of queued items.
     fn keep_keys(&self) -> Vec<u64> {
+        let mut seen: HashSet<u64> = HashSet::new();
         let mut keep: Vec<u64> = Vec::new();
         let mut add = |slot: &ChunkSlot| {
-            if slot.data.get().is_some() && !keep.contains(&slot.key) {
+            if slot.data.get().is_some() && seen.insert(slot.key) {
                 keep.push(slot.key);
             }
         };
@@ -640,6 +720,9 @@ impl TrajectoryWriter {
     /// `deadline` because the in-flight window is full.
     fn pump(&mut self, deadline: Option<Instant>) -> Result<bool> {
         let window = self.options.max_in_flight_items.max(1) as u64;
+        // Computed once per call: a superset of what each item sent here needs kept (the
+        // chunks of items still queued included), which the next request trims.
+        let mut keep: Option<Arc<Vec<u64>>> = None;
         while let Some((_, slots)) = self.pending.front() {
             if slots.iter().any(|s| s.data.get().is_none()) {
                 return Ok(true);
@@ -662,12 +745,15 @@ impl TrajectoryWriter {
                     progress = self.shared.changed.wait_timeout(progress, wait).unwrap().0;
                 }
             }
+            let keep = match &keep {
+                Some(k) => k.clone(),
+                None => keep.insert(Arc::new(self.keep_keys())).clone(),
+            };
             let (item, slots) = self.pop_pending().expect("front exists");
             let chunks = slots
                 .iter()
                 .map(|s| s.data.get().expect("finalized").clone())
                 .collect();
-            let keep = self.keep_keys();
             let tx = self.tx.as_ref().ok_or_else(|| {
                 ClientError::new(Code::FailedPrecondition, "The writer is closed")
             })?;
@@ -758,11 +844,10 @@ impl TrajectoryWriter {
         if !self.flush(0, deadline)? {
             return Ok(false);
         }
-        self.episode_id = rand::random();
         if self.step_open {
             self.step += 1;
         }
-        self.episode_start = self.step;
+        self.lanes = vec![Lane::new(self.step); self.lanes.len()];
         self.step_open = false;
         if clear_buffers {
             for col in self.columns.iter_mut().flatten() {
@@ -797,6 +882,173 @@ impl TrajectoryWriter {
         self.task.abort();
     }
 
+    /// A writer of `lanes` parallel episodes, one per environment of a vectorised
+    /// environment: field `f` of lane `l` is column `f * lanes + l`, each lane has its own
+    /// episode, and every `append_lanes` adds one step to each.
+    pub fn with_lanes(client: Client, options: WriterOptions, lanes: usize) -> Result<Self> {
+        if lanes < 1 {
+            return Err(ClientError::invalid(format!(
+                "num_envs ({lanes}) must be >= 1"
+            )));
+        }
+        let mut writer = Self::new(client, options)?;
+        writer.lanes = (0..lanes).map(|_| Lane::new(0)).collect();
+        Ok(writer)
+    }
+
+    /// Number of parallel episodes.
+    pub fn num_lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Steps appended in each lane's episode.
+    pub fn lane_steps(&self) -> Vec<u64> {
+        self.lanes.iter().map(|l| self.step - l.start).collect()
+    }
+
+    /// Appends one step to every lane: each value `(field, tensor)` has a leading dimension
+    /// of `num_lanes()`, row `l` going to lane `l`. Errors name the field; a failed call
+    /// changes nothing.
+    pub fn append_lanes(
+        &mut self,
+        values: Vec<(usize, Tensor)>,
+    ) -> std::result::Result<(), AppendError> {
+        self.check_error().map_err(AppendError::Other)?;
+        let n = self.lanes.len();
+        for (i, (field, value)) in values.iter().enumerate() {
+            if values[..i].iter().any(|(f, _)| f == field) {
+                return Err(AppendError::AlreadySet(*field));
+            }
+            if value.shape.first().copied() != Some(n as i64) {
+                return Err(AppendError::Other(ClientError::invalid(format!(
+                    "Every value needs a leading dimension of num_envs ({n}); field {field} has shape {:?}",
+                    value.shape
+                ))));
+            }
+            if let Some(Some(col)) = self.columns.get(field * n) {
+                if col.dtype != value.dtype || col.row_shape[..] != value.shape[1..] {
+                    return Err(AppendError::Mismatch {
+                        column: *field,
+                        expected: (col.dtype, col.row_shape.clone()),
+                        got: (value.dtype, value.shape[1..].to_vec()),
+                    });
+                }
+            }
+            if dtype_size(value.dtype).is_none() {
+                return Err(AppendError::Other(ClientError::invalid(format!(
+                    "Unsupported dtype {}",
+                    value.dtype
+                ))));
+            }
+        }
+        let step = self.step;
+        for (field, value) in &values {
+            let row_bytes = value.row_bytes();
+            for lane in 0..n {
+                let row = &value.data[lane * row_bytes..(lane + 1) * row_bytes];
+                self.push_row(field * n + lane, step, value.dtype, &value.shape[1..], row);
+            }
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Ends the episodes of `lanes`: finalizes their chunks (so their items can leave) and
+    /// starts new episodes there; `clear_buffers` drops their history. Does not wait for
+    /// confirmations (`flush` does).
+    pub fn end_lanes(&mut self, lanes: &[usize], clear_buffers: bool) -> Result<()> {
+        self.check_error()?;
+        let n = self.lanes.len();
+        if let Some(bad) = lanes.iter().find(|&&l| l >= n) {
+            return Err(ClientError::invalid(format!(
+                "env index {bad} out of range for num_envs {n}"
+            )));
+        }
+        for &lane in lanes {
+            for column in (lane..self.columns.len()).step_by(n) {
+                self.finalize(column);
+                if clear_buffers {
+                    if let Some(col) = self.columns[column].as_mut() {
+                        col.cells.clear();
+                    }
+                }
+            }
+            self.lanes[lane] = Lane::new(self.step);
+        }
+        self.pump(Some(Instant::now())).map(|_| ())
+    }
+
+    /// Creates one item in `table` per lane of `lanes`, each from that lane's episode:
+    /// `columns` are `(field, steps, squeeze)`. `priorities` has one value per lane, or one for
+    /// all. Checks every item before queuing any. Returns false if it stopped waiting for room
+    /// in the in-flight window at `deadline` (the items are queued regardless).
+    pub fn create_lane_items(
+        &mut self,
+        table: &str,
+        priorities: &[f64],
+        lanes: &[usize],
+        columns: &[(usize, Steps, bool)],
+        deadline: Option<Instant>,
+    ) -> Result<bool> {
+        self.check_error()?;
+        let n = self.lanes.len();
+        if priorities.len() != 1 && priorities.len() != lanes.len() {
+            return Err(ClientError::invalid(format!(
+                "Got {} priorities for {} envs (give one, or one per env)",
+                priorities.len(),
+                lanes.len()
+            )));
+        }
+        let mut items = Vec::with_capacity(lanes.len());
+        for &lane in lanes {
+            if lane >= n {
+                return Err(ClientError::invalid(format!(
+                    "env index {lane} out of range for num_envs {n}"
+                )));
+            }
+            let Lane { start, .. } = self.lanes[lane];
+            let len = (self.step - start) as i64;
+            let mut item = Vec::with_capacity(columns.len());
+            for (i, (field, steps, squeeze)) in columns.iter().enumerate() {
+                let column = field * n + lane;
+                let refs = steps
+                    .resolve(len)
+                    .map_err(|e| ClientError::invalid(format!("Column {i}, env {lane}: {e}")))?
+                    .into_iter()
+                    .map(|s| (column, start + s as u64))
+                    .collect::<Vec<_>>();
+                if refs.is_empty() || (*squeeze && refs.len() != 1) {
+                    return Err(ClientError::invalid(format!(
+                        "Column {i}, env {lane}: selects {} steps of {len}{}",
+                        refs.len(),
+                        if *squeeze {
+                            " (a squeezed column needs exactly 1)"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+                if let Some(&(_, step)) = refs.iter().find(|&&(c, s)| !self.alive(c, &[s])[0]) {
+                    return Err(ClientError::invalid(format!(
+                        "Column {i}, env {lane}: episode step {} has expired (increase \
+                         num_keep_alive_refs) or was never written",
+                        step - start
+                    )));
+                }
+                item.push(ItemColumn {
+                    refs,
+                    squeeze: *squeeze,
+                });
+            }
+            items.push(item);
+        }
+        for (i, item) in items.iter().enumerate() {
+            let priority = priorities[if priorities.len() == 1 { 0 } else { i }];
+            self.queue_item(table, priority, item)?;
+        }
+        self.pump(deadline)
+    }
+
     /// The client this writer sends through.
     pub fn client(&self) -> &Client {
         &self.client
@@ -806,5 +1058,46 @@ impl TrajectoryWriter {
 impl Drop for TrajectoryWriter {
     fn drop(&mut self) {
         self.tx = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Steps;
+
+    /// Python's `list(range(len))[index]` for the cases `Steps` mirrors.
+    #[test]
+    fn steps_resolve_like_python_indexing() {
+        type Case = (Steps, i64, Result<Vec<i64>, ()>);
+        let cases: &[Case] = &[
+            (Steps::Index(-1), 5, Ok(vec![4])),
+            (Steps::Index(0), 5, Ok(vec![0])),
+            (Steps::Index(5), 5, Err(())),
+            (Steps::Index(-6), 5, Err(())),
+            (Steps::Slice(Some(-2), None, None), 5, Ok(vec![3, 4])),
+            (Steps::Slice(Some(-2), None, None), 1, Ok(vec![0])),
+            (Steps::Slice(None, None, None), 3, Ok(vec![0, 1, 2])),
+            (
+                Steps::Slice(Some(1), Some(10), Some(2)),
+                6,
+                Ok(vec![1, 3, 5]),
+            ),
+            (Steps::Slice(None, None, Some(-1)), 3, Ok(vec![2, 1, 0])),
+            (
+                Steps::Slice(Some(-1), Some(-4), Some(-2)),
+                5,
+                Ok(vec![4, 2]),
+            ),
+            (Steps::Slice(Some(10), None, Some(-1)), 3, Ok(vec![2, 1, 0])),
+            (Steps::Slice(Some(-10), Some(2), None), 5, Ok(vec![0, 1])),
+            (Steps::Slice(Some(3), Some(1), None), 5, Ok(vec![])),
+            (Steps::Slice(None, None, Some(0)), 5, Err(())),
+            (Steps::List(vec![0, -1, 2]), 4, Ok(vec![0, 3, 2])),
+            (Steps::List(vec![4]), 4, Err(())),
+        ];
+        for (steps, len, want) in cases {
+            let got = steps.resolve(*len).map_err(|_| ());
+            assert_eq!(&got, want, "{steps:?} of {len}");
+        }
     }
 }

@@ -18,7 +18,7 @@ pub(crate) struct Outgoing {
     pub item: PrioritizedItem,
     pub chunks: Vec<Arc<ChunkData>>,
     /// Chunks the server must keep after this item (still referenced by the writer).
-    pub keep: Vec<u64>,
+    pub keep: Arc<Vec<u64>>,
 }
 
 /// What the stream task reports to the writer.
@@ -294,7 +294,7 @@ fn request(batch: &[Outgoing], sent_chunks: &mut HashSet<u64>) -> InsertStreamRe
             }
         }
     }
-    let keep = batch.last().map(|o| o.keep.clone()).unwrap_or_default();
+    let keep: Vec<u64> = batch.last().map(|o| o.keep.to_vec()).unwrap_or_default();
     // The server now holds exactly the kept chunks.
     let kept: HashSet<u64> = keep.iter().copied().collect();
     sent_chunks.retain(|k| kept.contains(k));
