@@ -162,3 +162,41 @@ def test_per_producer_order_is_preserved_through_a_queue(make_server):
     assert len(received) == producers * per_producer
     for index in range(producers):
         assert [j for i, j in received if i == index] == list(range(per_producer))
+
+
+def _forked_child(address: str, out) -> None:
+    """Runs in a child made by fork: samples and writes through new clients."""
+    import numpy as np  # noqa: F401 - already imported by the parent; explicit for clarity
+
+    got = [int(s.data[0]) for s in reverb.TrajectoryIterator(address, "q", max_samples=2)]
+    with reverb.Client(address).trajectory_writer(1) as writer:
+        writer.append({"x": np.int64(100)})
+        writer.create_item("q", 1.0, writer.history["x"][-1])
+    out.send(got)
+
+
+def test_a_forked_child_uses_the_parents_server_through_new_clients(make_server):
+    """A fork (e.g. a PyTorch DataLoader worker) gets its own client runtime and reaches a
+    server of its parent over gRPC, not the copy of its tables it inherited."""
+    import multiprocessing
+
+    server = make_server([reverb.Table.queue("q", 10)])
+    client = server.localhost_client()
+    with client.trajectory_writer(1) as writer:  # starts the parent's runtime before the fork
+        for t in range(2):
+            writer.append({"x": np.int64(t)})
+            writer.create_item("q", 1.0, writer.history["x"][-1])
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_forked_child, args=(f"localhost:{server.port}", send))
+    child.start()
+    try:
+        assert receive.poll(T), "the forked child did not answer"
+        assert receive.recv() == [0, 1]
+        child.join(T)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+    # The child's item went to the parent's server; the items it sampled left it.
+    assert [int(s.data[0]) for s in client.sample("q", 1, emit_timesteps=False, timeout=T)] == [100]

@@ -10,19 +10,32 @@ use tonic::Status;
 
 type Tables = Arc<BTreeMap<String, Arc<Table>>>;
 
-static LOCAL: Mutex<BTreeMap<u16, Tables>> = Mutex::new(BTreeMap::new());
+/// Servers by port, with the process that started them: a child made by `fork` inherits a
+/// copy of the tables, not the server, so it must go through gRPC.
+static LOCAL: Mutex<BTreeMap<u16, (u32, Tables)>> = Mutex::new(BTreeMap::new());
 
 pub(crate) fn register(port: u16, tables: Tables) {
-    LOCAL.lock().unwrap().insert(port, tables);
+    LOCAL
+        .lock()
+        .unwrap()
+        .insert(port, (std::process::id(), tables));
 }
 
 pub(crate) fn unregister(port: u16) {
     LOCAL.lock().unwrap().remove(&port);
 }
 
+/// The tables of the server of this process on `port`.
+fn tables(port: u16) -> Option<Tables> {
+    match LOCAL.lock().unwrap().get(&port) {
+        Some((pid, tables)) if *pid == std::process::id() => Some(tables.clone()),
+        _ => None,
+    }
+}
+
 /// Whether a server of this process listens on `port`.
 pub fn is_local(port: u16) -> bool {
-    LOCAL.lock().unwrap().contains_key(&port)
+    tables(port).is_some()
 }
 
 /// Samples up to `max_items` items of `table` from the server of this process on `port`,
@@ -34,10 +47,8 @@ pub fn sample(
     max_items: usize,
     wait: Duration,
 ) -> Result<Vec<SampledItem>, Status> {
-    let tables =
-        LOCAL.lock().unwrap().get(&port).cloned().ok_or_else(|| {
-            Status::unavailable(format!("No server of this process on port {port}"))
-        })?;
+    let tables = tables(port)
+        .ok_or_else(|| Status::unavailable(format!("No server of this process on port {port}")))?;
     let table = find_table(&tables, table)?;
     let deadline = Instant::now() + wait;
     let mut pause = Duration::from_micros(50);
@@ -67,7 +78,7 @@ pub struct LocalInsert {
 impl LocalInsert {
     /// Opens a stream to the server of this process on `port`, if there is one.
     pub fn open(port: u16) -> Option<Self> {
-        let tables = LOCAL.lock().unwrap().get(&port).cloned()?;
+        let tables = tables(port)?;
         Some(Self {
             port,
             tables,
@@ -77,11 +88,7 @@ impl LocalInsert {
 
     /// Whether the server this stream was opened to still runs.
     fn alive(port: u16, tables: &Tables) -> bool {
-        LOCAL
-            .lock()
-            .unwrap()
-            .get(&port)
-            .is_some_and(|t| Arc::ptr_eq(t, tables))
+        self::tables(port).is_some_and(|t| Arc::ptr_eq(&t, tables))
     }
 
     /// Handles one request as `InsertStream` would; returns the confirmed keys. UNAVAILABLE
