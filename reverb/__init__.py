@@ -25,14 +25,16 @@ from reverb.trajectory_iterator import TrajectoryIterator
 from reverb.trajectory_writer import TrajectoryColumn, TrajectoryWriter
 from reverb.vector_trajectory_writer import VectorTrajectoryWriter
 
-# Names whose modules import TensorFlow: loaded on first access (PEP 562).
+# Names whose modules import TensorFlow (or PyTorch): loaded on first access (PEP 562).
 _LAZY = {
     "TFClient": "reverb.tf_client",
+    "TorchDataset": "reverb.torch_dataset",
     "TimestepDataset": "reverb.timestep_dataset",
     "TrajectoryDataset": "reverb.trajectory_dataset",
     "tf_client": "reverb.tf_client",
     "timestep_dataset": "reverb.timestep_dataset",
     "trajectory_dataset": "reverb.trajectory_dataset",
+    "torch_dataset": "reverb.torch_dataset",
 }
 
 
@@ -56,6 +58,7 @@ __all__ = [
     "TFClient",
     "Table",
     "TimestepDataset",
+    "TorchDataset",
     "TrajectoryColumn",
     "TrajectoryDataset",
     "TrajectoryIterator",
