@@ -1,6 +1,6 @@
 //! `Client`: unary calls, one-shot inserts and batched sampling, each bounded by a deadline.
 
-use crate::tensor::{decode_chunk, encode_chunk, Tensor};
+use crate::tensor::{encode_chunk, parse_chunk, Encoded, Tensor};
 use crate::{runtime, ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::reverb_service_client::ReverbServiceClient;
@@ -407,12 +407,17 @@ pub(crate) fn sample_request(
 
 /// Builds a sample's columns from its chunks.
 pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
-    let mut decoded: HashMap<u64, Vec<Tensor>> = HashMap::with_capacity(chunks.len());
+    // Headers only: each column is then written in one pass, a chunk that a column takes
+    // whole decompressing straight into it (no intermediate copy of its rows).
+    let mut parsed: HashMap<u64, Vec<Encoded>> = HashMap::with_capacity(chunks.len());
     for chunk in chunks {
-        if let std::collections::hash_map::Entry::Vacant(slot) = decoded.entry(chunk.chunk_key) {
-            slot.insert(decode_chunk(chunk)?);
+        if let std::collections::hash_map::Entry::Vacant(slot) = parsed.entry(chunk.chunk_key) {
+            slot.insert(parse_chunk(chunk)?);
         }
     }
+    // Chunks decoded whole, for slices that take part of one (or that need delta decoding).
+    let mut decoded: HashMap<(u64, i32), Tensor> = HashMap::new();
+    let mut decoder = snap::raw::Decoder::new();
     let item = info
         .item
         .as_ref()
@@ -421,55 +426,176 @@ pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample>
         .flat_trajectory
         .as_ref()
         .ok_or_else(|| ClientError::data_loss("Item without trajectory"))?;
-    let columns = trajectory
-        .columns
-        .iter()
-        .enumerate()
-        .map(|(c, column)| {
-            let mut out: Option<Tensor> = None;
-            for slice in &column.chunk_slices {
-                let tensor = decoded
-                    .get(&slice.chunk_key)
-                    .and_then(|ts| ts.get(slice.index as usize))
-                    .ok_or_else(|| {
-                        ClientError::data_loss(format!(
-                            "Column {c} references chunk {} (tensor {}) which the sample did not carry",
-                            slice.chunk_key, slice.index
-                        ))
-                    })?;
-                let (offset, length) = (slice.offset as usize, slice.length as usize);
-                if offset + length > tensor.rows() || tensor.shape.is_empty() {
+    let mut columns = Vec::with_capacity(trajectory.columns.len());
+    for (c, column) in trajectory.columns.iter().enumerate() {
+        // Check every slice and size the column first.
+        let mut parts: Vec<(&Encoded, &reverb_proto::flat_trajectory::ChunkSlice)> =
+            Vec::with_capacity(column.chunk_slices.len());
+        for slice in &column.chunk_slices {
+            let tensor = parsed
+                .get(&slice.chunk_key)
+                .and_then(|ts| ts.get(slice.index as usize))
+                .ok_or_else(|| {
+                    ClientError::data_loss(format!(
+                        "Column {c} references chunk {} (tensor {}) which the sample did not carry",
+                        slice.chunk_key, slice.index
+                    ))
+                })?;
+            let (offset, length) = (slice.offset as usize, slice.length as usize);
+            if slice.offset < 0
+                || slice.length < 0
+                || offset + length > tensor.rows()
+                || tensor.shape.is_empty()
+            {
+                return Err(ClientError::data_loss(format!(
+                    "Column {c} slices rows {offset}..{} of a chunk with {} rows",
+                    offset + length,
+                    tensor.rows()
+                )));
+            }
+            if let Some((first, _)) = parts.first() {
+                if first.dtype != tensor.dtype || first.shape[1..] != tensor.shape[1..] {
                     return Err(ClientError::data_loss(format!(
-                        "Column {c} slices rows {offset}..{} of a chunk with {} rows",
-                        offset + length,
-                        tensor.rows()
+                        "Column {c} mixes chunks of different dtypes or shapes"
                     )));
                 }
-                let row = tensor.row_bytes();
-                let bytes = &tensor.data[offset * row..(offset + length) * row];
-                match &mut out {
-                    None => {
-                        let mut shape = tensor.shape.clone();
-                        shape[0] = length as i64;
-                        out = Some(Tensor { dtype: tensor.dtype, shape, data: bytes.to_vec() });
-                    }
-                    Some(acc) => {
-                        if acc.dtype != tensor.dtype || acc.shape[1..] != tensor.shape[1..] {
-                            return Err(ClientError::data_loss(format!(
-                                "Column {c} mixes chunks of different dtypes or shapes"
-                            )));
-                        }
-                        acc.shape[0] += length as i64;
-                        acc.data.extend_from_slice(bytes);
-                    }
-                }
             }
-            let mut tensor = out.ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
-            if column.squeeze {
-                tensor.shape.remove(0);
+            parts.push((tensor, slice));
+        }
+        let (first, _) = parts
+            .first()
+            .ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
+        let row = first.row_bytes();
+        let rows: usize = parts.iter().map(|(_, s)| s.length as usize).sum();
+        let mut data = vec![0u8; rows * row];
+        let mut at = 0;
+        for (tensor, slice) in &parts {
+            let (offset, length) = (slice.offset as usize, slice.length as usize);
+            let out = &mut data[at..at + length * row];
+            if tensor.plain() && offset == 0 && length == tensor.rows() {
+                tensor.decompress_into(&mut decoder, out)?;
+            } else {
+                let whole = match decoded.entry((slice.chunk_key, slice.index)) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(tensor.decode(&mut decoder)?)
+                    }
+                };
+                out.copy_from_slice(&whole.data[offset * row..(offset + length) * row]);
             }
-            Ok(tensor)
-        })
-        .collect::<Result<Vec<Tensor>>>()?;
+            at += length * row;
+        }
+        let mut shape = first.shape.clone();
+        shape[0] = rows as i64;
+        if column.squeeze {
+            if rows != 1 {
+                return Err(ClientError::data_loss(format!(
+                    "Column {c} is squeezed but has {rows} rows"
+                )));
+            }
+            shape.remove(0);
+        }
+        columns.push(Tensor {
+            dtype: first.dtype,
+            shape,
+            data,
+        });
+    }
     Ok(Sample { info, columns })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assemble;
+    use crate::tensor::{encode_chunk_with, Tensor};
+    use reverb_proto::flat_trajectory::{ChunkSlice, Column};
+    use reverb_proto::{FlatTrajectory, PrioritizedItem, SampleInfo, SequenceRange};
+
+    /// A chunk of `rows` rows of 3 int32 values, row r holding `base + r`.
+    fn chunk(key: u64, base: i32, rows: usize, delta: bool) -> reverb_proto::ChunkData {
+        let data = (0..rows)
+            .flat_map(|r| [base + r as i32; 3])
+            .flat_map(i32::to_le_bytes)
+            .collect();
+        let tensor = Tensor::new(3, vec![rows as i64, 3], data).unwrap();
+        encode_chunk_with(key, SequenceRange::default(), &[tensor], delta)
+    }
+
+    /// A column: `(chunk key, offset, length)` slices, and whether it is squeezed.
+    type Spec = (Vec<(u64, i32, i32)>, bool);
+
+    fn info(columns: Vec<Spec>) -> SampleInfo {
+        let columns = columns
+            .into_iter()
+            .map(|(slices, squeeze)| Column {
+                chunk_slices: slices
+                    .into_iter()
+                    .map(|(chunk_key, offset, length)| ChunkSlice {
+                        chunk_key,
+                        offset,
+                        length,
+                        index: 0,
+                    })
+                    .collect(),
+                squeeze,
+            })
+            .collect();
+        SampleInfo {
+            item: Some(PrioritizedItem {
+                flat_trajectory: Some(FlatTrajectory { columns }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn rows(t: &Tensor) -> Vec<i32> {
+        t.data
+            .chunks_exact(12)
+            .map(|r| i32::from_le_bytes(r[..4].try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn columns_join_whole_partial_and_delta_encoded_chunks() {
+        let chunks = [
+            chunk(1, 0, 3, false),
+            chunk(2, 10, 2, false),
+            chunk(3, 20, 3, true),
+        ];
+        let sample = assemble(
+            info(vec![
+                // Part of 1, all of 2, part of the delta-encoded 3, then all of 3.
+                (vec![(1, 1, 2), (2, 0, 2), (3, 1, 1), (3, 0, 3)], false),
+                (vec![(2, 1, 1)], true),
+            ]),
+            &chunks,
+        )
+        .unwrap();
+        let (a, b) = (&sample.columns[0], &sample.columns[1]);
+        assert_eq!(a.shape, vec![8, 3]);
+        assert_eq!(rows(a), vec![1, 2, 10, 11, 21, 20, 21, 22]);
+        assert_eq!(b.shape, vec![3]);
+        assert_eq!(
+            b.data,
+            [11i32; 3]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn bad_references_are_data_loss_errors() {
+        let chunks = [chunk(1, 0, 3, false)];
+        for (columns, what) in [
+            (vec![(vec![(9, 0, 1)], false)], "did not carry"),
+            (vec![(vec![(1, 2, 2)], false)], "slices rows 2..4"),
+            (vec![(vec![(1, 0, 2)], true)], "squeezed but has 2 rows"),
+            (vec![(vec![], false)], "no slices"),
+        ] {
+            let e = assemble(info(columns), &chunks).unwrap_err();
+            assert!(e.message.contains(what), "{} lacks {what}", e.message);
+        }
+    }
 }

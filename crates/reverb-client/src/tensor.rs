@@ -137,18 +137,89 @@ fn encode_chunk_using(
     }
 }
 
-/// Decodes every tensor of a chunk (decompressing and undoing delta encoding).
-pub fn decode_chunk(chunk: &ChunkData) -> Result<Vec<Tensor>> {
+/// A tensor of a chunk before decompression: its header, and its compressed bytes (shared
+/// with the chunk, not copied).
+#[derive(Debug, Clone)]
+pub(crate) struct Encoded {
+    pub dtype: i32,
+    pub shape: Vec<i64>,
+    content: Bytes,
+    /// Bytes once decompressed.
+    pub len: usize,
+    delta: bool,
+    chunk_key: u64,
+}
+
+impl Encoded {
+    /// Number of rows (leading dimension).
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(1) as usize
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.shape.iter().skip(1).product::<i64>() as usize * dtype_size(self.dtype).unwrap_or(0)
+    }
+
+    /// Whether `decompress_into` can be used (no delta encoding to undo).
+    pub fn plain(&self) -> bool {
+        !self.delta
+    }
+
+    /// Decompresses into `out` (exactly `len` bytes) without undoing delta encoding.
+    pub fn decompress_into(&self, decoder: &mut snap::raw::Decoder, out: &mut [u8]) -> Result<()> {
+        if self.len == 0 && self.content.is_empty() {
+            return Ok(());
+        }
+        let corrupt = |what: String| {
+            ClientError::data_loss(format!(
+                "Chunk {} could not be decompressed: {what}",
+                self.chunk_key
+            ))
+        };
+        match snap::raw::decompress_len(&self.content) {
+            Ok(n) if n == self.len && out.len() == n => {}
+            Ok(n) => {
+                return Err(corrupt(format!(
+                    "{n} bytes for a tensor of shape {:?} ({} bytes)",
+                    self.shape, self.len
+                )))
+            }
+            Err(e) => return Err(corrupt(e.to_string())),
+        }
+        decoder
+            .decompress(&self.content, out)
+            .map_err(|e| corrupt(e.to_string()))?;
+        Ok(())
+    }
+
+    /// The whole tensor, decompressed and delta-decoded.
+    pub fn decode(&self, decoder: &mut snap::raw::Decoder) -> Result<Tensor> {
+        let mut data = vec![0u8; self.len];
+        self.decompress_into(decoder, &mut data)?;
+        let mut tensor = Tensor {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            data,
+        };
+        if self.delta {
+            delta_decode(&mut tensor);
+        }
+        Ok(tensor)
+    }
+}
+
+/// Reads a chunk's tensor headers; their bytes stay compressed (and shared with the chunk).
+pub(crate) fn parse_chunk(chunk: &ChunkData) -> Result<Vec<Encoded>> {
     let payload = ChunkTensors::decode(chunk.data.clone()).map_err(|e| {
         ClientError::data_loss(format!(
             "Chunk {} has a malformed payload: {e}",
             chunk.chunk_key
         ))
     })?;
-    let mut decoder = snap::raw::Decoder::new();
     payload
         .tensors
-        .iter()
+        .into_iter()
         .map(|proto| {
             let shape: Vec<i64> = proto
                 .tensor_shape
@@ -161,25 +232,40 @@ pub fn decode_chunk(chunk: &ChunkData) -> Result<Vec<Tensor>> {
                     chunk.chunk_key, proto.dtype
                 ))
             })?;
-            let expected = shape.iter().product::<i64>() as usize * size;
-            let data = if proto.tensor_content.len() == expected && expected == 0 {
-                Vec::new()
-            } else {
-                decoder.decompress_vec(&proto.tensor_content).map_err(|e| {
+            if shape.iter().any(|&d| d < 0) {
+                return Err(ClientError::data_loss(format!(
+                    "Chunk {}: negative dimension in shape {shape:?}",
+                    chunk.chunk_key
+                )));
+            }
+            let len = shape
+                .iter()
+                .try_fold(size, |n, &d| n.checked_mul(d as usize))
+                .filter(|&n| n <= isize::MAX as usize)
+                .ok_or_else(|| {
                     ClientError::data_loss(format!(
-                        "Chunk {} could not be decompressed: {e}",
+                        "Chunk {}: shape {shape:?} is too large",
                         chunk.chunk_key
                     ))
-                })?
-            };
-            let mut tensor = Tensor::new(proto.dtype, shape, data).map_err(|e| {
-                ClientError::data_loss(format!("Chunk {}: {}", chunk.chunk_key, e.message))
-            })?;
-            if chunk.delta_encoded {
-                delta_decode(&mut tensor);
-            }
-            Ok(tensor)
+                })?;
+            Ok(Encoded {
+                dtype: proto.dtype,
+                shape,
+                content: proto.tensor_content,
+                len,
+                delta: chunk.delta_encoded,
+                chunk_key: chunk.chunk_key,
+            })
         })
+        .collect()
+}
+
+/// Decodes every tensor of a chunk (decompressing and undoing delta encoding).
+pub fn decode_chunk(chunk: &ChunkData) -> Result<Vec<Tensor>> {
+    let mut decoder = snap::raw::Decoder::new();
+    parse_chunk(chunk)?
+        .iter()
+        .map(|t| t.decode(&mut decoder))
         .collect()
 }
 
