@@ -446,3 +446,41 @@ def test_client_insert_uses_one_stream_and_survives_a_server_restart(make_server
     client.insert({"v": np.int64(9)}, {"a": 1.0}, timeout=T)
     (sample,) = _drain(second.localhost_client(), "a")
     assert sample.data[0].tolist() == [9]
+
+
+def _checkpoint_bytes(client: reverb.Client) -> int:
+    import os
+
+    path = client.checkpoint()
+    return sum(
+        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files
+    )
+
+
+def test_chunks_shared_by_two_tables_are_stored_once_and_freed_with_the_last_item(
+    make_server, tmp_path
+) -> None:
+    """Seen from outside through checkpoints, which hold every chunk some item references."""
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(str(tmp_path))
+    server = reverb.Server([_fifo("a"), _fifo("b")], checkpointer=checkpointer)
+    try:
+        client = server.localhost_client()
+        empty = _checkpoint_bytes(client)
+        rng = np.random.default_rng(0)
+        frames = rng.integers(0, 255, (20, 128, 128), dtype=np.uint8)  # incompressible
+        with client.trajectory_writer(4) as writer:
+            for t in range(20):
+                writer.append({"frame": frames[t]})
+                if t >= 3:
+                    column = writer.history["frame"][-4:]
+                    writer.create_item("a", 1.0, column)
+                    writer.create_item("b", 1.0, column)
+        stored = _checkpoint_bytes(client) - empty
+        # Every frame once (plus small headers), not once per table or per item.
+        assert frames.nbytes <= stored < 1.2 * frames.nbytes
+        client.reset("a")
+        assert _checkpoint_bytes(client) - empty >= frames.nbytes  # b still holds them
+        client.reset("b")
+        assert _checkpoint_bytes(client) - empty < 0.05 * frames.nbytes
+    finally:
+        server.stop()
