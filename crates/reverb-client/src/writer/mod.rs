@@ -737,6 +737,8 @@ impl TrajectoryWriter {
                     if self.sent - progress.confirmed < window {
                         break;
                     }
+                    // The window is full: the stream must send at once, not linger for more.
+                    let _urgent = self.shared.urgent();
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         return Ok(false);
