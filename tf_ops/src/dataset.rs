@@ -13,7 +13,7 @@ use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{same_shapes, steps, write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::sampler::{Sampler, SamplerOptions};
-use reverb_client::{runtime, Client, Sample};
+use reverb_client::{runtime, Client, PlannedSample};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,7 @@ pub struct DatasetSample {
 #[derive(Default)]
 struct State {
     sampler: Option<Sampler>,
-    pending: VecDeque<Sample>,
+    pending: VecDeque<PlannedSample>,
     ended: bool,
 }
 
@@ -128,7 +128,7 @@ impl Kernel for DatasetSample {
         let end = take == 0 && st.ended && st.pending.is_empty();
         // Write from the queue and remove the samples only once every output is written, so a
         // failed call loses nothing.
-        let batch: Vec<&Sample> = st.pending.iter().take(take).collect();
+        let batch: Vec<&PlannedSample> = st.pending.iter().take(take).collect();
         self.write(ctx, end, &batch)?;
         st.pending.drain(..take);
         Ok(())
@@ -136,14 +136,14 @@ impl Kernel for DatasetSample {
 }
 
 impl DatasetSample {
-    fn write(&self, ctx: &Context, end: bool, batch: &[&Sample]) -> Result<()> {
+    fn write(&self, ctx: &Context, end: bool, batch: &[&PlannedSample]) -> Result<()> {
         let rows: usize = if self.timestep {
-            batch.iter().map(|s| steps(s)).sum::<Result<usize>>()?
+            batch.iter().map(|&s| steps(s)).sum::<Result<usize>>()?
         } else {
             batch.len()
         };
         ctx.output_values(0, 10, &[], &[u8::from(end)])?;
-        let repeats: Vec<(&Sample, usize)> = batch
+        let repeats: Vec<(&PlannedSample, usize)> = batch
             .iter()
             .map(|&s| {
                 (

@@ -3,7 +3,64 @@
 
 use crate::kernel::{Context, Error, Result};
 use reverb_client::tensor::dtype_size;
-use reverb_client::{Sample, Tensor};
+use reverb_client::{PlannedSample, Sample};
+use reverb_proto::SampleInfo;
+
+/// A sampled item as the kernels see it: decoded (`Sample`, from `Client::sample`) or with
+/// its columns still compressed (`PlannedSample`, from the sampler), which are then
+/// decompressed straight into the outputs.
+pub trait Item {
+    fn info(&self) -> &SampleInfo;
+    fn num_columns(&self) -> usize;
+    fn dtype(&self, c: usize) -> i32;
+    fn shape(&self, c: usize) -> &[i64];
+    fn byte_len(&self, c: usize) -> usize;
+    /// Writes column `c` into `out` (exactly `byte_len(c)` bytes).
+    fn write(&self, c: usize, out: &mut [u8]) -> Result<()>;
+}
+
+impl Item for Sample {
+    fn info(&self) -> &SampleInfo {
+        &self.info
+    }
+    fn num_columns(&self) -> usize {
+        self.columns.len()
+    }
+    fn dtype(&self, c: usize) -> i32 {
+        self.columns[c].dtype
+    }
+    fn shape(&self, c: usize) -> &[i64] {
+        &self.columns[c].shape
+    }
+    fn byte_len(&self, c: usize) -> usize {
+        self.columns[c].data.len()
+    }
+    fn write(&self, c: usize, out: &mut [u8]) -> Result<()> {
+        out.copy_from_slice(&self.columns[c].data);
+        Ok(())
+    }
+}
+
+impl Item for PlannedSample {
+    fn info(&self) -> &SampleInfo {
+        &self.info
+    }
+    fn num_columns(&self) -> usize {
+        self.columns.len()
+    }
+    fn dtype(&self, c: usize) -> i32 {
+        self.columns[c].dtype
+    }
+    fn shape(&self, c: usize) -> &[i64] {
+        &self.columns[c].shape
+    }
+    fn byte_len(&self, c: usize) -> usize {
+        self.columns[c].byte_len()
+    }
+    fn write(&self, c: usize, out: &mut [u8]) -> Result<()> {
+        Ok(self.columns[c].write_to(out)?)
+    }
+}
 
 const DT_DOUBLE: i32 = 2;
 const DT_INT32: i32 = 3;
@@ -83,40 +140,37 @@ impl Spec {
     }
 
     /// Checks one sample; with `timestep`, the declared shapes are those of one step.
-    pub fn check(&self, s: &Sample, timestep: bool) -> Result<()> {
-        if s.columns.len() != self.dtypes.len() {
+    pub fn check(&self, s: &impl Item, timestep: bool) -> Result<()> {
+        if s.num_columns() != self.dtypes.len() {
             return Err(Error::invalid(format!(
                 "Items sampled from table '{}' have {} columns but {} dtypes were given",
                 self.table,
-                s.columns.len(),
+                s.num_columns(),
                 self.dtypes.len()
             )));
         }
         if timestep {
             steps(s)?;
         }
-        for (c, t) in s.columns.iter().enumerate() {
+        for c in 0..s.num_columns() {
+            let (dtype, shape) = (s.dtype(c), s.shape(c));
             let name = &self.names[c];
-            if t.dtype != self.dtypes[c] {
+            if dtype != self.dtypes[c] {
                 return Err(Error::invalid(format!(
                     "Column '{name}' of an item sampled from table '{}' has dtype {} but the \
                      declared dtype is {}",
                     self.table,
-                    dtype_name(t.dtype),
+                    dtype_name(dtype),
                     dtype_name(self.dtypes[c])
                 )));
             }
-            if dtype_size(t.dtype).is_none() {
+            if dtype_size(dtype).is_none() {
                 return Err(Error::invalid(format!(
                     "Column '{name}' has dtype {}, which the TensorFlow ops do not support yet",
-                    dtype_name(t.dtype)
+                    dtype_name(dtype)
                 )));
             }
-            let shape = if timestep {
-                &t.shape[1..]
-            } else {
-                &t.shape[..]
-            };
+            let shape = if timestep { &shape[1..] } else { shape };
             if let Some(expected) = &self.shapes[c] {
                 let ok = expected.len() == shape.len()
                     && expected.iter().zip(shape).all(|(&e, &a)| e < 0 || e == a);
@@ -135,10 +189,10 @@ impl Spec {
 }
 
 /// The number of steps of a sample whose columns all have the same leading dimension.
-pub fn steps(s: &Sample) -> Result<usize> {
+pub fn steps(s: &impl Item) -> Result<usize> {
     let mut n: Option<i64> = None;
-    for t in &s.columns {
-        let Some(&rows) = t.shape.first() else {
+    for c in 0..s.num_columns() {
+        let Some(&rows) = s.shape(c).first() else {
             return Err(Error::invalid(
                 "TimestepDataset needs items whose columns have a time dimension \
                  (an item column is squeezed)",
@@ -157,13 +211,14 @@ pub fn steps(s: &Sample) -> Result<usize> {
 }
 
 /// Whether two samples' columns have the same shapes (so they can share one batch).
-pub fn same_shapes(a: &Sample, b: &Sample, timestep: bool) -> bool {
-    a.columns.len() == b.columns.len()
-        && a.columns.iter().zip(&b.columns).all(|(x, y)| {
+pub fn same_shapes(a: &impl Item, b: &impl Item, timestep: bool) -> bool {
+    a.num_columns() == b.num_columns()
+        && (0..a.num_columns()).all(|c| {
+            let (x, y) = (a.shape(c), b.shape(c));
             if timestep {
-                x.shape.get(1..) == y.shape.get(1..)
+                x.get(1..) == y.get(1..)
             } else {
-                x.shape == y.shape
+                x == y
             }
         })
 }
@@ -182,7 +237,7 @@ pub const INFO_OUTPUTS: &[&str] = &[
 pub fn write_info(
     ctx: &Context,
     base: usize,
-    samples: &[(&Sample, usize)],
+    samples: &[(&impl Item, usize)],
     dims: &[i64],
 ) -> Result<()> {
     let mut keys = Vec::new();
@@ -191,13 +246,14 @@ pub fn write_info(
     let mut priorities = Vec::new();
     let mut times = Vec::new();
     for &(s, repeat) in samples {
-        let item = s.info.item.clone().unwrap_or_default();
+        let info = s.info();
+        let item = info.item.as_ref();
         for _ in 0..repeat {
-            keys.push(item.key);
-            probabilities.push(s.info.probability);
-            table_sizes.push(s.info.table_size);
-            priorities.push(item.priority);
-            times.push(item.times_sampled);
+            keys.push(item.map_or(0, |i| i.key));
+            probabilities.push(info.probability);
+            table_sizes.push(info.table_size);
+            priorities.push(item.map_or(0.0, |i| i.priority));
+            times.push(item.map_or(0, |i| i.times_sampled));
         }
     }
     ctx.output_values(base, DT_UINT64, dims, &keys)?;
@@ -213,31 +269,28 @@ pub fn write_column(
     ctx: &Context,
     index: usize,
     c: usize,
-    samples: &[&Sample],
+    samples: &[&impl Item],
     lead: Option<usize>,
     timestep: bool,
 ) -> Result<()> {
-    let first: &Tensor = &samples[0].columns[c];
-    let mut dims = Vec::with_capacity(first.shape.len() + 1);
+    let (dtype, shape) = (samples[0].dtype(c), samples[0].shape(c));
+    let mut dims = Vec::with_capacity(shape.len() + 1);
     if let Some(rows) = lead {
         dims.push(rows as i64);
-        dims.extend_from_slice(if timestep {
-            &first.shape[1..]
-        } else {
-            &first.shape
-        });
+        dims.extend_from_slice(if timestep { &shape[1..] } else { shape });
     } else {
-        dims.extend_from_slice(&first.shape);
+        dims.extend_from_slice(shape);
     }
-    let elem = dtype_size(first.dtype).unwrap_or(1);
-    ctx.output(index, first.dtype, &dims, elem, |out| {
+    let elem = dtype_size(dtype).unwrap_or(1);
+    ctx.output(index, dtype, &dims, elem, |out| {
         let mut at = 0;
         for s in samples {
-            let data = &s.columns[c].data;
-            out.get_mut(at..at + data.len())
-                .ok_or_else(|| Error::invalid("sampled columns have inconsistent sizes"))?
-                .copy_from_slice(data);
-            at += data.len();
+            let len = s.byte_len(c);
+            let dest = out
+                .get_mut(at..at + len)
+                .ok_or_else(|| Error::invalid("sampled columns have inconsistent sizes"))?;
+            s.write(c, dest)?;
+            at += len;
         }
         Ok(())
     })

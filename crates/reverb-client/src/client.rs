@@ -405,19 +405,100 @@ pub(crate) fn sample_request(
     }
 }
 
+/// A sample whose columns are checked and sized but still compressed in their chunks:
+/// `LazyTensor::write_to` decompresses a column straight into its destination (a batch,
+/// a TensorFlow output), so big rows are copied once on the client instead of twice.
+#[derive(Debug, Clone)]
+pub struct PlannedSample {
+    /// Key, priority, times sampled, probability, table size.
+    pub info: SampleInfo,
+    /// Columns (squeezed where flagged).
+    pub columns: Vec<LazyTensor>,
+}
+
+/// A column to be: dtype, shape, and the chunk rows it concatenates.
+#[derive(Debug, Clone)]
+pub struct LazyTensor {
+    /// TensorFlow `DataType` value.
+    pub dtype: i32,
+    /// Dimensions (without the leading one when squeezed).
+    pub shape: Vec<i64>,
+    row: usize,
+    /// `(chunk tensor, first row, rows)`.
+    parts: Vec<(Encoded, usize, usize)>,
+}
+
+impl LazyTensor {
+    /// Bytes of the column.
+    pub fn byte_len(&self) -> usize {
+        self.parts.iter().map(|p| p.2).sum::<usize>() * self.row
+    }
+
+    /// Writes the column into `out` (exactly `byte_len()` bytes): chunks it takes whole are
+    /// decompressed in place, others through a decoded copy.
+    pub fn write_to(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() != self.byte_len() {
+            return Err(ClientError::invalid(format!(
+                "a column of {} bytes cannot be written into {} bytes",
+                self.byte_len(),
+                out.len()
+            )));
+        }
+        let mut decoder = snap::raw::Decoder::new();
+        let mut at = 0;
+        for (tensor, offset, length) in &self.parts {
+            let dest = &mut out[at..at + length * self.row];
+            if tensor.plain() && *offset == 0 && *length == tensor.rows() {
+                tensor.decompress_into(&mut decoder, dest)?;
+            } else {
+                let whole = tensor.decode(&mut decoder)?;
+                dest.copy_from_slice(&whole.data[offset * self.row..(offset + length) * self.row]);
+            }
+            at += dest.len();
+        }
+        Ok(())
+    }
+
+    /// The column as a tensor of its own.
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        let mut data = vec![0u8; self.byte_len()];
+        self.write_to(&mut data)?;
+        Ok(Tensor {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            data,
+        })
+    }
+}
+
+impl PlannedSample {
+    /// Decompresses every column.
+    pub fn assemble(self) -> Result<Sample> {
+        let columns = self
+            .columns
+            .iter()
+            .map(LazyTensor::to_tensor)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sample {
+            info: self.info,
+            columns,
+        })
+    }
+}
+
 /// Builds a sample's columns from its chunks.
 pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
-    // Headers only: each column is then written in one pass, a chunk that a column takes
-    // whole decompressing straight into it (no intermediate copy of its rows).
+    plan(info, chunks)?.assemble()
+}
+
+/// Checks a sample's chunk references and sizes its columns, leaving the data compressed.
+pub(crate) fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSample> {
     let mut parsed: HashMap<u64, Vec<Encoded>> = HashMap::with_capacity(chunks.len());
     for chunk in chunks {
         if let std::collections::hash_map::Entry::Vacant(slot) = parsed.entry(chunk.chunk_key) {
             slot.insert(parse_chunk(chunk)?);
         }
     }
-    // Chunks decoded whole, for slices that take part of one (or that need delta decoding).
-    let mut decoded: HashMap<(u64, i32), Tensor> = HashMap::new();
-    let mut decoder = snap::raw::Decoder::new();
     let item = info
         .item
         .as_ref()
@@ -428,9 +509,7 @@ pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample>
         .ok_or_else(|| ClientError::data_loss("Item without trajectory"))?;
     let mut columns = Vec::with_capacity(trajectory.columns.len());
     for (c, column) in trajectory.columns.iter().enumerate() {
-        // Check every slice and size the column first.
-        let mut parts: Vec<(&Encoded, &reverb_proto::flat_trajectory::ChunkSlice)> =
-            Vec::with_capacity(column.chunk_slices.len());
+        let mut parts: Vec<(Encoded, usize, usize)> = Vec::with_capacity(column.chunk_slices.len());
         for slice in &column.chunk_slices {
             let tensor = parsed
                 .get(&slice.chunk_key)
@@ -453,38 +532,19 @@ pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample>
                     tensor.rows()
                 )));
             }
-            if let Some((first, _)) = parts.first() {
+            if let Some((first, _, _)) = parts.first() {
                 if first.dtype != tensor.dtype || first.shape[1..] != tensor.shape[1..] {
                     return Err(ClientError::data_loss(format!(
                         "Column {c} mixes chunks of different dtypes or shapes"
                     )));
                 }
             }
-            parts.push((tensor, slice));
+            parts.push((tensor.clone(), offset, length));
         }
-        let (first, _) = parts
+        let (first, _, _) = parts
             .first()
             .ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
-        let row = first.row_bytes();
-        let rows: usize = parts.iter().map(|(_, s)| s.length as usize).sum();
-        let mut data = vec![0u8; rows * row];
-        let mut at = 0;
-        for (tensor, slice) in &parts {
-            let (offset, length) = (slice.offset as usize, slice.length as usize);
-            let out = &mut data[at..at + length * row];
-            if tensor.plain() && offset == 0 && length == tensor.rows() {
-                tensor.decompress_into(&mut decoder, out)?;
-            } else {
-                let whole = match decoded.entry((slice.chunk_key, slice.index)) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(tensor.decode(&mut decoder)?)
-                    }
-                };
-                out.copy_from_slice(&whole.data[offset * row..(offset + length) * row]);
-            }
-            at += length * row;
-        }
+        let rows: usize = parts.iter().map(|p| p.2).sum();
         let mut shape = first.shape.clone();
         shape[0] = rows as i64;
         if column.squeeze {
@@ -495,13 +555,14 @@ pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample>
             }
             shape.remove(0);
         }
-        columns.push(Tensor {
+        columns.push(LazyTensor {
             dtype: first.dtype,
             shape,
-            data,
+            row: first.row_bytes(),
+            parts,
         });
     }
-    Ok(Sample { info, columns })
+    Ok(PlannedSample { info, columns })
 }
 
 #[cfg(test)]

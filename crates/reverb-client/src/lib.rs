@@ -8,7 +8,7 @@ pub mod sampler;
 pub mod tensor;
 pub mod writer;
 
-pub use client::{Client, Sample};
+pub use client::{Client, LazyTensor, PlannedSample, Sample};
 pub use error::{ClientError, Result};
 pub use tensor::Tensor;
 

@@ -7,8 +7,8 @@
 //! - Inserting, through a hook the extension installs ([`set_local_insert`]): writers then
 //!   hand their chunks to the server's tables without copying them.
 
-use crate::client::assemble;
-use crate::{ClientError, Result, Sample};
+use crate::client::plan;
+use crate::{ClientError, PlannedSample, Result};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use prost::Message;
@@ -92,7 +92,12 @@ unsafe extern "C" fn emit(sink: *mut c_void, kind: u32, ptr: *const u8, len: usi
 impl Local {
     /// Up to `max_items` samples of `table`, waiting at most `wait` for the first (an empty
     /// vector when the wait passed). Blocks: call it off the async runtime.
-    pub fn sample(&self, table: &str, max_items: usize, wait: Duration) -> Result<Vec<Sample>> {
+    pub fn sample(
+        &self,
+        table: &str,
+        max_items: usize,
+        wait: Duration,
+    ) -> Result<Vec<PlannedSample>> {
         let mut sink = Sink::default();
         // SAFETY: `self.sample` is the exporter's function (looked up by SAMPLE_SYMBOL, with
         // this signature); the table bytes and the sink outlive the call.
@@ -115,7 +120,7 @@ impl Local {
         }
         sink.samples
             .into_iter()
-            .map(|(info, chunks)| assemble(info, &chunks))
+            .map(|(info, chunks)| plan(info, &chunks))
             .collect()
     }
 }

@@ -2,9 +2,9 @@
 //! requested from one table, decode them, and queue them for a consumer that takes batches.
 //! Feeds the numpy / PyTorch iterators (and, later, the TensorFlow kernels).
 
-use crate::client::{assemble, sample_request, PartialSample};
+use crate::client::{plan, sample_request, PartialSample};
 use crate::local::Local;
-use crate::{runtime, Client, ClientError, Result, Sample, Tensor};
+use crate::{runtime, Client, ClientError, PlannedSample, Result, Tensor};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub const AUTO_WORKERS: usize = 2;
 
 /// What the queue carries.
 enum Event {
-    Sample(Box<Sample>),
+    Sample(Box<PlannedSample>),
     /// Every worker is done (max_samples reached or the rate limiter timed out).
     Done,
     Failed(ClientError),
@@ -46,7 +46,7 @@ pub struct Sampler {
     ended: bool,
     failure: Option<ClientError>,
     /// Samples a timed-out `next` call received, returned by the next call.
-    held: Vec<Sample>,
+    held: Vec<PlannedSample>,
 }
 
 /// A batch: info columns and one stacked tensor per data column.
@@ -139,17 +139,26 @@ impl Sampler {
     /// Takes `n` samples, waiting at most `wait` in all. Returns fewer at the end of the
     /// stream; `Ok(None)` when the wait passed first (samples that did arrive are kept for the
     /// next call); an empty vector once the stream has ended.
-    pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<Sample>>> {
+    pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<PlannedSample>>> {
         self.take(n, wait, true).await
     }
 
     /// Like [`Sampler::next`], but once the first sample is there it takes only the samples
     /// already queued (at most `n`) instead of waiting for `n`.
-    pub async fn next_ready(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<Sample>>> {
+    pub async fn next_ready(
+        &mut self,
+        n: usize,
+        wait: Duration,
+    ) -> Result<Option<Vec<PlannedSample>>> {
         self.take(n, wait, false).await
     }
 
-    async fn take(&mut self, n: usize, wait: Duration, fill: bool) -> Result<Option<Vec<Sample>>> {
+    async fn take(
+        &mut self,
+        n: usize,
+        wait: Duration,
+        fill: bool,
+    ) -> Result<Option<Vec<PlannedSample>>> {
         if n == 0 {
             return Err(ClientError::invalid(
                 "a sampler call must ask for >= 1 sample",
@@ -385,7 +394,7 @@ async fn stream(
                 }
                 outstanding -= 1;
                 *received += 1;
-                let sample = match assemble(info, &chunks) {
+                let sample = match plan(info, &chunks) {
                     Ok(sample) => sample,
                     Err(e) => {
                         give_back(outstanding);
@@ -401,55 +410,60 @@ async fn stream(
 }
 
 /// Stacks samples into a batch: every sample must have the same column dtypes and shapes.
-pub fn stack(samples: Vec<Sample>) -> Result<Batch> {
+/// Each column is decompressed straight into its place in the batch.
+pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
     let n = samples.len();
-    let mut info = Vec::with_capacity(n);
-    let mut columns: Vec<Tensor> = Vec::new();
-    for (i, sample) in samples.into_iter().enumerate() {
-        let item = sample.info.item.unwrap_or_default();
-        info.push((
-            item.key,
-            sample.info.probability,
-            sample.info.table_size,
-            item.priority,
-            item.times_sampled,
-        ));
-        if i == 0 {
-            columns = sample
-                .columns
-                .into_iter()
-                .map(|t| {
-                    let mut shape = Vec::with_capacity(t.shape.len() + 1);
-                    shape.push(n as i64);
-                    shape.extend_from_slice(&t.shape);
-                    let mut data = Vec::with_capacity(t.data.len() * n);
-                    data.extend_from_slice(&t.data);
-                    Tensor {
-                        dtype: t.dtype,
-                        shape,
-                        data,
-                    }
-                })
-                .collect();
-            continue;
-        }
-        if sample.columns.len() != columns.len() {
+    let Some(first) = samples.first() else {
+        return Ok(Batch {
+            info: Vec::new(),
+            columns: Vec::new(),
+        });
+    };
+    for sample in &samples[1..] {
+        if sample.columns.len() != first.columns.len() {
             return Err(ClientError::invalid(format!(
                 "Sampled items have different numbers of columns ({} and {}): batch_size must be None",
-                columns.len(),
+                first.columns.len(),
                 sample.columns.len()
             )));
         }
-        for (c, (acc, t)) in columns.iter_mut().zip(sample.columns).enumerate() {
-            if acc.dtype != t.dtype || acc.shape[1..] != t.shape[..] {
+        for (c, (a, t)) in first.columns.iter().zip(&sample.columns).enumerate() {
+            if a.dtype != t.dtype || a.shape != t.shape {
                 return Err(ClientError::invalid(format!(
                     "Sampled items differ in column {c} (shapes {:?} and {:?}): they cannot be batched",
-                    &acc.shape[1..],
-                    t.shape
+                    a.shape, t.shape
                 )));
             }
-            acc.data.extend_from_slice(&t.data);
         }
     }
+    let mut columns = Vec::with_capacity(first.columns.len());
+    for (c, column) in first.columns.iter().enumerate() {
+        let size = column.byte_len();
+        let mut data = vec![0u8; size * n];
+        for (sample, out) in samples.iter().zip(data.chunks_exact_mut(size.max(1))) {
+            sample.columns[c].write_to(&mut out[..size])?;
+        }
+        let mut shape = Vec::with_capacity(column.shape.len() + 1);
+        shape.push(n as i64);
+        shape.extend_from_slice(&column.shape);
+        columns.push(Tensor {
+            dtype: column.dtype,
+            shape,
+            data,
+        });
+    }
+    let info = samples
+        .into_iter()
+        .map(|sample| {
+            let item = sample.info.item.unwrap_or_default();
+            (
+                item.key,
+                sample.info.probability,
+                sample.info.table_size,
+                item.priority,
+                item.times_sampled,
+            )
+        })
+        .collect();
     Ok(Batch { info, columns })
 }

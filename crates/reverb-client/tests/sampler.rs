@@ -20,8 +20,9 @@ fn insert(client: &Client, table: &str, value: i64) {
     block(client.insert_step(vec![t], vec![(table.into(), 1.0)], T)).unwrap();
 }
 
-fn value(s: &reverb_client::Sample) -> i64 {
-    i64::from_le_bytes(s.columns[0].data[..8].try_into().unwrap())
+fn value(s: &reverb_client::PlannedSample) -> i64 {
+    let column = s.columns[0].to_tensor().unwrap();
+    i64::from_le_bytes(column.data[..8].try_into().unwrap())
 }
 
 fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) -> SamplerOptions {

@@ -853,10 +853,19 @@ impl PySampler {
         if samples.is_empty() {
             return Ok(None);
         }
+        // Decompressing the columns is the heavy part: without the GIL.
         if !stacked {
+            let samples = py
+                .detach(|| {
+                    samples
+                        .into_iter()
+                        .map(|s| s.assemble())
+                        .collect::<reverb_client::Result<Vec<_>>>()
+                })
+                .map_err(client_err)?;
             return Ok(Some(samples_out(py, samples)?.into_any()));
         }
-        let batch = stack(samples).map_err(client_err)?;
+        let batch = py.detach(|| stack(samples)).map_err(client_err)?;
         let info = PyTuple::new(
             py,
             [
