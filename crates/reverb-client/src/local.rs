@@ -2,8 +2,8 @@
 //!
 //! - Sampling, through a small C ABI that the Python extension (`reverb._native`, which holds
 //!   the servers) exports. Code built into a separate library (the TensorFlow kernels) finds
-//!   it with `dlsym` and gets the chunk bytes with one copy instead of a trip through
-//!   protobuf, HTTP/2 and the loopback socket.
+//!   it with `dlsym` and borrows the chunk bytes (holding a reference on each chunk) instead
+//!   of copying them through protobuf, HTTP/2 and the loopback socket.
 //! - Inserting, through a hook the extension installs ([`set_local_insert`]): writers then
 //!   hand their chunks to the server's tables without copying them.
 
@@ -22,15 +22,52 @@ use tonic::Code;
 pub const INFO: u32 = 1;
 /// A `ChunkData` proto without its `data` (the next piece carries it).
 pub const CHUNK: u32 = 2;
-/// The data bytes of the last chunk.
+/// The data bytes of the last chunk (copied by the receiver).
 pub const DATA: u32 = 3;
 /// An error message (the call's return value is the status code).
 pub const ERROR: u32 = 4;
+/// The data bytes of the last chunk, shared: `ptr` points at a [`SharedData`] the receiver
+/// may keep past the call (it calls `release` once done with the bytes).
+pub const SHARED_DATA: u32 = 5;
+
+/// Bytes lent across the C ABI with their owner: `data` stays valid and unchanged until
+/// `release(owner)` is called, which may happen on any thread, exactly once.
+#[repr(C)]
+pub struct SharedData {
+    pub data: *const u8,
+    pub len: usize,
+    pub owner: *const c_void,
+    pub release: unsafe extern "C" fn(owner: *const c_void),
+}
+
+/// Owns lent bytes on the receiving side (see [`SharedData`]).
+struct Lent(SharedData);
+
+// SAFETY: the lender's contract: the bytes are immutable while lent and `release` may be
+// called from any thread.
+unsafe impl Send for Lent {}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        if self.0.len == 0 {
+            return &[];
+        }
+        // SAFETY: `data` points at `len` bytes that stay valid until `release` (in Drop).
+        unsafe { std::slice::from_raw_parts(self.0.data, self.0.len) }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // SAFETY: called once, as the lender's contract requires.
+        unsafe { (self.0.release)(self.0.owner) }
+    }
+}
 
 /// Receives the pieces of the samples, in order; `ptr` is valid only during the call.
 pub type EmitFn = unsafe extern "C" fn(sink: *mut c_void, kind: u32, ptr: *const u8, len: usize);
 
-/// `reverb_inproc_sample_v1(port, table, table_len, max_items, wait_ms, sink, emit)`: samples
+/// `reverb_inproc_sample_v2(port, table, table_len, max_items, wait_ms, sink, emit)`: samples
 /// up to `max_items` items (none if the rate limiter blocks for `wait_ms`); returns a status
 /// code (0: OK).
 pub type SampleFn = unsafe extern "C" fn(
@@ -44,7 +81,7 @@ pub type SampleFn = unsafe extern "C" fn(
 ) -> i32;
 
 /// The exported function's name (NUL-terminated, for `dlsym`).
-pub const SAMPLE_SYMBOL: &[u8] = b"reverb_inproc_sample_v1\0";
+pub const SAMPLE_SYMBOL: &[u8] = b"reverb_inproc_sample_v2\0";
 
 /// A server of this process, reached through `sample`.
 #[derive(Debug, Clone, Copy)]
@@ -84,6 +121,16 @@ unsafe extern "C" fn emit(sink: *mut c_void, kind: u32, ptr: *const u8, len: usi
             Some(chunk) => chunk.data = Bytes::copy_from_slice(bytes),
             None => sink.malformed = true,
         },
+        SHARED_DATA if bytes.len() == std::mem::size_of::<SharedData>() => {
+            // SAFETY: for SHARED_DATA, `ptr` points at a `SharedData` (the exporter's
+            // contract); read unaligned, as `ptr` came through as bytes.
+            let lent =
+                Lent(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const SharedData) });
+            match sink.samples.last_mut().and_then(|(_, c)| c.last_mut()) {
+                Some(chunk) => chunk.data = Bytes::from_owner(lent),
+                None => sink.malformed = true, // (dropping `lent` releases it)
+            }
+        }
         ERROR => sink.error = String::from_utf8_lossy(bytes).into_owned(),
         _ => sink.malformed = true,
     }
@@ -160,4 +207,67 @@ pub fn set_local_insert(open: OpenLocalInsert) {
 /// An insert stream to the server of this process that `address` names, if there is one.
 pub(crate) fn open_local_insert(address: &str) -> Option<Box<dyn LocalInsert>> {
     OPEN_LOCAL_INSERT.get()?(address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn release(owner: *const c_void) {
+        assert_eq!(owner as usize, 42);
+        RELEASED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn send(sink: &mut Sink, kind: u32, bytes: &[u8]) {
+        // SAFETY: `sink` is a live Sink and `bytes` is readable for the call.
+        unsafe {
+            emit(
+                sink as *mut Sink as *mut c_void,
+                kind,
+                bytes.as_ptr(),
+                bytes.len(),
+            )
+        }
+    }
+
+    #[test]
+    fn lent_chunk_bytes_are_shared_and_released_once_when_dropped() {
+        static DATA: [u8; 5] = [1, 2, 3, 4, 5];
+        let mut sink = Sink::default();
+        send(&mut sink, INFO, &SampleInfo::default().encode_to_vec());
+        send(
+            &mut sink,
+            CHUNK,
+            &ChunkData {
+                chunk_key: 7,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let lent = SharedData {
+            data: DATA.as_ptr(),
+            len: DATA.len(),
+            owner: 42 as *const c_void,
+            release,
+        };
+        // SAFETY: viewing a live repr(C) struct as bytes during the call.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                &lent as *const SharedData as *const u8,
+                std::mem::size_of::<SharedData>(),
+            )
+        };
+        send(&mut sink, SHARED_DATA, bytes);
+        assert!(!sink.malformed);
+        let data = sink.samples[0].1[0].data.clone();
+        assert_eq!(&data[..], &DATA[..]);
+        assert_eq!(data.as_ptr(), DATA.as_ptr(), "shared, not copied");
+        drop(sink);
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 0, "a clone still holds it");
+        drop(data);
+        assert_eq!(RELEASED.load(Ordering::SeqCst), 1);
+    }
 }

@@ -906,27 +906,37 @@ fn local_server(address: &str) -> Option<Local> {
     }
     let port = loopback_port(address).filter(|&p| reverb_server::local::is_local(p))?;
     Some(Local {
-        sample: reverb_inproc_sample_v1,
+        sample: reverb_inproc_sample_v2,
         port,
     })
 }
 
 /// The port of `address` when it names a server running in this process, else `None`: the
-/// TensorFlow kernels then sample it through `reverb_inproc_sample_v1`.
+/// TensorFlow kernels then sample it through `reverb_inproc_sample_v2`.
 #[pyfunction]
 fn local_port(address: &str) -> Option<u16> {
     local_server(address).map(|l| l.port)
 }
 
+/// Releases a chunk lent by `reverb_inproc_sample_v2`.
+///
+/// # Safety
+/// `owner` comes from `Arc::into_raw` on an `Arc<Chunk>`, and is released exactly once.
+unsafe extern "C" fn release_chunk(owner: *const std::ffi::c_void) {
+    // SAFETY: see above.
+    drop(unsafe { Arc::from_raw(owner as *const reverb_core::Chunk) });
+}
+
 /// In-process sampling for clients built into other libraries (the TensorFlow kernels), which
 /// find this function with `dlsym`: up to `max_items` samples of `table` from this process's
 /// server on `port`, waiting at most `wait_ms` for the first, handed to `emit` piece by piece
-/// (see `reverb_client::local`). Returns a status code (0: OK).
+/// (see `reverb_client::local`), chunk bytes lent rather than copied. Returns a status code
+/// (0: OK).
 ///
 /// # Safety
 /// `table` must point at `table_len` readable bytes; `sink` is passed back to `emit` as is.
 #[no_mangle]
-pub unsafe extern "C" fn reverb_inproc_sample_v1(
+pub unsafe extern "C" fn reverb_inproc_sample_v2(
     port: u16,
     table: *const u8,
     table_len: usize,
@@ -935,7 +945,7 @@ pub unsafe extern "C" fn reverb_inproc_sample_v1(
     sink: *mut std::ffi::c_void,
     emit: EmitFn,
 ) -> i32 {
-    use reverb_client::local::{CHUNK, DATA, ERROR, INFO};
+    use reverb_client::local::{SharedData, CHUNK, ERROR, INFO, SHARED_DATA};
     // SAFETY: the caller passes `table_len` readable bytes at `table`.
     let name = unsafe { std::slice::from_raw_parts(table, table_len) };
     let result = std::panic::catch_unwind(|| {
@@ -965,7 +975,23 @@ pub unsafe extern "C" fn reverb_inproc_sample_v1(
                         ..data.clone()
                     };
                     send(CHUNK, &header.encode_to_vec());
-                    send(DATA, &data.data);
+                    // The bytes are lent, not copied: the receiver holds a reference on the
+                    // chunk until it is done with them.
+                    let lent = SharedData {
+                        data: data.data.as_ptr(),
+                        len: data.data.len(),
+                        owner: Arc::into_raw(chunk.clone()) as *const std::ffi::c_void,
+                        release: release_chunk,
+                    };
+                    // SAFETY: viewing a live, initialized `repr(C)` struct as its bytes for the
+                    // duration of the call.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            &lent as *const SharedData as *const u8,
+                            std::mem::size_of::<SharedData>(),
+                        )
+                    };
+                    send(SHARED_DATA, bytes);
                 }
             }
             0
