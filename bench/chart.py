@@ -1,4 +1,5 @@
-"""Draws the ratio chart (ours / reference) from the table in bench/RESULTS.md.
+"""Draws the ratio chart (ours / reference) from the latest tables in bench/RESULTS.md
+(everything above "### Earlier runs").
 
 python bench/chart.py bench/RESULTS.md bench/ratios.png   (needs matplotlib)
 """
@@ -13,6 +14,8 @@ def main() -> None:
     source, target = sys.argv[1], sys.argv[2]
     rows = []
     for line in open(source):
+        if line.startswith("### Earlier runs"):
+            break  # only the latest run is drawn
         match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
         if match:
             server = "same proc." if match.group(2) == "same process" else "other proc."
