@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from reverb import _nest, replay_sample
-from reverb.trajectory_iterator import TrajectoryIterator, check_sampler_arguments
+from reverb.trajectory_iterator import TrajectoryIterator, check_iterator_arguments
 
 # SampleInfo fields' dtypes, as in the datasets: key, probability, table_size, priority,
 # times_sampled.
@@ -51,12 +51,10 @@ class TorchDataset(IterableDataset):
         unpack_as_table_signature: bool = False,
     ) -> None:
         super().__init__()
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size ({batch_size}) must be None or >= 1")
-        check_sampler_arguments(
+        check_iterator_arguments(
+            batch_size,
             max_in_flight_samples_per_worker,
             num_workers_per_iterator,
-            -1,
             rate_limiter_timeout_ms,
             max_samples,
         )

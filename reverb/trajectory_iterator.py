@@ -37,6 +37,25 @@ def check_sampler_arguments(
         raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be >= -1")
 
 
+def check_iterator_arguments(
+    batch_size: Optional[int],
+    max_in_flight_samples_per_worker: int,
+    num_workers_per_iterator: int,
+    rate_limiter_timeout_ms: int,
+    max_samples: int,
+) -> None:
+    """ValueErrors for bad iterator arguments (shared with `TorchDataset`)."""
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size ({batch_size}) must be None or >= 1")
+    check_sampler_arguments(
+        max_in_flight_samples_per_worker,
+        num_workers_per_iterator,
+        -1,
+        rate_limiter_timeout_ms,
+        max_samples,
+    )
+
+
 class TrajectoryIterator:
     """Streams samples of `table` from the server at `server_address`.
 
@@ -61,12 +80,10 @@ class TrajectoryIterator:
         rate_limiter_timeout_ms: int = -1,
         unpack_as_table_signature: bool = False,
     ) -> None:
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size ({batch_size}) must be None or >= 1")
-        check_sampler_arguments(
+        check_iterator_arguments(
+            batch_size,
             max_in_flight_samples_per_worker,
             num_workers_per_iterator,
-            -1,
             rate_limiter_timeout_ms,
             max_samples,
         )

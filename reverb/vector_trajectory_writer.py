@@ -209,21 +209,9 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         if timeout_ms is not None:
             self.flush(timeout_ms=timeout_ms)
 
-    def configure(
-        self, path: Path, *, num_keep_alive_refs: int, max_chunk_length: Optional[int]
-    ) -> None:
-        """Overrides chunking for the field at `path` in every environment."""
-        if max_chunk_length is not None and not 1 <= max_chunk_length <= num_keep_alive_refs:
-            raise ValueError(
-                f"max_chunk_length ({max_chunk_length}) must be None or in "
-                f"[1, num_keep_alive_refs ({num_keep_alive_refs})]"
-            )
-        self._check_open()
-        field = self._column_of(tuple(path))
-        for env in range(self._num_envs):
-            self._writer.configure(
-                field * self._num_envs + env, num_keep_alive_refs, max_chunk_length
-            )
+    def _native_columns(self, column: int) -> List[int]:
+        # `configure(path, ...)` applies to the field in every environment.
+        return [column * self._num_envs + env for env in range(self._num_envs)]
 
     # History.
 

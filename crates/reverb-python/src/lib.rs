@@ -489,6 +489,27 @@ impl PyTrajectoryWriter {
         py.detach(|| f(&mut self.inner.lock().unwrap()))
     }
 
+    /// Converts `values` (for `columns`) and appends them with `append`; returns None, or a
+    /// tuple describing the rejected column (see `append`).
+    fn append_with(
+        &self,
+        py: Python<'_>,
+        columns: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+        append: impl FnOnce(&mut TrajectoryWriter, Vec<(usize, Tensor)>) -> Result<(), AppendError>
+            + Send,
+    ) -> PyResult<Option<Py<PyTuple>>> {
+        let tensors = values
+            .iter()
+            .map(|v| to_tensor(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        let values: Vec<(usize, Tensor)> = columns.into_iter().zip(tensors).collect();
+        match self.with(py, |w| append(w, values)) {
+            Ok(()) => Ok(None),
+            Err(e) => append_error(py, e),
+        }
+    }
+
     /// Repeats a bounded wait without the GIL until it reports done, letting Ctrl-C through.
     fn wait_until(
         &self,
@@ -564,15 +585,7 @@ impl PyTrajectoryWriter {
         values: Vec<Bound<'_, PyAny>>,
         partial: bool,
     ) -> PyResult<Option<Py<PyTuple>>> {
-        let tensors = values
-            .iter()
-            .map(|v| to_tensor(py, v))
-            .collect::<PyResult<Vec<_>>>()?;
-        let values: Vec<(usize, Tensor)> = columns.into_iter().zip(tensors).collect();
-        match self.with(py, |w| w.append(values, partial)) {
-            Ok(()) => Ok(None),
-            Err(e) => append_error(py, e),
-        }
+        self.append_with(py, columns, values, |w, v| w.append(v, partial))
     }
 
     /// Appends N full steps at once; every value has a leading dimension N.
@@ -582,15 +595,7 @@ impl PyTrajectoryWriter {
         columns: Vec<usize>,
         values: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyTuple>>> {
-        let tensors = values
-            .iter()
-            .map(|v| to_tensor(py, v))
-            .collect::<PyResult<Vec<_>>>()?;
-        let values: Vec<(usize, Tensor)> = columns.into_iter().zip(tensors).collect();
-        match self.with(py, |w| w.append_steps(values)) {
-            Ok(_) => Ok(None),
-            Err(e) => append_error(py, e),
-        }
+        self.append_with(py, columns, values, |w, v| w.append_steps(v).map(|_| ()))
     }
 
     /// Creates an item; `columns` is a list of `(refs, squeeze)` with refs `(column, step)`.
@@ -731,15 +736,7 @@ impl PyTrajectoryWriter {
         fields: Vec<usize>,
         values: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyTuple>>> {
-        let tensors = values
-            .iter()
-            .map(|v| to_tensor(py, v))
-            .collect::<PyResult<Vec<_>>>()?;
-        let values: Vec<(usize, Tensor)> = fields.into_iter().zip(tensors).collect();
-        match self.with(py, |w| w.append_lanes(values)) {
-            Ok(()) => Ok(None),
-            Err(e) => append_error(py, e),
-        }
+        self.append_with(py, fields, values, |w, v| w.append_lanes(v))
     }
 
     /// Vectorised writers: steps of each env's episode so far.

@@ -180,17 +180,7 @@ async fn session(
                 None => *input_closed = true,
                 Some(first) => {
                     linger(shared).await;
-                    let mut batch = vec![first];
-                    let mut bytes: usize = batch[0].chunks.iter().map(|c| c.data.len()).sum();
-                    while bytes < MAX_REQUEST_BYTES && batch.len() < max_in_flight {
-                        match rx.try_recv() {
-                            Ok(o) => {
-                                bytes += o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
-                                batch.push(o);
-                            }
-                            Err(_) => break,
-                        }
-                    }
+                    let batch = take_batch(first, rx, max_in_flight);
                     let req = request(&batch, &mut sent_chunks);
                     unconfirmed.extend(batch);
                     req_tx.send(req).map_err(|_| closed())?;
@@ -203,6 +193,28 @@ async fn session(
             },
         }
     }
+}
+
+/// `first` and what else is queued, up to `max_items` items or about `MAX_REQUEST_BYTES` of
+/// chunk payload: one request's worth.
+fn take_batch(
+    first: Outgoing,
+    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    max_items: usize,
+) -> Vec<Outgoing> {
+    let payload = |o: &Outgoing| o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
+    let mut bytes = payload(&first);
+    let mut batch = vec![first];
+    while bytes < MAX_REQUEST_BYTES && batch.len() < max_items {
+        match rx.try_recv() {
+            Ok(o) => {
+                bytes += payload(&o);
+                batch.push(o);
+            }
+            Err(_) => break,
+        }
+    }
+    batch
 }
 
 /// Waits a little for more items unless someone waits for everything to be sent.
@@ -251,17 +263,8 @@ async fn local_session(
                 continue;
             };
             linger(shared).await;
-            let mut bytes: usize = first.chunks.iter().map(|c| c.data.len()).sum();
-            unconfirmed.push_back(first);
-            while bytes < MAX_REQUEST_BYTES && unconfirmed.len() < max_in_flight {
-                match rx.try_recv() {
-                    Ok(o) => {
-                        bytes += o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
-                        unconfirmed.push_back(o);
-                    }
-                    Err(_) => break,
-                }
-            }
+            // (Everything before was confirmed: `unconfirmed` is empty here.)
+            unconfirmed.extend(take_batch(first, rx, max_in_flight));
         }
         resend = false;
         let req = request(unconfirmed.make_contiguous(), &mut sent_chunks);
