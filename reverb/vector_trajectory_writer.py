@@ -133,6 +133,8 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         if envs is None:
             return list(range(self._num_envs))
         array = np.asarray(envs)
+        if array.size == 0 and array.ndim == 1 and array.dtype != np.bool_:
+            return []  # e.g. the envs that finished, when none did
         if array.dtype == np.bool_:
             if array.shape != (self._num_envs,):
                 raise ValueError(

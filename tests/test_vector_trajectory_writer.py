@@ -85,6 +85,10 @@ def test_history_indexing_envs_and_two_tables_sharing_chunks(client) -> None:
         writer.create_item("a", 1.0, obs[::2], envs=np.array([0, 3]))
         writer.create_item("b", 1.0, obs[[2, 0]], envs=[True, False, True, False])
         writer.create_item("b", 1.0, obs[-1:0:-1], envs=1)
+        # No env selected (e.g. none finished): nothing happens.
+        writer.create_item("a", 1.0, obs[-1], envs=[])
+        writer.end_episode(envs=[])
+        np.testing.assert_array_equal(writer.episode_steps, [3, 3, 3, 3])
     a = [s.data[0].tolist() for s in _drain(client, "a")]
     b = [s.data[0].tolist() for s in _drain(client, "b")]
     assert a == [[0, 2], [300, 302]]

@@ -544,7 +544,16 @@ pub(crate) fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSamp
         let (first, _, _) = parts
             .first()
             .ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
+        // Each part is bounded by its chunk's payload; their sum must fit too.
         let rows: usize = parts.iter().map(|p| p.2).sum();
+        if rows
+            .checked_mul(first.row_bytes())
+            .is_none_or(|n| n > isize::MAX as usize)
+        {
+            return Err(ClientError::data_loss(format!(
+                "Column {c} of {rows} rows is too large"
+            )));
+        }
         let mut shape = first.shape.clone();
         shape[0] = rows as i64;
         if column.squeeze {
@@ -644,6 +653,59 @@ mod tests {
                 .flat_map(|v| v.to_le_bytes())
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// A chunk whose single uint8 tensor claims `shape` but holds `payload` bytes.
+    fn lying_chunk(key: u64, shape: &[i64], payload: usize) -> reverb_proto::ChunkData {
+        use prost::Message;
+        use reverb_proto::tensorflow::{tensor_shape_proto::Dim, TensorProto, TensorShapeProto};
+        let content = snap::raw::Encoder::new()
+            .compress_vec(&vec![7u8; payload])
+            .unwrap();
+        let tensor = TensorProto {
+            dtype: 4,
+            tensor_shape: Some(TensorShapeProto {
+                dim: shape
+                    .iter()
+                    .map(|&size| Dim {
+                        size,
+                        name: String::new(),
+                    })
+                    .collect(),
+                unknown_rank: false,
+            }),
+            tensor_content: content.into(),
+            ..Default::default()
+        };
+        reverb_proto::ChunkData {
+            chunk_key: key,
+            data: reverb_proto::ChunkTensors {
+                tensors: vec![tensor],
+            }
+            .encode_to_vec()
+            .into(),
+            data_tensors_len: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sizes_a_server_claims_are_checked_before_allocating() {
+        for (shape, what) in [
+            (
+                vec![1 << 20, 1 << 20],
+                "needs 1099511627776 bytes but its payload holds 1",
+            ),
+            (vec![0, 1 << 40, 1 << 40], "is too large"),
+            (vec![2, 3], "needs 6 bytes but its payload holds 1"),
+        ] {
+            let chunks = [lying_chunk(1, &shape, 1)];
+            let e = assemble(info(vec![(vec![(1, 0, 1)], false)]), &chunks).unwrap_err();
+            assert!(e.message.contains(what), "{shape:?}: {}", e.message);
+        }
+        let chunks = [lying_chunk(1, &[2, 3], 6)];
+        let sample = assemble(info(vec![(vec![(1, 1, 1)], false)]), &chunks).unwrap();
+        assert_eq!(sample.columns[0].data, vec![7u8; 3]);
     }
 
     #[test]

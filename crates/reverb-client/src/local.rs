@@ -121,6 +121,8 @@ unsafe extern "C" fn emit(sink: *mut c_void, kind: u32, ptr: *const u8, len: usi
             Some(chunk) => chunk.data = Bytes::copy_from_slice(bytes),
             None => sink.malformed = true,
         },
+        // (A SHARED_DATA piece of another size would come from a mismatched build: it is
+        // reported as malformed below, and its chunk reference leaks.)
         SHARED_DATA if bytes.len() == std::mem::size_of::<SharedData>() => {
             // SAFETY: for SHARED_DATA, `ptr` points at a `SharedData` (the exporter's
             // contract); read unaligned, as `ptr` came through as bytes.

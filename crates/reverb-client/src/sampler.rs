@@ -439,7 +439,13 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
     let mut columns = Vec::with_capacity(first.columns.len());
     for (c, column) in first.columns.iter().enumerate() {
         let size = column.byte_len();
-        let mut data = vec![0u8; size * n];
+        let total = size
+            .checked_mul(n)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(|| {
+                ClientError::invalid(format!("A batch of {n} x {size} bytes is too large"))
+            })?;
+        let mut data = vec![0u8; total];
         for (sample, out) in samples.iter().zip(data.chunks_exact_mut(size.max(1))) {
             sample.columns[c].write_to(&mut out[..size])?;
         }

@@ -156,9 +156,14 @@ impl Encoded {
         self.shape.first().copied().unwrap_or(1) as usize
     }
 
-    /// Bytes of one row.
+    /// Bytes of one row (`parse_chunk` checked that the whole tensor's size fits).
     pub fn row_bytes(&self) -> usize {
-        self.shape.iter().skip(1).product::<i64>() as usize * dtype_size(self.dtype).unwrap_or(0)
+        self.shape
+            .iter()
+            .skip(1)
+            .fold(dtype_size(self.dtype).unwrap_or(0), |n, &d| {
+                n.saturating_mul(d as usize)
+            })
     }
 
     /// Whether `decompress_into` can be used (no delta encoding to undo).
@@ -238,16 +243,43 @@ pub(crate) fn parse_chunk(chunk: &ChunkData) -> Result<Vec<Encoded>> {
                     chunk.chunk_key
                 )));
             }
-            let len = shape
+            // Every partial product must fit, not only the total: a zero leading dimension
+            // must not hide an overflowing row size.
+            let too_large = || {
+                ClientError::data_loss(format!(
+                    "Chunk {}: shape {shape:?} is too large",
+                    chunk.chunk_key
+                ))
+            };
+            let row = shape
                 .iter()
+                .skip(1)
                 .try_fold(size, |n, &d| n.checked_mul(d as usize))
                 .filter(|&n| n <= isize::MAX as usize)
-                .ok_or_else(|| {
+                .ok_or_else(too_large)?;
+            let len = row
+                .checked_mul(shape.first().map_or(1, |&d| d as usize))
+                .filter(|&n| n <= isize::MAX as usize)
+                .ok_or_else(too_large)?;
+            // The size the shape claims must be what the payload holds (snappy's header says
+            // so), before anyone allocates for it.
+            let stored = if len == 0 && proto.tensor_content.is_empty() {
+                0
+            } else {
+                snap::raw::decompress_len(&proto.tensor_content).map_err(|e| {
                     ClientError::data_loss(format!(
-                        "Chunk {}: shape {shape:?} is too large",
+                        "Chunk {} could not be decompressed: {e}",
                         chunk.chunk_key
                     ))
-                })?;
+                })?
+            };
+            if stored != len {
+                return Err(ClientError::data_loss(format!(
+                    "Chunk {}: a tensor of shape {shape:?} needs {len} bytes but its payload \
+                     holds {stored}",
+                    chunk.chunk_key
+                )));
+            }
             Ok(Encoded {
                 dtype: proto.dtype,
                 shape,

@@ -280,7 +280,8 @@ fn samples_out(py: Python<'_>, samples: Vec<Sample>) -> PyResult<Bound<'_, PyLis
 #[pymethods]
 impl PyClient {
     #[new]
-    fn new(address: &str) -> PyResult<Self> {
+    fn new(py: Python<'_>, address: &str) -> PyResult<Self> {
+        read_no_local(py);
         Ok(Self {
             inner: Client::new(address).map_err(client_err)?,
         })
@@ -544,6 +545,7 @@ impl PyTrajectoryWriter {
     #[pyo3(signature = (client, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0, num_envs=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         client: &PyClient,
         num_keep_alive_refs: usize,
         max_chunk_length: Option<usize>,
@@ -552,6 +554,7 @@ impl PyTrajectoryWriter {
         reconnect_timeout: f64,
         num_envs: Option<usize>,
     ) -> PyResult<Self> {
+        read_no_local(py);
         if !(reconnect_timeout.is_finite() && reconnect_timeout >= 0.0) {
             return Err(PyValueError::new_err(
                 "reconnect_timeout must be a number of seconds >= 0",
@@ -799,6 +802,7 @@ impl PySampler {
     #[new]
     #[pyo3(signature = (client, table, max_in_flight_samples_per_worker, num_workers, max_samples, rate_limiter_timeout_ms))]
     fn new(
+        py: Python<'_>,
         client: &PyClient,
         table: &str,
         max_in_flight_samples_per_worker: usize,
@@ -812,7 +816,10 @@ impl PySampler {
             max_samples: (max_samples >= 0).then_some(max_samples as u64),
             rate_limiter_timeout: (rate_limiter_timeout_ms >= 0)
                 .then(|| Duration::from_millis(rate_limiter_timeout_ms as u64)),
-            local: local_server(client.inner.address()),
+            local: {
+                read_no_local(py);
+                local_server(client.inner.address())
+            },
         };
         let sampler = {
             let _guard = runtime().enter();
@@ -895,11 +902,23 @@ fn descriptor_set<'py>(py: Python<'py>) -> Bound<'py, PyBytes> {
     PyBytes::new(py, reverb_proto::FILE_DESCRIPTOR_SET)
 }
 
-/// A server of this process that `address` names, reached without gRPC (unless the
-/// environment sets `REVERB_NO_LOCAL`).
+/// `REVERB_NO_LOCAL` as last read: forces gRPC even to servers of this process (tests cover
+/// both paths). Read from the environment only by calls from Python (holding the GIL, as
+/// Python's own `os.environ` writes do), never from runtime threads, where reading it could
+/// race with a `putenv`.
+static NO_LOCAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Refreshes [`NO_LOCAL`] from the environment (call with the GIL held).
+fn read_no_local(_py: Python<'_>) {
+    let set = std::env::var_os("REVERB_NO_LOCAL").is_some_and(|v| !v.is_empty());
+    NO_LOCAL.store(set, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A server of this process that `address` names, reached without gRPC (unless
+/// `REVERB_NO_LOCAL` was set when the calling client, writer or sampler was made).
 fn local_server(address: &str) -> Option<Local> {
-    if std::env::var_os("REVERB_NO_LOCAL").is_some_and(|v| !v.is_empty()) {
-        return None; // force gRPC (tests cover both paths)
+    if NO_LOCAL.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
     }
     let port = loopback_port(address).filter(|&p| reverb_server::local::is_local(p))?;
     Some(Local {
@@ -911,7 +930,8 @@ fn local_server(address: &str) -> Option<Local> {
 /// The port of `address` when it names a server running in this process, else `None`: the
 /// TensorFlow kernels then sample it through `reverb_inproc_sample_v2`.
 #[pyfunction]
-fn local_port(address: &str) -> Option<u16> {
+fn local_port(py: Python<'_>, address: &str) -> Option<u16> {
+    read_no_local(py);
     local_server(address).map(|l| l.port)
 }
 

@@ -4,6 +4,7 @@
 use crate::service::find_table;
 use reverb_core::{SampledItem, Table};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::Status;
@@ -14,11 +15,14 @@ type Tables = Arc<BTreeMap<String, Arc<Table>>>;
 /// copy of the tables, not the server, so it must go through gRPC.
 static LOCAL: Mutex<BTreeMap<u16, (u32, Tables)>> = Mutex::new(BTreeMap::new());
 
+/// The process that last registered a server. Checked before taking the registry's lock: a
+/// child of `fork` must not wait on a lock that a thread of its parent held at the fork.
+static REGISTERED_BY: AtomicU32 = AtomicU32::new(0);
+
 pub(crate) fn register(port: u16, tables: Tables) {
-    LOCAL
-        .lock()
-        .unwrap()
-        .insert(port, (std::process::id(), tables));
+    let pid = std::process::id();
+    LOCAL.lock().unwrap().insert(port, (pid, tables));
+    REGISTERED_BY.store(pid, Ordering::SeqCst);
 }
 
 pub(crate) fn unregister(port: u16) {
@@ -27,6 +31,9 @@ pub(crate) fn unregister(port: u16) {
 
 /// The tables of the server of this process on `port`.
 fn tables(port: u16) -> Option<Tables> {
+    if REGISTERED_BY.load(Ordering::SeqCst) != std::process::id() {
+        return None; // no server of this process (or a child of fork: its parent's)
+    }
     match LOCAL.lock().unwrap().get(&port) {
         Some((pid, tables)) if *pid == std::process::id() => Some(tables.clone()),
         _ => None,

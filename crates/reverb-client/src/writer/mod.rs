@@ -106,7 +106,10 @@ impl Steps {
                     let mut i = a;
                     while i < b {
                         out.push(i);
-                        i += step;
+                        i = match i.checked_add(step) {
+                            Some(next) => next,
+                            None => break,
+                        };
                     }
                 } else {
                     let a = clamp(*start, len - 1, -1, len - 1);
@@ -114,7 +117,10 @@ impl Steps {
                     let mut i = a;
                     while i > b {
                         out.push(i);
-                        i += step;
+                        i = match i.checked_add(step) {
+                            Some(next) => next,
+                            None => break,
+                        };
                     }
                 }
                 Ok(out)
@@ -849,7 +855,8 @@ impl TrajectoryWriter {
         if self.step_open {
             self.step += 1;
         }
-        self.lanes = vec![Lane::new(self.step); self.lanes.len()];
+        let step = self.step;
+        self.lanes = (0..self.lanes.len()).map(|_| Lane::new(step)).collect();
         self.step_open = false;
         if clear_buffers {
             for col in self.columns.iter_mut().flatten() {
@@ -1096,6 +1103,8 @@ mod tests {
             (Steps::Slice(None, None, Some(0)), 5, Err(())),
             (Steps::List(vec![0, -1, 2]), 4, Ok(vec![0, 3, 2])),
             (Steps::List(vec![4]), 4, Err(())),
+            (Steps::Slice(Some(1), None, Some(i64::MAX)), 5, Ok(vec![1])),
+            (Steps::Slice(None, None, Some(i64::MIN)), 5, Ok(vec![4])),
         ];
         for (steps, len, want) in cases {
             let got = steps.resolve(*len).map_err(|_| ());
