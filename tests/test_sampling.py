@@ -12,6 +12,9 @@ import pytest
 import reverb
 from reverb import rate_limiters, selectors
 
+# Every test runs twice: sampling this process's server directly, and over gRPC.
+pytestmark = pytest.mark.usefixtures("both_paths")
+
 T = 10.0
 
 

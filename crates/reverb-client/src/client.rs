@@ -486,6 +486,13 @@ impl PlannedSample {
     }
 }
 
+impl Sample {
+    /// A sample from its info and the chunks it references (decompressed and joined).
+    pub fn from_chunks(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
+        assemble(info, chunks)
+    }
+}
+
 /// Builds a sample's columns from its chunks.
 pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
     plan(info, chunks)?.assemble()

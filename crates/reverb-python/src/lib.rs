@@ -357,10 +357,16 @@ impl PyClient {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
         let rl_timeout = seconds(rate_limiter_timeout)?;
-        let (samples, failure) = wait(py, async move {
-            c.sample_partial(&table, num_samples, rl_timeout, timeout)
-                .await
-        })?;
+        read_no_local(py);
+        let (samples, failure) = match local_server(c.address()) {
+            Some(local) => {
+                local_sample(py, &c, local.port, &table, num_samples, rl_timeout, timeout)?
+            }
+            None => wait(py, async move {
+                c.sample_partial(&table, num_samples, rl_timeout, timeout)
+                    .await
+            })?,
+        };
         let out = samples_out(py, samples)?;
         let failure = match failure {
             Some(e) => client_err(e).into_value(py).into_bound(py).into_any(),
@@ -368,6 +374,85 @@ impl PyClient {
         };
         Ok((out, failure))
     }
+}
+
+/// `Client.sample` from a server of this process, without gRPC: the semantics of
+/// `Client::sample_partial` (each sample waits at most `rate_limiter_timeout` for the rate
+/// limiter, the whole call at most `timeout`; samples that arrived are returned with the
+/// error that stopped the call). Waits in slices, letting Ctrl-C through.
+fn local_sample(
+    py: Python<'_>,
+    client: &Client,
+    port: u16,
+    table: &str,
+    num_samples: usize,
+    rate_limiter_timeout: Option<Duration>,
+    timeout: Option<Duration>,
+) -> PyResult<(Vec<Sample>, Option<ClientError>)> {
+    if num_samples == 0 {
+        return Err(client_err(ClientError::invalid("num_samples must be >= 1")));
+    }
+    let start = Instant::now();
+    let deadline = timeout.map(|t| start + t);
+    let mut samples = Vec::with_capacity(num_samples);
+    let mut rate_limited_since = Instant::now();
+    while samples.len() < num_samples {
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            let e = ClientError::deadline(format!(
+                "Deadline Exceeded: SampleStream on {} did not finish within {:.3}s",
+                client.address(),
+                timeout.unwrap_or_default().as_secs_f64()
+            ));
+            return Ok((samples, Some(e)));
+        }
+        let rate_limit_end = rate_limiter_timeout.map(|t| rate_limited_since + t);
+        if rate_limit_end.is_some_and(|d| now >= d) {
+            let e = ClientError::deadline(
+                "Rate Limiter: Timeout exceeded before the right to sample was acquired.",
+            );
+            return Ok((samples, Some(e)));
+        }
+        let mut wait = Duration::from_millis(100);
+        for end in [deadline, rate_limit_end].into_iter().flatten() {
+            wait = wait.min(end - now);
+        }
+        let want = num_samples - samples.len();
+        let got = py.detach(|| {
+            reverb_server::local::sample(port, table, want, wait).and_then(|items| {
+                items
+                    .into_iter()
+                    .map(|s| {
+                        let info = reverb_proto::SampleInfo {
+                            item: Some(s.item.to_proto(s.priority, s.times_sampled)),
+                            probability: s.probability,
+                            table_size: s.table_size,
+                            rate_limited: false,
+                        };
+                        let chunks: Vec<_> =
+                            s.item.chunks.iter().map(|c| c.data().clone()).collect();
+                        Sample::from_chunks(info, &chunks)
+                            .map_err(|e| tonic::Status::new(e.code, e.message))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+        });
+        match got {
+            Ok(got) if got.is_empty() => py.check_signals()?,
+            Ok(got) => {
+                samples.extend(got);
+                rate_limited_since = Instant::now();
+            }
+            Err(status) => {
+                let e = ClientError::from_status(status, client.address());
+                if samples.is_empty() {
+                    return Err(client_err(e));
+                }
+                return Ok((samples, Some(e)));
+            }
+        }
+    }
+    Ok((samples, None))
 }
 
 /// NumPy type numbers (`dtype.num`) to TensorFlow DataType values.
