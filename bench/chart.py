@@ -20,8 +20,13 @@ def main() -> None:
         if match:
             server = "same proc." if match.group(2) == "same process" else "other proc."
             label = f"{match.group(1)} ({server})"
-            rows = [r for r in rows if r[0] != label]  # a later table's row replaces it
-            rows.append((label, float(match.group(3))))
+            row = (label, float(match.group(3)))
+            # A later table's row replaces an earlier one in place.
+            at = next((i for i, r in enumerate(rows) if r[0] == label), None)
+            if at is None:
+                rows.append(row)
+            else:
+                rows[at] = row
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,7 +41,12 @@ def main() -> None:
     ax.set_xlabel(
         "ours relative to dm-reverb 0.14.0 (>1 = better: faster, or less latency / memory)"
     )
-    ax.set_xlim(0, max(ratios) * 1.2)
+    if max(ratios) > 20:
+        # A log scale keeps ratios near 1 readable next to a very large one.
+        ax.set_xscale("log")
+        ax.set_xlim(min(0.5, min(ratios) * 0.8), max(ratios) * 2)
+    else:
+        ax.set_xlim(0, max(ratios) * 1.2)
     ax.invert_yaxis()
     ax.set_title("reverb (this project) vs dm-reverb 0.14.0, same machine, same run")
     fig.tight_layout()
