@@ -321,6 +321,14 @@ impl PyClient {
     ) -> PyResult<()> {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
+        read_no_local(py);
+        if let Some(local) = local_server(c.address()) {
+            return py
+                .detach(|| {
+                    reverb_server::local::mutate_priorities(local.port, &table, &updates, &deletes)
+                })
+                .map_err(|s| client_err(ClientError::from_status(s, c.address())));
+        }
         wait(py, async move {
             c.mutate_priorities(&table, updates, deletes, timeout).await
         })
@@ -331,6 +339,12 @@ impl PyClient {
     fn reset(&self, py: Python<'_>, table: String, timeout: Option<f64>) -> PyResult<()> {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
+        read_no_local(py);
+        if let Some(local) = local_server(c.address()) {
+            return py
+                .detach(|| reverb_server::local::reset(local.port, &table))
+                .map_err(|s| client_err(ClientError::from_status(s, c.address())));
+        }
         wait(py, async move { c.reset(&table, timeout).await })
     }
 

@@ -54,8 +54,7 @@ pub fn sample(
     max_items: usize,
     wait: Duration,
 ) -> Result<Vec<SampledItem>, Status> {
-    let tables = tables(port)
-        .ok_or_else(|| Status::unavailable(format!("No server of this process on port {port}")))?;
+    let tables = tables_or_unavailable(port)?;
     let table = find_table(&tables, table)?;
     let deadline = Instant::now() + wait;
     let mut pause = Duration::from_micros(50);
@@ -72,6 +71,32 @@ pub fn sample(
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(2));
     }
+}
+
+/// The tables of the server of this process on `port`, or UNAVAILABLE.
+fn tables_or_unavailable(port: u16) -> Result<Tables, Status> {
+    tables(port)
+        .ok_or_else(|| Status::unavailable(format!("No server of this process on port {port}")))
+}
+
+/// `MutatePriorities` on the server of this process on `port`: deletes, then updates.
+pub fn mutate_priorities(
+    port: u16,
+    table: &str,
+    updates: &[(u64, f64)],
+    deletes: &[u64],
+) -> Result<(), Status> {
+    let tables = tables_or_unavailable(port)?;
+    find_table(&tables, table)?
+        .mutate_items(updates, deletes)
+        .map_err(crate::status)
+}
+
+/// `Reset` on the server of this process on `port`.
+pub fn reset(port: u16, table: &str) -> Result<(), Status> {
+    let tables = tables_or_unavailable(port)?;
+    find_table(&tables, table)?.reset();
+    Ok(())
 }
 
 /// An insert stream to the server of this process on a port, without gRPC: the same checks
