@@ -12,6 +12,8 @@ fn main() {
     std::fs::write(out.join("descriptor_set.bin"), fds.encode_to_vec()).unwrap();
     tonic_prost_build::configure()
         .bytes(".")
+        // Pre-sizes each encoded message (see src/codec.rs).
+        .codec_path("crate::codec::ReverbCodec")
         .compile_fds(fds)
         .expect("generating Rust code from proto/ failed");
 }

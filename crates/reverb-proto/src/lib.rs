@@ -3,6 +3,8 @@
 
 #![allow(clippy::all, missing_docs)]
 
+pub mod codec;
+
 /// TensorFlow's TensorProto, TensorShapeProto and DataType (the subset chunks carry).
 pub mod tensorflow {
     include!(concat!(env!("OUT_DIR"), "/tensorflow.rs"));
