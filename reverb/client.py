@@ -18,6 +18,11 @@ from reverb import (
     vector_trajectory_writer,
 )
 
+# How long a retried insert (after the stream kept from an earlier insert died) may wait for
+# the connection to come back: a server restarted on the same port is reached even if the
+# first new stream still hits the dead connection.
+_INSERT_RETRY_RECONNECT_S = 2.0
+
 
 class Client:
     """A client of the Reverb server at `server_address` (`host:port`).
@@ -84,7 +89,11 @@ class Client:
             for attempt in range(2):
                 reused = self._insert_writer is not None
                 try:
-                    self._insert_once(arrays, pairs, timeout_ms)
+                    # A retry may wait briefly while the channel replaces the dead connection.
+                    reconnect = 0.0 if attempt == 0 else _INSERT_RETRY_RECONNECT_S
+                    if timeout is not None:
+                        reconnect = min(reconnect, timeout)
+                    self._insert_once(arrays, pairs, timeout_ms, reconnect)
                     return
                 except errors.UnavailableError:
                     # The stream of a writer kept from an earlier insert may have died without
@@ -92,14 +101,17 @@ class Client:
                     if not reused or attempt == 1:
                         raise
 
-    def _insert_once(self, arrays: list, pairs: list, timeout_ms: Optional[int]) -> None:
+    def _insert_once(
+        self, arrays: list, pairs: list, timeout_ms: Optional[int], reconnect: float
+    ) -> None:
         if self._insert_writer is not None and self._insert_writer.failed:
             # Its stream died between calls (e.g. the server restarted): start afresh.
             self._insert_writer = None
         if self._insert_writer is None:
-            # No reconnect loop: a dead server fails the call (UnavailableError) at once.
+            # First attempt: no reconnect loop, so a dead server fails the call
+            # (UnavailableError) at once.
             self._insert_writer = _native.TrajectoryWriter(
-                self._client, 1, 1, 1024, False, reconnect_timeout=0.0
+                self._client, 1, 1, 1024, False, reconnect_timeout=reconnect
             )
             self._insert_columns = {}
         writer = self._insert_writer

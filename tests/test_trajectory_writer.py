@@ -484,3 +484,15 @@ def test_chunks_shared_by_two_tables_are_stored_once_and_freed_with_the_last_ite
         assert _checkpoint_bytes(client) - empty < 0.05 * frames.nbytes
     finally:
         server.stop()
+
+
+def test_client_insert_to_a_stopped_server_fails_within_seconds(make_server) -> None:
+    server = make_server([_fifo("a")])
+    client = server.localhost_client()
+    client.insert({"v": np.int64(1)}, {"a": 1.0}, timeout=T)  # keeps its insert stream
+    server.stop()
+    start = time.monotonic()
+    with pytest.raises(reverb.errors.UnavailableError):
+        client.insert({"v": np.int64(2)}, {"a": 1.0}, timeout=T)
+    # The kept stream fails, then one retry waits at most ~2 s for the connection to return.
+    assert time.monotonic() - start < 5
