@@ -18,11 +18,6 @@ from reverb import (
     vector_trajectory_writer,
 )
 
-# How long a retried insert (after the stream kept from an earlier insert died) may wait for
-# the connection to come back: a server restarted on the same port is reached even if the
-# first new stream still hits the dead connection.
-_INSERT_RETRY_RECONNECT_S = 2.0
-
 
 class Client:
     """A client of the Reverb server at `server_address` (`host:port`).
@@ -40,6 +35,8 @@ class Client:
         self._max_times_sampled_cache: Dict[str, int] = {}
         self._insert_lock = threading.Lock()
         self._insert_writer: Optional[_native.TrajectoryWriter] = None
+        # The connection inserts use once a kept stream died (see `insert`); else `_client`.
+        self._insert_client: Optional[_native.Client] = None
         self._insert_columns: Dict[tuple, int] = {}
 
     def __reduce__(self) -> Any:
@@ -89,29 +86,25 @@ class Client:
             for attempt in range(2):
                 reused = self._insert_writer is not None
                 try:
-                    # A retry may wait briefly while the channel replaces the dead connection.
-                    reconnect = 0.0 if attempt == 0 else _INSERT_RETRY_RECONNECT_S
-                    if timeout is not None:
-                        reconnect = min(reconnect, timeout)
-                    self._insert_once(arrays, pairs, timeout_ms, reconnect)
+                    self._insert_once(arrays, pairs, timeout_ms)
                     return
                 except errors.UnavailableError:
                     # The stream of a writer kept from an earlier insert may have died without
-                    # it knowing yet (e.g. the server restarted): retry once on a fresh stream.
+                    # it knowing yet (e.g. the server restarted): retry once on a fresh stream,
+                    # over a fresh connection (the client's may still be the dead one).
                     if not reused or attempt == 1:
                         raise
+                    self._insert_writer = None
+                    self._insert_client = _native.Client(self._server_address)
 
-    def _insert_once(
-        self, arrays: list, pairs: list, timeout_ms: Optional[int], reconnect: float
-    ) -> None:
+    def _insert_once(self, arrays: list, pairs: list, timeout_ms: Optional[int]) -> None:
         if self._insert_writer is not None and self._insert_writer.failed:
             # Its stream died between calls (e.g. the server restarted): start afresh.
             self._insert_writer = None
         if self._insert_writer is None:
-            # First attempt: no reconnect loop, so a dead server fails the call
-            # (UnavailableError) at once.
+            # No reconnect loop: a dead server fails the call (UnavailableError) at once.
             self._insert_writer = _native.TrajectoryWriter(
-                self._client, 1, 1, 1024, False, reconnect_timeout=reconnect
+                self._insert_client or self._client, 1, 1, 1024, False, reconnect_timeout=0.0
             )
             self._insert_columns = {}
         writer = self._insert_writer
