@@ -84,14 +84,19 @@ impl Client {
     ) -> Result<T> {
         match timeout {
             None => fut.await,
-            Some(t) => tokio::time::timeout(t, fut).await.unwrap_or_else(|_| {
-                Err(ClientError::deadline(format!(
-                    "Deadline Exceeded: {what} on {} did not finish within {:.3}s",
-                    self.address,
-                    t.as_secs_f64()
-                )))
-            }),
+            Some(t) => tokio::time::timeout(t, fut)
+                .await
+                .unwrap_or_else(|_| Err(self.expired(what, t))),
         }
+    }
+
+    /// DEADLINE_EXCEEDED for a call (`what`) that did not finish within `timeout`.
+    pub fn expired(&self, what: &str, timeout: Duration) -> ClientError {
+        ClientError::deadline(format!(
+            "Deadline Exceeded: {what} on {} did not finish within {:.3}s",
+            self.address,
+            timeout.as_secs_f64()
+        ))
     }
 
     /// `ServerInfo`: every table's `TableInfo`.
@@ -300,13 +305,7 @@ impl Client {
         }
         let request = sample_request(table, num_samples, rate_limiter_timeout);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        let expired = || {
-            ClientError::deadline(format!(
-                "Deadline Exceeded: SampleStream on {} did not finish within {:.3}s",
-                self.address,
-                timeout.unwrap_or_default().as_secs_f64()
-            ))
-        };
+        let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
         let mut stub = self.stub.clone();
         let (tx, rx) = mpsc::channel(1);
         tx.send(request).await.expect("room for one request");

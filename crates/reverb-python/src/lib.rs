@@ -413,18 +413,12 @@ fn local_sample(
     while samples.len() < num_samples {
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
-            let e = ClientError::deadline(format!(
-                "Deadline Exceeded: SampleStream on {} did not finish within {:.3}s",
-                client.address(),
-                timeout.unwrap_or_default().as_secs_f64()
-            ));
+            let e = client.expired("SampleStream", timeout.unwrap_or_default());
             return Ok((samples, Some(e)));
         }
         let rate_limit_end = rate_limiter_timeout.map(|t| rate_limited_since + t);
         if rate_limit_end.is_some_and(|d| now >= d) {
-            let e = ClientError::deadline(
-                "Rate Limiter: Timeout exceeded before the right to sample was acquired.",
-            );
+            let e = ClientError::deadline(reverb_server::RATE_LIMITER_TIMEOUT);
             return Ok((samples, Some(e)));
         }
         let mut wait = Duration::from_millis(100);

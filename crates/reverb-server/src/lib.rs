@@ -18,6 +18,11 @@ pub use service::ReverbServiceImpl;
 use reverb_core::CoreError;
 use tonic::Status;
 
+/// What a sample that waited `rate_limiter_timeout` for the rate limiter in vain fails with
+/// (the reference's text), over gRPC and in-process alike.
+pub const RATE_LIMITER_TIMEOUT: &str =
+    "Rate Limiter: Timeout exceeded before the right to sample was acquired.";
+
 /// Maps an engine error to its gRPC status.
 pub(crate) fn status(e: CoreError) -> Status {
     match e {

@@ -101,9 +101,7 @@ async fn sample_waiting(
         tokio::select! {
             _ = notified => {}
             _ = expired => {
-                return Err(Some(Status::deadline_exceeded(
-                    "Rate Limiter: Timeout exceeded before the right to sample was acquired.",
-                )))
+                return Err(Some(Status::deadline_exceeded(crate::RATE_LIMITER_TIMEOUT)))
             }
             _ = tx.closed() => return Err(None),
         }
