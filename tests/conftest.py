@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+import os
+import pathlib
+import subprocess
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -67,6 +70,40 @@ def standard_tables() -> List[reverb.Table]:
             max_times_sampled=2,
         ),
     ]
+
+
+@pytest.fixture
+def rerun_under() -> Callable[..., Tuple[str, subprocess.CompletedProcess]]:
+    """Runs test files with another interpreter (a virtualenv named by an environment
+    variable), loading this checkout's package and libraries through PYTHONPATH. Skips when
+    the variable is unset or `probe` fails there; asserts the run passed. Returns the probe's
+    output and the run."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+
+    def run(
+        env_var: str, probe: str, files: Sequence[str], probe_timeout: float, **env: str
+    ) -> Tuple[str, subprocess.CompletedProcess]:
+        python = os.environ.get(env_var)
+        if not python:
+            pytest.skip(f"{env_var} is not set")
+        checked = subprocess.run(
+            [python, "-c", probe], capture_output=True, text=True, timeout=probe_timeout
+        )
+        if checked.returncode != 0:
+            pytest.skip(f"{python} cannot run {probe!r}")
+        result = subprocess.run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(root), **env},
+        )
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+        assert " passed" in result.stdout
+        return checked.stdout, result
+
+    return run
 
 
 @pytest.fixture(params=["local", "grpc"])

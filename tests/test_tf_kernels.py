@@ -78,33 +78,14 @@ def test_every_allow_listed_symbol_is_exported_by_tensorflow(python: str) -> Non
     assert not missing, f"{python}'s TensorFlow does not export {sorted(missing)}"
 
 
-def test_tf_tests_pass_under_tensorflow_2_15() -> None:
+def test_tf_tests_pass_under_tensorflow_2_15(rerun_under) -> None:
     """Runs the dataset and TFClient tests with the reference's virtualenv (TF 2.15.1), loading
     this checkout (same built libraries) through PYTHONPATH."""
-    python = os.environ.get("REVERB_REFERENCE_PYTHON")
-    if not python:
-        pytest.skip("REVERB_REFERENCE_PYTHON (a TF 2.15 virtualenv) is not set")
-    probe = "import tensorflow as tf, pytest, pytest_timeout; print(tf.__version__)"
-    version = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
-    if version.returncode != 0:
-        pytest.skip(f"{python} lacks tensorflow, pytest or pytest-timeout")
-    assert version.stdout.strip().splitlines()[-1].startswith("2.15")
-    result = subprocess.run(
-        [
-            python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_tf_dataset.py",
-            "tests/test_tf_client.py",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
+    version, _ = rerun_under(
+        "REVERB_REFERENCE_PYTHON",
+        "import tensorflow as tf, pytest, pytest_timeout; print(tf.__version__)",
+        ["tests/test_tf_dataset.py", "tests/test_tf_client.py"],
+        probe_timeout=120,
+        TF_CPP_MIN_LOG_LEVEL="2",
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout
+    assert version.strip().splitlines()[-1].startswith("2.15")

@@ -4,30 +4,12 @@ PYTHONPATH. The main test environment has no torch: its wheels with CUDA are gig
 
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
 
-import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def test_torch_adapter_tests_pass_under_pytorch() -> None:
-    python = os.environ.get("REVERB_TORCH_PYTHON")
-    if not python:
-        pytest.skip("REVERB_TORCH_PYTHON (a virtualenv with torch) is not set")
-    probe = "import torch, pytest, pytest_timeout; print(torch.__version__)"
-    version = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
-    if version.returncode != 0:
-        pytest.skip(f"{python} lacks torch, pytest or pytest-timeout")
-    result = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_torch_dataset.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+def test_torch_adapter_tests_pass_under_pytorch(rerun_under) -> None:
+    _, result = rerun_under(
+        "REVERB_TORCH_PYTHON",
+        "import torch, pytest, pytest_timeout; print(torch.__version__)",
+        ["tests/test_torch_dataset.py"],
+        probe_timeout=300,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout
+    assert "skipped" not in result.stdout, result.stdout
