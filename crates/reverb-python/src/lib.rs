@@ -321,7 +321,6 @@ impl PyClient {
     ) -> PyResult<()> {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
-        read_no_local(py);
         if let Some(local) = local_server(c.address()) {
             return py
                 .detach(|| {
@@ -339,7 +338,6 @@ impl PyClient {
     fn reset(&self, py: Python<'_>, table: String, timeout: Option<f64>) -> PyResult<()> {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
-        read_no_local(py);
         if let Some(local) = local_server(c.address()) {
             return py
                 .detach(|| reverb_server::local::reset(local.port, &table))
@@ -371,7 +369,6 @@ impl PyClient {
         let c = self.inner.clone();
         let timeout = seconds(timeout)?;
         let rl_timeout = seconds(rate_limiter_timeout)?;
-        read_no_local(py);
         let (samples, failure) = match local_server(c.address()) {
             Some(local) => {
                 local_sample(py, &c, local.port, &table, num_samples, rl_timeout, timeout)?
