@@ -149,6 +149,9 @@ def build(
         ranks=ranks,
         dims=dims,
         names=_column_names(dtypes),
+        # A server on this host gets a shared-memory ring for chunk bytes; REVERB_NO_SHM=1
+        # keeps them on the socket.
+        shared_memory=not os.environ.get("REVERB_NO_SHM"),
         # Eager mode caches one kernel per distinct attrs: keep datasets apart.
         instance=next(_instances),
         **_local_server(address),

@@ -42,6 +42,7 @@ pub const ATTRS: &[&str] = &[
     "instance: int",
     "local_library: string",
     "local_port: int",
+    "shared_memory: bool",
 ];
 
 /// The longest one call waits for samples. TensorFlow's C API gives kernels no cancellation
@@ -91,6 +92,7 @@ impl Kernel for DatasetSample {
                 max_samples: (max_samples >= 0).then_some(max_samples as u64),
                 rate_limiter_timeout: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
                 local: crate::local::find(&c.string("local_library")?, c.int("local_port")?),
+                shared_memory: c.bool("shared_memory")?,
             },
             max_batch: c.int("max_batch")?.max(1) as usize,
             batch_size: c.int("batch_size")?.max(0) as usize,

@@ -401,6 +401,7 @@ pub(crate) fn sample_request(
         rate_limiter_timeout: Some(Timeout {
             milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
         }),
+        ..Default::default()
     }
 }
 

@@ -5,6 +5,7 @@ mod client;
 mod error;
 pub mod local;
 pub mod sampler;
+pub mod shm;
 pub mod tensor;
 pub mod writer;
 

@@ -4,7 +4,11 @@
 
 use crate::client::{plan, sample_request, PartialSample};
 use crate::local::Local;
+use crate::shm::{self, Ring};
 use crate::{runtime, Client, ClientError, PlannedSample, Result, Tensor};
+use reverb_proto::sample_stream_response::SampleEntry;
+use reverb_proto::shm::METADATA_KEY;
+use reverb_proto::SampleStreamRequest;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +29,8 @@ pub struct SamplerOptions {
     pub rate_limiter_timeout: Option<Duration>,
     /// The server runs in this process: sample it directly instead of through gRPC.
     pub local: Option<Local>,
+    /// Offer a server on this host a shared-memory ring for chunk bytes (see [`crate::shm`]).
+    pub shared_memory: bool,
 }
 
 /// Workers when none are asked for: one per client runtime thread, so decoding runs on both.
@@ -338,11 +344,22 @@ async fn stream(
     if outstanding == 0 {
         return Ok(());
     }
-    let request = |n| sample_request(table, n, options.rate_limiter_timeout);
+    let ring = (options.shared_memory && shm::is_this_host(client.address()))
+        .then(|| Ring::create(shm::RING_BYTES).ok())
+        .flatten();
+    // New requests also report how much of the ring is consumed.
+    let request = |n| SampleStreamRequest {
+        shm_released: ring.as_ref().and_then(|r| r.report(1)).unwrap_or(0),
+        ..sample_request(table, n, options.rate_limiter_timeout)
+    };
     let _ = requests.send(request(outstanding)).await;
     let give_back = |outstanding: usize| budget.fetch_add(outstanding as i64, Ordering::SeqCst);
     let mut stub = client.stub.clone();
-    let mut responses = match stub.sample_stream(ReceiverStream::new(rx)).await {
+    let mut call = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(offer) = ring.as_ref().and_then(|r| r.offer().parse().ok()) {
+        call.metadata_mut().insert(METADATA_KEY, offer);
+    }
+    let mut responses = match stub.sample_stream(call).await {
         Ok(r) => r.into_inner(),
         Err(status) => {
             give_back(outstanding);
@@ -377,8 +394,17 @@ async fn stream(
                 return Err(client.status(status));
             }
         };
-        for entry in response.entries {
-            let complete = match partial.add(entry) {
+        if let Some(released) = ring.as_ref().and_then(|r| r.report(REPORT_STEP)) {
+            let report = SampleStreamRequest {
+                shm_released: released,
+                ..Default::default()
+            };
+            let _ = requests.try_send(report); // when full, a later report covers this one
+        }
+        for mut entry in response.entries {
+            let complete = match from_ring(&mut entry, ring.as_ref(), client.address())
+                .and_then(|()| partial.add(entry))
+            {
                 Ok(complete) => complete,
                 Err(e) => {
                     give_back(outstanding);
@@ -407,6 +433,27 @@ async fn stream(
             }
         }
     }
+}
+
+/// Ring bytes consumed between two release reports.
+const REPORT_STEP: u64 = (shm::RING_BYTES / 16) as u64;
+
+/// Replaces the entry's shared-memory chunk references by the bytes they point to.
+fn from_ring(entry: &mut SampleEntry, ring: Option<&Ring>, address: &str) -> Result<()> {
+    for chunk in entry.data.iter_mut().filter(|c| c.shm_length > 0) {
+        let bytes = match ring {
+            Some(ring) => ring.take(chunk.shm_position, chunk.shm_length),
+            None => Err("no ring was offered".to_string()),
+        };
+        chunk.data = bytes.map_err(|e| {
+            ClientError::data_loss(format!(
+                "Server at {address} sent a bad shared-memory chunk: {e}"
+            ))
+        })?;
+        chunk.shm_length = 0;
+        chunk.shm_position = 0;
+    }
+    Ok(())
 }
 
 /// Stacks samples into a batch: every sample must have the same column dtypes and shapes.
@@ -472,4 +519,38 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
         })
         .collect();
     Ok(Batch { info, columns })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reverb_proto::ChunkData;
+
+    fn entry(position: u64, length: u64) -> SampleEntry {
+        SampleEntry {
+            data: vec![ChunkData {
+                shm_position: position,
+                shm_length: length,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ring_references_without_a_ring_or_outside_it_are_data_loss() {
+        let err = from_ring(&mut entry(0, 10), None, "here:1").unwrap_err();
+        assert_eq!(err.code, Code::DataLoss);
+        assert!(
+            err.message.contains("no ring was offered"),
+            "{}",
+            err.message
+        );
+        let ring = Ring::create(1 << 20).unwrap();
+        let err = from_ring(&mut entry(1 << 20, 10), Some(&ring), "here:1").unwrap_err();
+        assert!(err.message.contains("outside the ring"), "{}", err.message);
+        let mut ok = entry(0, 10);
+        from_ring(&mut ok, Some(&ring), "here:1").unwrap();
+        assert_eq!((ok.data[0].data.len(), ok.data[0].shm_length), (10, 0));
+    }
 }

@@ -134,6 +134,7 @@ fn encode_chunk_using(
         data_tensors_len: tensors.len() as i32,
         data_uncompressed_size: uncompressed,
         delta_encoded: delta,
+        ..Default::default()
     }
 }
 

@@ -182,6 +182,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
         table: "t".into(),
         num_samples: 0,
         rate_limiter_timeout: None,
+        shm_released: 0,
     };
     assert_eq!(
         raw_stream(port, sample, vec![zero.encode_to_vec()]),

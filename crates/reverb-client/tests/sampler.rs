@@ -2,7 +2,7 @@
 //! calls, max_samples is exact over several workers, and a rate-limiter timeout ends cleanly.
 
 use reverb_client::sampler::{Sampler, SamplerOptions};
-use reverb_client::{Client, Tensor};
+use reverb_client::{shm, Client, PlannedSample, Tensor};
 mod common;
 use common::{block, queue, table, T};
 use reverb_core::SelectorKind;
@@ -32,6 +32,7 @@ fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) ->
         max_samples,
         rate_limiter_timeout: timeout_ms.map(Duration::from_millis),
         local: None,
+        shared_memory: true,
     }
 }
 
@@ -98,4 +99,95 @@ fn zero_samples_is_rejected() {
     let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
     let mut sampler = Sampler::new(client, "q", options(1, None, Some(100))).unwrap();
     assert!(block(sampler.next(0, Duration::from_secs(1))).is_err());
+}
+
+/// `len` incompressible bytes that start with `i`.
+fn frame(i: i64, len: usize) -> Vec<u8> {
+    let mut x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut v = i.to_le_bytes().to_vec();
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push(x as u8);
+    }
+    v
+}
+
+/// Takes `n` samples of frames, checks each one's bytes, and returns their indices, sorted.
+fn take_frames(
+    sampler: &mut Sampler,
+    n: usize,
+    len: usize,
+    keep: &mut Vec<PlannedSample>,
+) -> Vec<i64> {
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        let got = block(sampler.next_ready(64, Duration::from_secs(5)))
+            .unwrap()
+            .expect("the sampler stalled");
+        for s in got {
+            let data = s.columns[0].to_tensor().unwrap().data;
+            let i = i64::from_le_bytes(data[..8].try_into().unwrap());
+            assert!(data[..] == frame(i, len)[..], "sample {i} has wrong bytes");
+            seen.push(i);
+            keep.push(s);
+        }
+    }
+    seen.sort();
+    seen
+}
+
+#[test]
+fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
+    const LEN: usize = 40_000;
+    const N: i64 = 1000; // 40 MB: more than one worker's ring
+    let server = Server::start(vec![queue("q", 2 * N)], ServerOptions::default()).unwrap();
+    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    let fill = |from: i64| {
+        for i in from..from + N {
+            let t = Tensor::new(DataType::DtUint8 as i32, vec![LEN as i64], frame(i, LEN)).unwrap();
+            block(client.insert_step(vec![t], vec![("q".into(), 1.0)], T)).unwrap();
+        }
+    };
+    let mut opts = options(1, Some(N as u64), None);
+    opts.max_in_flight_samples_per_worker = 16;
+
+    // Every sample is held: the ring fills up and the rest come inline.
+    fill(0);
+    let before = shm::chunks_received();
+    let mut sampler = Sampler::new(client.clone(), "q", opts.clone()).unwrap();
+    let mut held = Vec::new();
+    assert_eq!(
+        take_frames(&mut sampler, N as usize, LEN, &mut held),
+        (0..N).collect::<Vec<_>>()
+    );
+    let through_ring = shm::chunks_received() - before;
+    assert!(
+        through_ring > 0 && through_ring < N as u64,
+        "{through_ring} of {N} via the ring"
+    );
+    drop(sampler);
+    drop(held);
+
+    // Samples dropped as they come: their space is reused, and most come through the ring.
+    fill(N);
+    let before = shm::chunks_received();
+    let mut sampler = Sampler::new(client.clone(), "q", opts.clone()).unwrap();
+    let seen = take_frames(&mut sampler, N as usize, LEN, &mut Vec::new());
+    assert_eq!(seen, (N..2 * N).collect::<Vec<_>>());
+    let through_ring = shm::chunks_received() - before;
+    assert!(
+        through_ring > N as u64 / 2,
+        "{through_ring} of {N} via the ring"
+    );
+
+    // Without shared memory, everything is inline.
+    fill(2 * N);
+    opts.shared_memory = false;
+    let before = shm::chunks_received();
+    let mut sampler = Sampler::new(client, "q", opts).unwrap();
+    let seen = take_frames(&mut sampler, N as usize, LEN, &mut Vec::new());
+    assert_eq!(seen, (2 * N..3 * N).collect::<Vec<_>>());
+    assert_eq!(shm::chunks_received(), before);
 }

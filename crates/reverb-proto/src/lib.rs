@@ -4,6 +4,7 @@
 #![allow(clippy::all, missing_docs)]
 
 pub mod codec;
+pub mod shm;
 
 /// TensorFlow's TensorProto, TensorShapeProto and DataType (the subset chunks carry).
 pub mod tensorflow {

@@ -910,6 +910,8 @@ impl PySampler {
                 read_no_local(py);
                 local_server(client.inner.address())
             },
+            // Read with the GIL held, as `REVERB_NO_LOCAL` (see `read_no_local`).
+            shared_memory: std::env::var_os("REVERB_NO_SHM").is_none_or(|v| v.is_empty()),
         };
         let sampler = {
             let _guard = runtime().enter();
@@ -1023,6 +1025,12 @@ fn local_server(address: &str) -> Option<Local> {
 fn local_port(py: Python<'_>, address: &str) -> Option<u16> {
     read_no_local(py);
     local_server(address).map(|l| l.port)
+}
+
+/// Chunks this library's samplers received through shared memory (tests check the path).
+#[pyfunction]
+fn _shm_chunks_received() -> u64 {
+    reverb_client::shm::chunks_received()
 }
 
 /// Releases a chunk lent by `reverb_inproc_sample_v2`.
@@ -1142,6 +1150,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySampler>()?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(local_port, m)?)?;
+    m.add_function(wrap_pyfunction!(_shm_chunks_received, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     reverb_client::local::set_local_insert(open_local_insert);
     Ok(())

@@ -10,6 +10,7 @@ pub mod local;
 mod sample;
 mod server;
 mod service;
+mod shm;
 
 pub use checkpointer::Checkpointer;
 pub use server::{Server, ServerOptions};

@@ -2,10 +2,14 @@
 //! limiter allows and streamed back as entries of at most ~2 MiB responses.
 
 use crate::service::find_table;
+use crate::shm::RingWriter;
+use bytes::Bytes;
 use reverb_core::{SampledItem, Table};
 use reverb_proto::sample_stream_response::SampleEntry;
-use reverb_proto::{SampleInfo, SampleStreamRequest, SampleStreamResponse};
+use reverb_proto::shm::MIN_CHUNK_BYTES;
+use reverb_proto::{ChunkData, SampleInfo, SampleStreamRequest, SampleStreamResponse};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -23,23 +27,57 @@ const MAX_BATCH_ITEMS: usize = 1024;
 
 pub(crate) async fn run(
     tables: Arc<BTreeMap<String, Arc<Table>>>,
-    mut inbound: Streaming<SampleStreamRequest>,
+    inbound: Streaming<SampleStreamRequest>,
     tx: Tx,
+    mut ring: Option<RingWriter>,
+) {
+    // Requests are read while samples are served: ring releases must arrive meanwhile.
+    let (requests_tx, mut requests) = mpsc::channel(16);
+    let released = ring.as_ref().map(RingWriter::releases);
+    let reader = tokio::spawn(read_requests(inbound, released, requests_tx));
+    while let Some(next) = requests.recv().await {
+        let request = match next {
+            Ok(r) => r,
+            // A malformed message (or a broken connection): say so, then stop reading.
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                break;
+            }
+        };
+        if let Err(status) = serve(&tables, request, &tx, &mut ring).await {
+            if let Some(status) = status {
+                let _ = tx.send(Err(status)).await;
+            }
+            break;
+        }
+    }
+    reader.abort();
+}
+
+/// Forwards sample requests to `out` and records ring releases as they come.
+async fn read_requests(
+    mut inbound: Streaming<SampleStreamRequest>,
+    released: Option<Arc<AtomicU64>>,
+    out: mpsc::Sender<Result<SampleStreamRequest, Status>>,
 ) {
     loop {
         let request = match inbound.message().await {
             Ok(Some(r)) => r,
             Ok(None) => return,
-            // A malformed message (or a broken connection): say so, then stop reading.
             Err(status) => {
-                let _ = tx.send(Err(status)).await;
+                let _ = out.send(Err(status)).await;
                 return;
             }
         };
-        if let Err(status) = serve(&tables, request, &tx).await {
-            if let Some(status) = status {
-                let _ = tx.send(Err(status)).await;
+        if request.shm_released > 0 {
+            if let Some(released) = &released {
+                released.fetch_max(request.shm_released, Ordering::AcqRel);
             }
+            if request.num_samples == 0 {
+                continue; // only a release
+            }
+        }
+        if out.send(Ok(request)).await.is_err() {
             return;
         }
     }
@@ -50,6 +88,7 @@ async fn serve(
     tables: &BTreeMap<String, Arc<Table>>,
     request: SampleStreamRequest,
     tx: &Tx,
+    ring: &mut Option<RingWriter>,
 ) -> Result<(), Option<Status>> {
     if request.num_samples <= 0 {
         return Err(Some(Status::invalid_argument(format!(
@@ -68,7 +107,7 @@ async fn serve(
     while remaining > 0 {
         let batch = sample_waiting(&table, remaining.min(MAX_BATCH_ITEMS), timeout, tx).await?;
         remaining -= batch.len();
-        send_batch(batch, tx).await?;
+        send_batch(batch, tx, ring).await?;
     }
     Ok(())
 }
@@ -109,8 +148,13 @@ async fn sample_waiting(
 }
 
 /// Streams a batch; a sample's chunks may be split over several entries (and responses): the
-/// first entry carries `info`, the last has `end_of_sequence`.
-async fn send_batch(batch: Vec<SampledItem>, tx: &Tx) -> Result<(), Option<Status>> {
+/// first entry carries `info`, the last has `end_of_sequence`. With a ring, large chunks' bytes
+/// go into it when they fit.
+async fn send_batch(
+    batch: Vec<SampledItem>,
+    tx: &Tx,
+    ring: &mut Option<RingWriter>,
+) -> Result<(), Option<Status>> {
     let mut response = SampleStreamResponse::default();
     let mut bytes = 0usize;
     for sample in batch {
@@ -131,7 +175,7 @@ async fn send_batch(batch: Vec<SampledItem>, tx: &Tx) -> Result<(), Option<Statu
                 bytes = 0;
             }
             bytes += chunk.byte_size();
-            entry.data.push(chunk.data().clone());
+            entry.data.push(to_send(chunk.data(), ring));
         }
         entry.end_of_sequence = true;
         response.entries.push(entry);
@@ -144,6 +188,22 @@ async fn send_batch(batch: Vec<SampledItem>, tx: &Tx) -> Result<(), Option<Statu
         send(response, tx).await?;
     }
     Ok(())
+}
+
+/// A chunk as sent: its bytes written into the ring when they are large and fit, else inline.
+fn to_send(chunk: &ChunkData, ring: &mut Option<RingWriter>) -> ChunkData {
+    let mut sent = chunk.clone();
+    if let Some(ring) = ring
+        .as_mut()
+        .filter(|_| chunk.data.len() >= MIN_CHUNK_BYTES)
+    {
+        if let Some(position) = ring.put(&chunk.data) {
+            sent.data = Bytes::new();
+            sent.shm_position = position;
+            sent.shm_length = chunk.data.len() as u64;
+        }
+    }
+    sent
 }
 
 async fn send(response: SampleStreamResponse, tx: &Tx) -> Result<(), Option<Status>> {

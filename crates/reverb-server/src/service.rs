@@ -1,6 +1,7 @@
 //! `ReverbService`: the seven RPCs.
 
 use crate::checkpointer::Checkpointer;
+use crate::shm::RingWriter;
 use crate::{insert, sample, status};
 use futures::Stream;
 use reverb_core::Table;
@@ -137,8 +138,19 @@ impl ReverbService for ReverbServiceImpl {
         &self,
         request: Request<Streaming<SampleStreamRequest>>,
     ) -> Result<Response<Self::SampleStreamStream>, Status> {
+        // A client on this host may offer a shared-memory ring for chunk bytes.
+        let ring = request
+            .metadata()
+            .get(reverb_proto::shm::METADATA_KEY)
+            .and_then(|offer| offer.to_str().ok())
+            .and_then(RingWriter::open);
         let (tx, rx) = mpsc::channel(3);
-        tokio::spawn(sample::run(self.tables.clone(), request.into_inner(), tx));
+        tokio::spawn(sample::run(
+            self.tables.clone(),
+            request.into_inner(),
+            tx,
+            ring,
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

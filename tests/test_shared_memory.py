@@ -1,0 +1,97 @@
+"""Samples from a server in another process on this host: big chunks come through a
+shared-memory ring the client offers, with exactly the bytes the socket would carry
+(`REVERB_NO_SHM=1`), for the numpy iterator and for `TrajectoryDataset`."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+from _standalone import start, stop
+
+import reverb
+from reverb import _native
+
+FRAME = (84, 84)
+STEPS = 10
+# 700 samples of 70 KB: the 32 MiB ring wraps around.
+SAMPLES = 700
+
+
+def _frame(t: int) -> np.ndarray:
+    """An incompressible frame that starts with its step number."""
+    frame = np.random.default_rng(t).integers(0, 256, FRAME, dtype=np.uint8)
+    frame.flat[:8] = np.frombuffer(np.int64(t).tobytes(), np.uint8)
+    return frame
+
+
+def _check(items: np.ndarray) -> None:
+    """Each item holds STEPS consecutive frames."""
+    assert items.shape[1:] == (STEPS, *FRAME)
+    for item in items:
+        first = int(np.frombuffer(item[0].tobytes()[:8], np.int64)[0])
+        for k in range(STEPS):
+            np.testing.assert_array_equal(item[k], _frame(first + k))
+
+
+@pytest.fixture(scope="module")
+def address(tmp_path_factory: pytest.TempPathFactory):
+    config = {
+        "port": 0,
+        "tables": [{"name": "u", "sampler": "uniform", "remover": "fifo", "max_size": 1000}],
+    }
+    tmp: pathlib.Path = tmp_path_factory.mktemp("shm")
+    proc, port, lines = start(config, tmp)
+    try:
+        address = f"localhost:{port}"
+        with reverb.Client(address).trajectory_writer(num_keep_alive_refs=STEPS) as writer:
+            for t in range(60):
+                writer.append({"frame": _frame(t)})
+                if t >= STEPS - 1:
+                    writer.create_item("u", 1.0, {"frame": writer.history["frame"][-STEPS:]})
+        yield address
+    finally:
+        stop(proc, lines)
+
+
+@pytest.fixture(params=["shm", "socket"])
+def path(request, monkeypatch) -> str:
+    if request.param == "socket":
+        monkeypatch.setenv("REVERB_NO_SHM", "1")
+    return request.param
+
+
+def test_numpy_iterator(address: str, path: str) -> None:
+    before = _native._shm_chunks_received()
+    iterator = reverb.TrajectoryIterator(
+        address, "u", batch_size=20, max_in_flight_samples_per_worker=32, max_samples=SAMPLES
+    )
+    total = 0
+    for batch in iterator:
+        (frames,) = batch.data  # no signature: a list of columns
+        _check(frames)
+        total += len(frames)
+    assert total == SAMPLES
+    through_ring = _native._shm_chunks_received() - before
+    if path == "shm":
+        assert through_ring > SAMPLES, "each item has several big chunks"
+    else:
+        assert through_ring == 0
+
+
+def test_tf_dataset(address: str, path: str) -> None:
+    tf = pytest.importorskip("tensorflow")
+    dataset = reverb.TrajectoryDataset(
+        address,
+        "u",
+        dtypes={"frame": tf.uint8},
+        shapes={"frame": tf.TensorShape([STEPS, *FRAME])},
+        max_in_flight_samples_per_worker=32,
+        max_samples=SAMPLES,
+    ).batch(20)
+    total = 0
+    for batch in dataset:
+        _check(batch.data["frame"].numpy())
+        total += int(batch.info.key.shape[0])
+    assert total == SAMPLES
