@@ -42,7 +42,7 @@ pub const ATTRS: &[&str] = &[
     "instance: int",
     "local_library: string",
     "local_port: int",
-    "shared_memory: bool",
+    "shared_memory: bool = true",
 ];
 
 /// The longest one call waits for samples. TensorFlow's C API gives kernels no cancellation

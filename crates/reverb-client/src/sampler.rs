@@ -349,7 +349,7 @@ async fn stream(
         .flatten();
     // New requests also report how much of the ring is consumed.
     let request = |n| SampleStreamRequest {
-        shm_released: ring.as_ref().and_then(|r| r.report(1)).unwrap_or(0),
+        shm_released: ring.as_ref().and_then(|r| r.unreported(1)).unwrap_or(0),
         ..sample_request(table, n, options.rate_limiter_timeout)
     };
     let _ = requests.send(request(outstanding)).await;
@@ -394,12 +394,18 @@ async fn stream(
                 return Err(client.status(status));
             }
         };
-        if let Some(released) = ring.as_ref().and_then(|r| r.report(REPORT_STEP)) {
+        if let Some((ring, released)) = ring
+            .as_ref()
+            .and_then(|r| Some((r, r.unreported(REPORT_STEP)?)))
+        {
             let report = SampleStreamRequest {
                 shm_released: released,
                 ..Default::default()
             };
-            let _ = requests.try_send(report); // when full, a later report covers this one
+            // When the queue is full, the next response tries again.
+            if requests.try_send(report).is_ok() {
+                ring.reported(released);
+            }
         }
         for mut entry in response.entries {
             let complete = match from_ring(&mut entry, ring.as_ref(), client.address())
@@ -442,6 +448,7 @@ const REPORT_STEP: u64 = (shm::RING_BYTES / 16) as u64;
 fn from_ring(entry: &mut SampleEntry, ring: Option<&Ring>, address: &str) -> Result<()> {
     for chunk in entry.data.iter_mut().filter(|c| c.shm_length > 0) {
         let bytes = match ring {
+            _ if !chunk.data.is_empty() => Err("it also has inline bytes".to_string()),
             Some(ring) => ring.take(chunk.shm_position, chunk.shm_length),
             None => Err("no ring was offered".to_string()),
         };
@@ -549,6 +556,14 @@ mod tests {
         let ring = Ring::create(1 << 20).unwrap();
         let err = from_ring(&mut entry(1 << 20, 10), Some(&ring), "here:1").unwrap_err();
         assert!(err.message.contains("outside the ring"), "{}", err.message);
+        let mut both = entry(0, 10);
+        both.data[0].data = vec![1].into();
+        let err = from_ring(&mut both, Some(&ring), "here:1").unwrap_err();
+        assert!(
+            err.message.contains("also has inline bytes"),
+            "{}",
+            err.message
+        );
         let mut ok = entry(0, 10);
         from_ring(&mut ok, Some(&ring), "here:1").unwrap();
         assert_eq!((ok.data[0].data.len(), ok.data[0].shm_length), (10, 0));

@@ -5,7 +5,9 @@
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use reverb_proto::shm::{RingOffer, DATA_OFFSET, MEMFD_NAME, TOKEN_LEN};
+use reverb_proto::shm::{
+    RingOffer, DATA_OFFSET, MAX_RING_BYTES, MEMFD_NAME, MIN_RING_BYTES, TOKEN_LEN,
+};
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
@@ -48,17 +50,20 @@ pub struct Ring(Arc<Mapping>);
 
 struct Mapping {
     _fd: OwnedFd,
-    base: *mut u8,
+    /// A read-only shared mapping of the file, valid until drop.
+    base: *const u8,
     map_len: usize,
     size: usize,
     offer: RingOffer,
     state: Mutex<Releases>,
+    /// The process that made it: a forked child leaves the parent's bookkeeping alone.
+    pid: u32,
 }
 
-// SAFETY: `base` points to a private mapping owned by this struct and valid until drop; all
-// access to the ring's bytes goes through `Slice`s that cover disjoint, unreleased regions.
+// SAFETY: `base` is a mapping owned by this struct and valid until drop, only ever read
+// (through `Slice`s); the mutable state is behind a mutex.
 unsafe impl Send for Mapping {}
-// SAFETY: as above; the mutable state is behind a mutex.
+// SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
 /// Running byte counts: everything below `tail` is released; `received` is the end of the
@@ -74,6 +79,12 @@ struct Releases {
 impl Ring {
     /// A ring with `size` data bytes, or why not (no memfd, no sealing: fall back to inline).
     pub fn create(size: usize) -> io::Result<Ring> {
+        if !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&(size as u64)) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a ring holds {MIN_RING_BYTES} to {MAX_RING_BYTES} bytes, not {size}"),
+            ));
+        }
         let name = CString::new(MEMFD_NAME).expect("no NUL in the name");
         // SAFETY: `name` is a valid C string; the returned descriptor is checked and owned.
         let raw = unsafe {
@@ -98,12 +109,27 @@ impl Ring {
                 return Err(io::Error::last_os_error());
             }
         }
-        // SAFETY: maps `map_len` bytes of a file of that size; checked for failure below.
+        // Written, not stored through a mapping: a failure is an error, not a SIGBUS.
+        let token: [u8; TOKEN_LEN] = rand::random();
+        // SAFETY: writes `token` to a descriptor we own.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                token.as_ptr() as *const libc::c_void,
+                TOKEN_LEN,
+                0,
+            )
+        };
+        if n != TOKEN_LEN as isize {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: maps `map_len` bytes of a file of that size, which cannot shrink; checked
+        // for failure below. Reading a page nobody wrote gives zeros, never a fault.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                libc::PROT_READ,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 0,
@@ -112,10 +138,7 @@ impl Ring {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = base as *mut u8;
-        let token: [u8; TOKEN_LEN] = rand::random();
-        // SAFETY: the first page is ours alone and inside the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(token.as_ptr(), base, TOKEN_LEN) };
+        let base = base as *const u8;
         let offer = RingOffer {
             pid: std::process::id(),
             fd: fd.as_raw_fd(),
@@ -129,6 +152,7 @@ impl Ring {
             size,
             offer,
             state: Mutex::new(Releases::default()),
+            pid: std::process::id(),
         })))
     }
 
@@ -170,14 +194,16 @@ impl Ring {
         }))
     }
 
-    /// The released prefix, if it moved at least `min_step` bytes since last reported (and is
-    /// now counted as reported).
-    pub fn report(&self, min_step: u64) -> Option<u64> {
+    /// The released prefix, if it moved at least `min_step` bytes since last reported.
+    pub fn unreported(&self, min_step: u64) -> Option<u64> {
+        let st = self.0.state.lock();
+        (st.tail >= st.reported + min_step.max(1)).then_some(st.tail)
+    }
+
+    /// Records that the server was told of releases up to `released`.
+    pub fn reported(&self, released: u64) {
         let mut st = self.0.state.lock();
-        (st.tail >= st.reported + min_step.max(1)).then(|| {
-            st.reported = st.tail;
-            st.tail
-        })
+        st.reported = st.reported.max(released);
     }
 
     /// Ring data bytes.
@@ -212,9 +238,11 @@ struct Slice {
 
 impl AsRef<[u8]> for Slice {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: `take` checked that the region lies inside the mapping and does not overlap
-        // any other unreleased chunk; the server writes only released space, and this region
-        // is released only when this slice drops.
+        // SAFETY: `take` checked that the region lies inside the mapping (alive while this
+        // slice holds the ring) and overlaps no other unreleased chunk. Another process (the
+        // server) can write the file: a correct one writes only released space, and this
+        // region is released only when this slice drops. A faulty one can only make these
+        // bytes wrong (they are checked when decoded, as bytes off a socket would be).
         unsafe {
             std::slice::from_raw_parts(self.ring.0.base.add(DATA_OFFSET + self.offset), self.len)
         }
@@ -223,8 +251,12 @@ impl AsRef<[u8]> for Slice {
 
 impl Drop for Slice {
     fn drop(&mut self) {
-        let end = self.position + self.len as u64;
-        self.ring.0.state.lock().release(self.position, end);
+        // In a forked child the lock may have been held by a thread that does not exist
+        // there, and the releases would reach no server anyway.
+        if std::process::id() == self.ring.0.pid {
+            let end = self.position + self.len as u64;
+            self.ring.0.state.lock().release(self.position, end);
+        }
     }
 }
 
@@ -232,16 +264,25 @@ impl Drop for Slice {
 mod tests {
     use super::*;
 
+    /// Writes as the server would.
     fn write(ring: &Ring, position: u64, data: &[u8]) {
-        let offset = (position % ring.size() as u64) as usize;
-        // SAFETY: test-only write into the mapping, standing in for the server.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                ring.0.base.add(DATA_OFFSET + offset),
+        let offset = DATA_OFFSET as u64 + position % ring.size() as u64;
+        // SAFETY: writes from a valid slice to the ring's descriptor.
+        let n = unsafe {
+            libc::pwrite(
+                ring.0._fd.as_raw_fd(),
+                data.as_ptr() as *const libc::c_void,
                 data.len(),
+                offset as libc::off_t,
             )
         };
+        assert_eq!(n, data.len() as isize);
+    }
+
+    fn report(ring: &Ring) -> Option<u64> {
+        let released = ring.unreported(1)?;
+        ring.reported(released);
+        Some(released)
     }
 
     #[test]
@@ -254,15 +295,15 @@ mod tests {
         let b = ring.take(100, 6).unwrap(); // bytes 5..100 are padding
         assert_eq!((&a[..], &b[..]), (&b"first"[..], &b"second"[..]));
         assert_eq!(
-            ring.report(1),
+            report(&ring),
             None,
             "nothing before the first chunk was released"
         );
         drop(b);
-        assert_eq!(ring.report(1), None);
+        assert_eq!(report(&ring), None);
         drop(a);
-        assert_eq!(ring.report(1), Some(106));
-        assert_eq!(ring.report(1), None, "already reported");
+        assert_eq!(report(&ring), Some(106));
+        assert_eq!(report(&ring), None, "already reported");
         // A chunk may not overlap unreleased bytes, go backwards, or cross the ring's end.
         let c = ring.take(size, 10).unwrap();
         assert!(
@@ -280,9 +321,10 @@ mod tests {
         );
         assert!(ring.take(2 * size - 1, 2).is_err(), "crosses the end");
         assert!(ring.take(size + 10, 0).is_err(), "empty");
+        assert!(Ring::create(0).is_err() && Ring::create(1 << 40).is_err());
         assert!(ring.take(u64::MAX, 2).is_err(), "overflows");
         drop(c);
-        assert_eq!(ring.report(1), Some(size + 107));
+        assert_eq!(report(&ring), Some(size + 107));
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub const TOKEN_LEN: usize = 16;
 pub const MIN_CHUNK_BYTES: usize = 4096;
 /// Bounds of the ring size a server accepts.
 pub const MIN_RING_BYTES: u64 = 1 << 20;
-pub const MAX_RING_BYTES: u64 = 1 << 32;
+pub const MAX_RING_BYTES: u64 = 256 << 20;
 
 /// What the client offers: its pid, the ring's descriptor, the data size and the token.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,7 +34,7 @@ pub(crate) async fn run(
     // Requests are read while samples are served: ring releases must arrive meanwhile.
     let (requests_tx, mut requests) = mpsc::channel(16);
     let released = ring.as_ref().map(RingWriter::releases);
-    let reader = tokio::spawn(read_requests(inbound, released, requests_tx));
+    let _reader = AbortOnDrop(tokio::spawn(read_requests(inbound, released, requests_tx)));
     while let Some(next) = requests.recv().await {
         let request = match next {
             Ok(r) => r,
@@ -51,7 +51,15 @@ pub(crate) async fn run(
             break;
         }
     }
-    reader.abort();
+}
+
+/// Stops a task when dropped (however the owner ends).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Forwards sample requests to `out` and records ring releases as they come.

@@ -9,34 +9,52 @@ use reverb_proto::shm::{
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-/// A client's ring, mapped into this process.
+/// Most ring bytes this process has mapped at once, over all streams.
+const MAX_TOTAL_RING_BYTES: u64 = 4 << 30;
+static RING_BYTES_IN_USE: AtomicU64 = AtomicU64::new(0);
+
+/// A client's ring, mapped here. A write to a mapped page the kernel cannot provide kills
+/// the process (SIGBUS): the ring's pages are therefore allocated with `fallocate` (where
+/// failing is only an error) before the first write, the file cannot shrink, it is a plain
+/// memfd (no huge pages), and only rings of processes of the same user are opened (which
+/// could kill this process anyway).
 pub(crate) struct RingWriter {
+    fd: OwnedFd,
     base: *mut u8,
     map_len: usize,
+    /// Pages are allocated (on the first write).
+    allocated: bool,
     size: u64,
     /// Running count of bytes placed (including padding skipped at the ring's end).
     written: u64,
     /// Running count of bytes the client says it has consumed.
     released: Arc<AtomicU64>,
+    /// Allocating the pages failed: everything goes inline.
+    broken: bool,
 }
 
-// SAFETY: `base` is a mapping owned by this writer (unmapped on drop); only the writer's owner
-// writes through it.
+// SAFETY: `base` is a mapping owned by this writer (unmapped on drop), written only through
+// `&mut self`.
 unsafe impl Send for RingWriter {}
 
 impl RingWriter {
-    /// Maps the ring `offer` describes, or `None` when it is not a ring of a client on this
+    /// Opens the ring `offer` describes, or `None` when it is not a ring of a client on this
     /// host that this process may open.
     pub(crate) fn open(offer: &str) -> Option<RingWriter> {
         let offer = RingOffer::parse(offer)?;
         if !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&offer.size) || offer.fd < 0 {
             return None;
         }
+        // Only processes of this user (which could kill this process anyway).
+        let owner = std::fs::metadata(format!("/proc/{}", offer.pid)).ok()?;
+        // SAFETY: geteuid cannot fail.
+        if std::os::unix::fs::MetadataExt::uid(&owner) != unsafe { libc::geteuid() } {
+            return None;
+        }
         let path = format!("/proc/{}/fd/{}", offer.pid, offer.fd);
-        // Only open memfds of that name: opening an arbitrary descriptor (a device, a FIFO)
-        // could have side effects.
+        // A cheap first filter; the checks that matter are on the file itself, below.
         let link = std::fs::read_link(&path).ok()?;
         if !link
             .to_string_lossy()
@@ -44,33 +62,41 @@ impl RingWriter {
         {
             return None;
         }
-        let c_path = CString::new(path).ok()?;
-        let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
-        // SAFETY: `c_path` is a valid C string; the descriptor is checked and owned.
-        let raw = unsafe { libc::open(c_path.as_ptr(), flags) };
-        if raw < 0 {
-            return None;
-        }
-        // SAFETY: `raw` is a fresh descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let map_len = DATA_OFFSET.checked_add(usize::try_from(offer.size).ok()?)?;
-        // SAFETY: `stat` is plain data, filled by `fstat` on a descriptor we own.
-        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let seals = unsafe {
-            if libc::fstat(fd.as_raw_fd(), &mut stat) != 0 {
-                return None;
-            }
-            libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS)
-        };
-        // The file may never shrink: writing past its end would kill this process (SIGBUS).
+        // O_PATH pins the file without opening it (opening a device or a FIFO could have
+        // side effects or block); only a memfd (a regular file on the memfd filesystem, so
+        // no hugetlbfs, FUSE or device) is then reopened for writing.
+        let pinned = open(&path, libc::O_PATH | libc::O_CLOEXEC)?;
+        let stat = fstat(&pinned)?;
+        let map_len = (DATA_OFFSET as u64).checked_add(offer.size)?;
         if stat.st_mode & libc::S_IFMT != libc::S_IFREG
-            || (stat.st_size as u64) < map_len as u64
-            || seals < 0
-            || seals & libc::F_SEAL_SHRINK == 0
+            || Some(stat.st_dev) != memfd_device()
+            || (stat.st_size as u64) < map_len
         {
             return None;
         }
+        let fd = open(
+            &format!("/proc/self/fd/{}", pinned.as_raw_fd()),
+            libc::O_RDWR | libc::O_CLOEXEC,
+        )?;
+        // SAFETY: a plain fcntl on a descriptor we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return None;
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        // SAFETY: reads at most `token.len()` bytes into `token`.
+        let n = unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                token.as_mut_ptr() as *mut libc::c_void,
+                TOKEN_LEN,
+                0,
+            )
+        };
+        if n != TOKEN_LEN as isize || token != offer.token {
+            return None;
+        }
+        let map_len = usize::try_from(map_len).ok()?;
         // SAFETY: maps `map_len` bytes of a file at least that long that cannot shrink.
         let base = unsafe {
             libc::mmap(
@@ -85,17 +111,19 @@ impl RingWriter {
         if base == libc::MAP_FAILED {
             return None;
         }
+        let in_use = RING_BYTES_IN_USE.fetch_add(offer.size, Ordering::AcqRel);
         let writer = RingWriter {
+            fd,
             base: base as *mut u8,
             map_len,
+            allocated: false,
             size: offer.size,
             written: 0,
             released: Arc::new(AtomicU64::new(0)),
+            broken: false,
         };
-        let mut token = [0u8; TOKEN_LEN];
-        // SAFETY: the first page is inside the mapping; the client wrote it before offering.
-        unsafe { std::ptr::copy_nonoverlapping(writer.base, token.as_mut_ptr(), TOKEN_LEN) };
-        (token == offer.token).then_some(writer)
+        // Dropping the writer gives the bytes back to the budget.
+        (in_use + offer.size <= MAX_TOTAL_RING_BYTES).then_some(writer)
     }
 
     /// Where the client's releases go (`SampleStreamRequest.shm_released`).
@@ -103,12 +131,28 @@ impl RingWriter {
         self.released.clone()
     }
 
-    /// Copies `data` into free ring space and returns its running position, or `None` when it
+    /// Writes `data` into free ring space and returns its running position, or `None` when it
     /// does not fit now (the caller sends it inline).
     pub(crate) fn put(&mut self, data: &[u8]) -> Option<u64> {
         let len = data.len() as u64;
-        if len == 0 || len > self.size / 2 {
+        if self.broken || len == 0 || len > self.size / 2 {
             return None;
+        }
+        if !self.allocated {
+            // SAFETY: a plain fallocate on a descriptor we own, inside the file's size.
+            let err = unsafe {
+                libc::fallocate(
+                    self.fd.as_raw_fd(),
+                    0,
+                    DATA_OFFSET as libc::off_t,
+                    self.size as libc::off_t,
+                )
+            };
+            self.broken = err != 0;
+            self.allocated = !self.broken;
+            if self.broken {
+                return None;
+            }
         }
         // A chunk never wraps: skip to the ring's start when it would.
         let offset = self.written % self.size;
@@ -121,8 +165,9 @@ impl RingWriter {
         if position + len - released > self.size {
             return None;
         }
-        // SAFETY: `[offset, offset + len)` is inside the mapping (no wrap, checked above) and
-        // is space the client has released, so it reads none of it now.
+        // SAFETY: `[offset, offset + len)` is inside the mapping (no wrap, checked above),
+        // its pages are allocated, and it is space the client has released, so it reads none
+        // of it now.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
@@ -139,7 +184,37 @@ impl Drop for RingWriter {
     fn drop(&mut self) {
         // SAFETY: unmaps the mapping made in `open`.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+        RING_BYTES_IN_USE.fetch_sub(self.size, Ordering::AcqRel);
     }
+}
+
+fn open(path: &str, flags: libc::c_int) -> Option<OwnedFd> {
+    let c_path = CString::new(path).ok()?;
+    // SAFETY: `c_path` is a valid C string; the descriptor is checked and owned.
+    let raw = unsafe { libc::open(c_path.as_ptr(), flags) };
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+fn fstat(fd: &OwnedFd) -> Option<libc::stat> {
+    // SAFETY: `stat` is plain data, filled by `fstat` on a descriptor we own.
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd.as_raw_fd(), &mut stat) == 0).then_some(stat)
+    }
+}
+
+/// The device of memfd files (of this process's own probe memfd).
+fn memfd_device() -> Option<libc::dev_t> {
+    static DEVICE: OnceLock<Option<libc::dev_t>> = OnceLock::new();
+    *DEVICE.get_or_init(|| {
+        let name = CString::new("reverb-probe").ok()?;
+        // SAFETY: a valid C string; the descriptor is checked and owned.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: `raw` is a fresh descriptor nothing else owns.
+        let probe = (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw) })?;
+        fstat(&probe).map(|s| s.st_dev)
+    })
 }
 
 #[cfg(test)]
@@ -169,7 +244,7 @@ mod tests {
         assert_eq!(held.len(), 3);
         assert!(held.iter().all(|b| b[..] == chunk[..]));
         held.remove(0);
-        let released = ring.report(1).expect("the first chunk was released");
+        let released = ring.unreported(1).expect("the first chunk was released");
         writer.releases().store(released, Ordering::Release);
         // The rest of the ring (a third's tail) is too short: the chunk starts over at 0.
         let position = writer.put(&chunk).expect("fits after the release");
@@ -226,6 +301,28 @@ mod tests {
         assert!(
             RingWriter::open(&ring.offer()).is_some(),
             "the real offer still opens"
+        );
+    }
+
+    #[test]
+    fn rings_share_a_budget_of_bytes() {
+        let size = MAX_RING_BYTES as usize; // sparse: no memory is used
+        let rings: Vec<Ring> = (0..17).map(|_| Ring::create(size).unwrap()).collect();
+        let mut writers: Vec<RingWriter> = rings
+            .iter()
+            .map_while(|r| RingWriter::open(&r.offer()))
+            .collect();
+        // (Other tests may hold a small ring meanwhile.)
+        let fit = (MAX_TOTAL_RING_BYTES / MAX_RING_BYTES) as usize;
+        assert!(
+            writers.len() == fit || writers.len() == fit - 1,
+            "{}",
+            writers.len()
+        );
+        writers.pop();
+        assert!(
+            RingWriter::open(&rings[16].offer()).is_some(),
+            "the budget came back"
         );
     }
 
