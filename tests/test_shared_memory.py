@@ -15,7 +15,7 @@ from reverb import _native
 
 FRAME = (84, 84)
 STEPS = 10
-# 700 samples of 70 KB: the 32 MiB ring wraps around.
+# 700 samples of 70 KB: the ring (8 MiB for 32 samples in flight) wraps around.
 SAMPLES = 700
 
 

@@ -345,7 +345,7 @@ async fn stream(
         return Ok(());
     }
     let ring = (options.shared_memory && shm::is_this_host(client.address()))
-        .then(|| Ring::create(shm::RING_BYTES).ok())
+        .then(|| Ring::create(shm::ring_bytes(max_in_flight)).ok())
         .flatten();
     // New requests also report how much of the ring is consumed.
     let request = |n| SampleStreamRequest {
@@ -394,9 +394,10 @@ async fn stream(
                 return Err(client.status(status));
             }
         };
+        // Releases are reported each time another sixteenth of the ring is free.
         if let Some((ring, released)) = ring
             .as_ref()
-            .and_then(|r| Some((r, r.unreported(REPORT_STEP)?)))
+            .and_then(|r| Some((r, r.unreported(r.size() as u64 / 16)?)))
         {
             let report = SampleStreamRequest {
                 shm_released: released,
@@ -440,9 +441,6 @@ async fn stream(
         }
     }
 }
-
-/// Ring bytes consumed between two release reports.
-const REPORT_STEP: u64 = (shm::RING_BYTES / 16) as u64;
 
 /// Replaces the entry's shared-memory chunk references by the bytes they point to.
 fn from_ring(entry: &mut SampleEntry, ring: Option<&Ring>, address: &str) -> Result<()> {

@@ -15,8 +15,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Ring data bytes per sample stream. Pages are only touched as the ring fills.
-pub const RING_BYTES: usize = 32 << 20;
+/// Ring data bytes for a stream keeping `max_in_flight` samples requested: 256 KiB per
+/// sample, from 4 to 64 MiB. Samples that do not fit come inline. (The server allocates the
+/// pages when it first writes a chunk: streams of small chunks cost no memory.)
+pub fn ring_bytes(max_in_flight: usize) -> usize {
+    max_in_flight
+        .saturating_mul(256 << 10)
+        .clamp(4 << 20, 64 << 20)
+}
 
 /// Whether `address` (`host:port`, maybe with a scheme) names this host: only then is a ring
 /// worth offering (the server checks again, by opening it).

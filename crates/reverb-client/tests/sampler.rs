@@ -115,11 +115,12 @@ fn frame(i: i64, len: usize) -> Vec<u8> {
 }
 
 /// Takes `n` samples of frames, checks each one's bytes, and returns their indices, sorted.
+/// With `keep`, the samples are kept there; else each is dropped once checked.
 fn take_frames(
     sampler: &mut Sampler,
     n: usize,
     len: usize,
-    keep: &mut Vec<PlannedSample>,
+    mut keep: Option<&mut Vec<PlannedSample>>,
 ) -> Vec<i64> {
     let mut seen = Vec::new();
     while seen.len() < n {
@@ -131,7 +132,9 @@ fn take_frames(
             let i = i64::from_le_bytes(data[..8].try_into().unwrap());
             assert!(data[..] == frame(i, len)[..], "sample {i} has wrong bytes");
             seen.push(i);
-            keep.push(s);
+            if let Some(keep) = keep.as_mut() {
+                keep.push(s);
+            }
         }
     }
     seen.sort();
@@ -141,7 +144,7 @@ fn take_frames(
 #[test]
 fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
     const LEN: usize = 40_000;
-    const N: i64 = 1000; // 40 MB: more than one worker's ring
+    const N: i64 = 1000; // 40 MB: more than the ring (4 MiB for 16 samples in flight)
     let server = Server::start(vec![queue("q", 2 * N)], ServerOptions::default()).unwrap();
     let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
     let fill = |from: i64| {
@@ -159,7 +162,7 @@ fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
     let mut sampler = Sampler::new(client.clone(), "q", opts.clone()).unwrap();
     let mut held = Vec::new();
     assert_eq!(
-        take_frames(&mut sampler, N as usize, LEN, &mut held),
+        take_frames(&mut sampler, N as usize, LEN, Some(&mut held)),
         (0..N).collect::<Vec<_>>()
     );
     let through_ring = shm::chunks_received() - before;
@@ -170,15 +173,16 @@ fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
     drop(sampler);
     drop(held);
 
-    // Samples dropped as they come: their space is reused, and most come through the ring.
+    // Samples dropped as they come: their space is reused, and nearly all come through the
+    // ring.
     fill(N);
     let before = shm::chunks_received();
     let mut sampler = Sampler::new(client.clone(), "q", opts.clone()).unwrap();
-    let seen = take_frames(&mut sampler, N as usize, LEN, &mut Vec::new());
+    let seen = take_frames(&mut sampler, N as usize, LEN, None);
     assert_eq!(seen, (N..2 * N).collect::<Vec<_>>());
     let through_ring = shm::chunks_received() - before;
     assert!(
-        through_ring > N as u64 / 2,
+        through_ring > N as u64 * 9 / 10,
         "{through_ring} of {N} via the ring"
     );
 
@@ -187,7 +191,7 @@ fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
     opts.shared_memory = false;
     let before = shm::chunks_received();
     let mut sampler = Sampler::new(client, "q", opts).unwrap();
-    let seen = take_frames(&mut sampler, N as usize, LEN, &mut Vec::new());
+    let seen = take_frames(&mut sampler, N as usize, LEN, None);
     assert_eq!(seen, (2 * N..3 * N).collect::<Vec<_>>());
     assert_eq!(shm::chunks_received(), before);
 }
