@@ -88,6 +88,16 @@ def test_our_client_against_reference_server() -> None:
         np.testing.assert_array_equal(first.data[0], [[0.0, 1.0, 2.0, 3.0]])
         np.testing.assert_array_equal(second.data[0], [7, 8])
         assert second.info.priority == 3.0
+        # A sampler's stream (which offers a shared-memory ring the reference ignores), with
+        # chunks big enough for the ring: they come inline, whole.
+        frames = np.random.default_rng(0).integers(0, 256, (3, 64, 64), dtype=np.uint8)
+        for frame in frames:
+            client.insert(frame, {"t": 1.0}, timeout=10)
+        iterator = reverb.TrajectoryIterator(
+            f"localhost:{port}", "t", batch_size=3, max_samples=3, rate_limiter_timeout_ms=5000
+        )
+        (batch,) = list(iterator)
+        np.testing.assert_array_equal(batch.data[0][:, 0], frames)
     finally:
         proc.kill()
         proc.communicate(timeout=10)  # also closes the pipes

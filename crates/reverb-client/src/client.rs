@@ -1,5 +1,6 @@
 //! `Client`: unary calls, one-shot inserts and batched sampling, each bounded by a deadline.
 
+use crate::grpc::{self, SampleResponses};
 use crate::tensor::{encode_chunk, parse_chunk, Encoded, Tensor};
 use crate::{runtime, ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
@@ -10,6 +11,7 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
@@ -27,6 +29,7 @@ pub struct Sample {
 pub struct Client {
     address: String,
     pub(crate) stub: ReverbServiceClient<Channel>,
+    channel: Channel,
 }
 
 const MAX_MESSAGE_SIZE: usize = 1 << 30;
@@ -57,13 +60,24 @@ impl Client {
             let _guard = runtime().enter();
             endpoint.connect_lazy()
         };
-        let stub = ReverbServiceClient::new(channel)
+        let stub = ReverbServiceClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);
         Ok(Self {
             address: address.to_string(),
             stub,
+            channel,
         })
+    }
+
+    /// Starts a `SampleStream` call sending what `requests` yields (see [`crate::grpc`]).
+    pub(crate) async fn sample_stream(
+        &self,
+        requests: mpsc::Receiver<SampleStreamRequest>,
+        metadata: MetadataMap,
+    ) -> std::result::Result<SampleResponses, tonic::Status> {
+        let requests = ReceiverStream::new(requests);
+        grpc::sample_stream(self.channel.clone(), requests, metadata, MAX_MESSAGE_SIZE).await
     }
 
     /// The address given at construction.
@@ -306,17 +320,16 @@ impl Client {
         let request = sample_request(table, num_samples, rate_limiter_timeout);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
-        let mut stub = self.stub.clone();
         let (tx, rx) = mpsc::channel(1);
         tx.send(request).await.expect("room for one request");
-        let call = stub.sample_stream(ReceiverStream::new(rx));
+        let call = self.sample_stream(rx, MetadataMap::new());
         let started = match deadline {
             Some(d) => tokio::time::timeout_at(d, call)
                 .await
                 .map_err(|_| expired())?,
             None => call.await,
         };
-        let mut responses = started.map_err(|s| self.status(s))?.into_inner();
+        let mut responses = started.map_err(|s| self.status(s))?;
         let mut samples = Vec::with_capacity(num_samples);
         let mut partial = PartialSample::default();
         let mut failure = None;

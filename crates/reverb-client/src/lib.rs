@@ -3,6 +3,7 @@
 
 mod client;
 mod error;
+mod grpc;
 pub mod local;
 pub mod sampler;
 pub mod shm;

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 /// Settings of a sampler (the reference's `Sampler::Options`).
@@ -354,13 +353,12 @@ async fn stream(
     };
     let _ = requests.send(request(outstanding)).await;
     let give_back = |outstanding: usize| budget.fetch_add(outstanding as i64, Ordering::SeqCst);
-    let mut stub = client.stub.clone();
-    let mut call = tonic::Request::new(ReceiverStream::new(rx));
+    let mut metadata = tonic::metadata::MetadataMap::new();
     if let Some(offer) = ring.as_ref().and_then(|r| r.offer().parse().ok()) {
-        call.metadata_mut().insert(METADATA_KEY, offer);
+        metadata.insert(METADATA_KEY, offer);
     }
-    let mut responses = match stub.sample_stream(call).await {
-        Ok(r) => r.into_inner(),
+    let mut responses = match client.sample_stream(rx, metadata).await {
+        Ok(r) => r,
         Err(status) => {
             give_back(outstanding);
             return Err(client.status(status));
