@@ -4,40 +4,59 @@
 use crate::service::find_table;
 use reverb_core::{SampledItem, Table};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::Status;
 
 type Tables = Arc<BTreeMap<String, Arc<Table>>>;
 
-/// Servers by port, with the process that started them: a child made by `fork` inherits a
-/// copy of the tables, not the server, so it must go through gRPC.
-static LOCAL: Mutex<BTreeMap<u16, (u32, Tables)>> = Mutex::new(BTreeMap::new());
+/// Servers of this process by port.
+struct Registry {
+    pid: u32,
+    servers: Mutex<BTreeMap<u16, Tables>>,
+}
 
-/// The process that last registered a server. Checked before taking the registry's lock: a
-/// child of `fork` must not wait on a lock that a thread of its parent held at the fork.
-static REGISTERED_BY: AtomicU32 = AtomicU32::new(0);
+static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(std::ptr::null_mut());
+
+/// This process's registry. A child of `fork` starts an empty one of its own: it inherits a
+/// copy of its parent's tables, not its servers, and the copy of the parent's lock may be
+/// held by a thread that does not exist in the child. (Registries are never freed: the
+/// parent's copy in a child is leaked.)
+fn registry() -> &'static Registry {
+    let pid = std::process::id();
+    loop {
+        let current = REGISTRY.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer comes from `Box::into_raw` below and is never freed.
+        if let Some(registry) = unsafe { current.as_ref() } {
+            if registry.pid == pid {
+                return registry;
+            }
+        }
+        let fresh = Box::into_raw(Box::new(Registry {
+            pid,
+            servers: Mutex::default(),
+        }));
+        match REGISTRY.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just published; never freed.
+            Ok(_) => return unsafe { &*fresh },
+            // SAFETY: lost a race, so `fresh` was never shared: free it and look again.
+            Err(_) => drop(unsafe { Box::from_raw(fresh) }),
+        }
+    }
+}
 
 pub(crate) fn register(port: u16, tables: Tables) {
-    let pid = std::process::id();
-    LOCAL.lock().unwrap().insert(port, (pid, tables));
-    REGISTERED_BY.store(pid, Ordering::SeqCst);
+    registry().servers.lock().unwrap().insert(port, tables);
 }
 
 pub(crate) fn unregister(port: u16) {
-    LOCAL.lock().unwrap().remove(&port);
+    registry().servers.lock().unwrap().remove(&port);
 }
 
 /// The tables of the server of this process on `port`.
 fn tables(port: u16) -> Option<Tables> {
-    if REGISTERED_BY.load(Ordering::SeqCst) != std::process::id() {
-        return None; // no server of this process (or a child of fork: its parent's)
-    }
-    match LOCAL.lock().unwrap().get(&port) {
-        Some((pid, tables)) if *pid == std::process::id() => Some(tables.clone()),
-        _ => None,
-    }
+    registry().servers.lock().unwrap().get(&port).cloned()
 }
 
 /// Whether a server of this process listens on `port`.
@@ -135,5 +154,45 @@ impl LocalInsert {
             return Err(Status::unavailable("the server stopped"));
         }
         self.inserter.handle(&self.tables, request, &alive).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forked_child_has_its_own_registry_even_when_the_parents_lock_is_held() {
+        let tables: Tables = Arc::new(BTreeMap::new());
+        register(1, tables.clone());
+        assert!(is_local(1));
+        let held = registry().servers.lock().unwrap();
+        // SAFETY: the child only uses the registry (allocating and locking new objects) and
+        // leaves with `_exit`.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // The parent's servers are not this process's, and its lock is not waited on.
+            let ok = !is_local(1) && {
+                register(2, Arc::new(BTreeMap::new()));
+                is_local(2)
+            };
+            // SAFETY: ends the child without running the test harness's code.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // SAFETY: waits for our own child without blocking.
+        while unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == 0 {
+            if Instant::now() > deadline {
+                // SAFETY: kills our own child.
+                unsafe { libc::kill(child, libc::SIGKILL) };
+                panic!("the child hung on its parent's registry lock");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(held);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        unregister(1);
+        assert!(!is_local(1));
     }
 }
