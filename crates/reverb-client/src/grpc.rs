@@ -28,6 +28,8 @@ pub(crate) struct SampleResponses {
     ended: bool,
     /// The status the server ended with, when not OK.
     failure: Option<Status>,
+    /// The headers carried an OK status ("trailers-only"): no trailers follow.
+    ended_in_headers: bool,
 }
 
 /// Starts a `SampleStream` call sending `requests`, with `metadata` (e.g. a ring offer).
@@ -39,27 +41,28 @@ pub(crate) async fn sample_stream(
 ) -> Result<SampleResponses, Status> {
     let frames = requests.map(|r| Ok::<_, Status>(Frame::data(frame(&r))));
     let mut request = http::Request::post(PATH)
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
+        .version(http::Version::HTTP_2)
         .body(Body::new(StreamBody::new(frames)))
         .map_err(|e| Status::internal(format!("building the request: {e}")))?;
-    request.headers_mut().extend(metadata.into_headers());
+    let headers = request.headers_mut();
+    headers.extend(metadata.into_headers());
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("te", http::HeaderValue::from_static("trailers"));
     futures::future::poll_fn(|cx| channel.poll_ready(cx))
         .await
         .map_err(transport)?;
     let response = channel.call(request).await.map_err(transport)?;
-    let (head, body) = response.into_parts();
+    let (mut head, body) = response.into_parts();
     // A call that fails at once answers with headers only ("trailers-only").
-    if let Some(status) = Status::from_header_map(&head.headers) {
-        if status.code() != Code::Ok {
-            return Err(status);
-        }
+    let status = status_of(&mut head.headers);
+    if let Some(status) = status.clone().filter(|s| s.code() != Code::Ok) {
+        return Err(status);
     }
     if head.status != http::StatusCode::OK {
-        return Err(Status::unknown(format!(
-            "the server answered HTTP {}",
-            head.status
-        )));
+        return Err(from_http(head.status));
     }
     if let Some(encoding) = head.headers.get("grpc-encoding") {
         if encoding != "identity" {
@@ -74,11 +77,37 @@ pub(crate) async fn sample_stream(
         max_message_size,
         ended: false,
         failure: None,
+        ended_in_headers: status.is_some(),
     })
+}
+
+fn missing_status() -> Status {
+    Status::unknown("the sample stream ended without a gRPC status")
 }
 
 fn transport(e: tonic::transport::Error) -> Status {
     Status::from_error(Box::new(e))
+}
+
+/// The gRPC status in `headers`, if any. (Status details are dropped first: tonic panics on
+/// malformed ones, and nothing here reads them.)
+fn status_of(headers: &mut http::HeaderMap) -> Option<Status> {
+    headers.remove("grpc-status-details-bin");
+    Status::from_header_map(headers)
+}
+
+/// A status for an HTTP answer other than 200, as gRPC maps them (so a proxy's 503 is
+/// UNAVAILABLE, which samplers retry).
+fn from_http(status: http::StatusCode) -> Status {
+    let code = match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502 | 503 | 504 => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    Status::new(code, format!("the server answered HTTP {status}"))
 }
 
 /// A request as one gRPC message.
@@ -93,17 +122,26 @@ fn frame(request: &SampleStreamRequest) -> Bytes {
 
 impl SampleResponses {
     /// The next response; `None` once the server ended the call with OK. Responses that
-    /// arrived before an error come first.
+    /// arrived before an error come first; after an error, `None`.
     pub(crate) async fn message(&mut self) -> Result<Option<SampleStreamResponse>, Status> {
         loop {
-            if let Some(response) = self.decode()? {
-                return Ok(Some(response));
+            match self.decode() {
+                Ok(Some(response)) => return Ok(Some(response)),
+                Ok(None) => {}
+                Err(status) => {
+                    // What follows a bad message cannot be framed: stop here.
+                    self.received = Rope::default();
+                    self.ended = true;
+                    self.failure = None;
+                    return Err(status);
+                }
             }
             if self.ended {
                 if let Some(status) = self.failure.take() {
                     return Err(status);
                 }
                 if self.received.remaining() > 0 {
+                    self.received = Rope::default();
                     return Err(Status::internal("the sample stream ended inside a message"));
                 }
                 return Ok(None);
@@ -113,24 +151,34 @@ impl SampleResponses {
                     Ok(data) => self.received.push(data),
                     Err(frame) => {
                         self.ended = true;
-                        let trailers = frame.into_trailers().unwrap_or_default();
-                        self.failure =
-                            Status::from_header_map(&trailers).filter(|s| s.code() != Code::Ok);
+                        let mut trailers = frame.into_trailers().unwrap_or_default();
+                        self.failure = match status_of(&mut trailers) {
+                            Some(status) => (status.code() != Code::Ok).then_some(status),
+                            None => Some(missing_status()),
+                        };
                     }
                 },
-                Some(Err(status)) => return Err(status),
-                None => self.ended = true,
+                Some(Err(status)) => {
+                    self.ended = true;
+                    return Err(status);
+                }
+                // The body ended without trailers, so without a status: not a clean end.
+                None if !self.ended => {
+                    self.ended = true;
+                    self.failure = (!self.ended_in_headers).then(missing_status);
+                }
+                None => {}
             }
         }
     }
 
     /// A whole message from what was received, if there is one.
     fn decode(&mut self) -> Result<Option<SampleStreamResponse>, Status> {
-        let Some(header) = self.received.peek(HEADER) else {
+        let Some(header) = self.received.header() else {
             return Ok(None);
         };
         if header[0] != 0 {
-            return Err(Status::unimplemented(
+            return Err(Status::internal(
                 "the server compressed a response, which was not asked for",
             ));
         }
@@ -167,16 +215,18 @@ impl Rope {
         }
     }
 
-    /// The first `n` bytes (copied: `n` is a header's size), if there are that many.
-    fn peek(&self, n: usize) -> Option<Vec<u8>> {
-        if self.remaining < n {
+    /// The next message header, if all of it was received.
+    fn header(&self) -> Option<[u8; HEADER]> {
+        if self.remaining < HEADER {
             return None;
         }
-        let mut out = Vec::with_capacity(n);
+        let mut out = [0u8; HEADER];
+        let mut filled = 0;
         for frame in &self.frames {
-            let take = (n - out.len()).min(frame.len());
-            out.extend_from_slice(&frame[..take]);
-            if out.len() == n {
+            let take = (HEADER - filled).min(frame.len());
+            out[filled..filled + take].copy_from_slice(&frame[..take]);
+            filled += take;
+            if filled == HEADER {
                 break;
             }
         }
@@ -237,6 +287,8 @@ impl Buf for Rope {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reverb_proto::sample_stream_response::SampleEntry;
+    use reverb_proto::ChunkData;
 
     #[test]
     fn bytes_inside_a_frame_are_shared_and_across_frames_joined() {
@@ -245,41 +297,93 @@ mod tests {
         rope.push(first.clone());
         rope.push(Bytes::new());
         rope.push(Bytes::from_static(b"world"));
-        assert_eq!(rope.peek(8).unwrap(), b"hello wo");
-        assert!(rope.peek(12).is_none());
+        assert_eq!(&rope.header().unwrap(), b"hello");
         let hel = rope.copy_to_bytes(3);
         assert_eq!(hel.as_ptr(), first.as_ptr(), "shared, not copied");
         assert_eq!(&rope.copy_to_bytes(5)[..], b"lo wo");
         assert_eq!(rope.remaining(), 3);
+        assert!(rope.header().is_none());
         rope.advance(1);
         assert_eq!(rope.chunk(), b"ld");
         assert_eq!(&rope.copy_to_bytes(2)[..], b"ld");
         assert_eq!((rope.remaining(), rope.chunk()), (0, &b""[..]));
     }
 
+    fn responses() -> Vec<SampleStreamResponse> {
+        let chunk = |key: u64, len: usize| ChunkData {
+            chunk_key: key,
+            data: (0..len)
+                .map(|i| (i * 7 + key as usize) as u8)
+                .collect::<Vec<_>>()
+                .into(),
+            ..Default::default()
+        };
+        (0..3)
+            .map(|r| SampleStreamResponse {
+                entries: (0..2)
+                    .map(|e| SampleEntry {
+                        data: vec![chunk(r * 10 + e, 50 + 20 * e as usize), chunk(99, 3)],
+                        end_of_sequence: e == 1,
+                        ..Default::default()
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn wire(responses: &[SampleStreamResponse]) -> Bytes {
+        let mut wire = BytesMut::new();
+        for r in responses {
+            wire.put_u8(0);
+            wire.put_u32(r.encoded_len() as u32);
+            r.encode(&mut wire).unwrap();
+        }
+        wire.freeze()
+    }
+
+    fn decode_all(rope: &mut Rope) -> Vec<SampleStreamResponse> {
+        let mut out = Vec::new();
+        while let Some(header) = rope.header() {
+            let len = u32::from_be_bytes(header[1..].try_into().unwrap()) as usize;
+            rope.advance(HEADER);
+            out.push(SampleStreamResponse::decode(rope.take(len)).unwrap());
+        }
+        assert_eq!(rope.remaining(), 0);
+        out
+    }
+
     #[test]
     fn messages_split_anywhere_decode_the_same() {
-        let response = SampleStreamResponse {
-            entries: vec![Default::default(); 3],
-        };
-        let mut wire = BytesMut::new();
-        for _ in 0..2 {
-            wire.put_u8(0);
-            wire.put_u32(response.encoded_len() as u32);
-            response.encode(&mut wire).unwrap();
-        }
-        let wire = wire.freeze();
-        for cut in 0..wire.len() {
+        let expected = responses();
+        let wire = wire(&expected);
+        // Two frames cut at every byte, and one-byte frames.
+        for cut in 0..=wire.len() {
             let mut rope = Rope::default();
             rope.push(wire.slice(..cut));
             rope.push(wire.slice(cut..));
-            for _ in 0..2 {
-                let len = u32::from_be_bytes(rope.peek(HEADER).unwrap()[1..].try_into().unwrap());
-                rope.advance(HEADER);
-                let got = SampleStreamResponse::decode((&mut rope).take(len as usize)).unwrap();
-                assert_eq!(got, response, "cut at {cut}");
+            assert_eq!(decode_all(&mut rope), expected, "cut at {cut}");
+        }
+        let mut rope = Rope::default();
+        for i in 0..wire.len() {
+            rope.push(wire.slice(i..i + 1));
+        }
+        assert_eq!(decode_all(&mut rope), expected);
+    }
+
+    #[test]
+    fn chunk_bytes_within_one_frame_are_slices_of_it() {
+        let wire = wire(&responses());
+        let mut rope = Rope::default();
+        rope.push(wire.clone());
+        let range = wire.as_ptr_range();
+        for response in decode_all(&mut rope) {
+            for chunk in response.entries.iter().flat_map(|e| &e.data) {
+                assert!(
+                    range.contains(&chunk.data.as_ptr()),
+                    "chunk {} copied",
+                    chunk.chunk_key
+                );
             }
-            assert_eq!(rope.remaining(), 0);
         }
     }
 }
