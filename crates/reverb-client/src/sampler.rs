@@ -1,6 +1,6 @@
 //! A prefetching sampler: background workers keep `max_in_flight_samples_per_worker` samples
 //! requested from one table, decode them, and queue them for a consumer that takes batches.
-//! Feeds the numpy / PyTorch iterators (and, later, the TensorFlow kernels).
+//! Feeds the numpy / PyTorch iterators and the TensorFlow kernels.
 
 use crate::client::{plan, sample_request, PartialSample};
 use crate::local::Local;
