@@ -67,6 +67,48 @@ class EnvColumns:
         length = len(self._steps) if isinstance(self._steps, list) else None
         return (length, *row)
 
+    def numpy(self, env: Optional[int] = None) -> Union[np.ndarray, List[np.ndarray]]:
+        """The selected cells of environment `env`'s episode, stacked (one cell when
+        squeezed); without `env`, a list with one such array per environment (episodes
+        differ in length). IndexError for positions outside an episode, RuntimeError for
+        expired cells."""
+        writer = self._writer
+        envs = range(writer.num_envs) if env is None else [writer._envs(env)[0]]
+        lengths = writer._writer.lane_steps()
+        starts = writer._writer.lane_starts()
+        out = []
+        for e in envs:
+            episode = range(starts[e], starts[e] + lengths[e])
+            try:
+                if isinstance(self._steps, tuple):
+                    steps = list(episode[slice(*self._steps)])
+                elif isinstance(self._steps, list):
+                    steps = [episode[i] for i in self._steps]
+                else:
+                    steps = [episode[self._steps]]
+            except IndexError:
+                raise IndexError(
+                    f"History index {self._steps} out of range for env {e}'s episode of "
+                    f"{lengths[e]} steps"
+                ) from None
+            cells = [self._cell(e, s) for s in steps]
+            if self._squeeze:
+                out.append(cells[0])
+            else:
+                dtype, row = writer._spec(self._field)
+                out.append(np.stack(cells) if cells else np.zeros((0, *row), dtype))
+        return out if env is None else out[0]
+
+    def _cell(self, env: int, step: int) -> np.ndarray:
+        writer = self._writer
+        cell = writer._writer.read_cell(self._field * writer.num_envs + env, step)
+        if cell is None:
+            raise RuntimeError(
+                f"Cannot read step {step} of column {self._path} in env {env}: it has expired "
+                "(increase num_keep_alive_refs)"
+            )
+        return _dtypes.from_column(cell)
+
     def __repr__(self) -> str:
         return f"EnvColumns(path={self._path}, steps={self._steps}, squeeze={self._squeeze})"
 

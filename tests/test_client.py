@@ -568,7 +568,10 @@ def test_insert_into_full_queue_times_out_and_is_not_stored(make_server, sample_
     with pytest.raises(reverb.errors.DeadlineExceededError):
         client.insert(np.int64(99), {"q": 1.0}, timeout=0.3)
     assert time.monotonic() - start < 2.0
-    # Freeing space later must not let the abandoned insert through.
+    # Freeing space later must not let the abandoned insert through. (Over gRPC the
+    # cancellation travels as a stream reset: give it a moment to reach the server, which
+    # an insert racing it by microseconds could beat.)
+    time.sleep(0.05)
     assert sample_values(client, "q", 1) == [0]
     time.sleep(0.2)
     assert table.info.current_size == 1

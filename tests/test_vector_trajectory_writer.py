@@ -166,3 +166,26 @@ def test_many_envs_many_items_all_arrive(client) -> None:
     assert len(got) == (steps - 1) * n
     assert sum(len(ts) == 1 for ts in got) == ends
     assert all(len(ts) == 1 or ts[1] == ts[0] + 1 for ts in got)
+
+
+def test_history_numpy_reads_each_envs_own_episode(client) -> None:
+    n = 3
+    with client.vector_trajectory_writer(n, num_keep_alive_refs=3) as writer:
+        for t in range(3):
+            writer.append(_step(t, n))
+        writer.end_episode(envs=[1])  # env 1 starts over at t = 3
+        for t in range(3, 5):
+            writer.append(_step(t, n))
+        obs = writer.history["obs"]
+        last_two = obs[-2:].numpy()
+        assert [a.tolist() for a in last_two] == [[3, 4], [103, 104], [203, 204]]
+        np.testing.assert_array_equal(obs[0].numpy(env=1), np.float32(103))
+        assert [a.tolist() for a in obs[[-2]].numpy()] == [[3], [103], [203]]
+        assert obs[-1].numpy(env=2).shape == () and obs[-2:].numpy(env=0).dtype == np.float32
+        assert [len(a) for a in obs[-3:].numpy()] == [3, 2, 3], "each env's own length"
+        with pytest.raises(IndexError, match="env 1's episode of 2 steps"):
+            obs[-3].numpy()
+        with pytest.raises(RuntimeError, match="expired"):
+            obs[0].numpy(env=0)  # step 0: older than num_keep_alive_refs
+        with pytest.raises(ValueError, match="out of range"):
+            obs[-1].numpy(env=3)

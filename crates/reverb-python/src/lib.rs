@@ -837,6 +837,11 @@ impl PyTrajectoryWriter {
         self.with(py, |w| w.lane_steps())
     }
 
+    /// Vectorised writers: writer-wide step of each env's first episode step.
+    fn lane_starts(&self, py: Python<'_>) -> Vec<u64> {
+        self.with(py, |w| w.lane_starts())
+    }
+
     /// Vectorised writers: ends the episodes of `envs` (does not wait).
     fn end_lanes(&self, py: Python<'_>, envs: Vec<usize>, clear_buffers: bool) -> PyResult<()> {
         self.with(py, |w| w.end_lanes(&envs, clear_buffers))

@@ -915,6 +915,11 @@ impl TrajectoryWriter {
         self.lanes.iter().map(|l| self.step - l.start).collect()
     }
 
+    /// Writer-wide step of each lane's first episode step (cells are addressed by it).
+    pub fn lane_starts(&self) -> Vec<u64> {
+        self.lanes.iter().map(|l| l.start).collect()
+    }
+
     /// Appends one step to every lane: each value `(field, tensor)` has a leading dimension
     /// of `num_lanes()`, row `l` going to lane `l`. Errors name the field; a failed call
     /// changes nothing.
