@@ -346,9 +346,10 @@ async fn stream(
     let ring = (options.shared_memory && shm::is_this_host(client.address()))
         .then(|| Ring::create(shm::ring_bytes(max_in_flight)).ok())
         .flatten();
-    // New requests also report how much of the ring is consumed.
+    // New requests also report how much of the ring is consumed (a request that cannot be
+    // sent ends the stream, ring and all).
     let request = |n| SampleStreamRequest {
-        shm_released: ring.as_ref().and_then(|r| r.unreported(1)).unwrap_or(0),
+        shm_released: ring.as_ref().and_then(Ring::report).unwrap_or(0),
         ..sample_request(table, n, options.rate_limiter_timeout)
     };
     let _ = requests.send(request(outstanding)).await;

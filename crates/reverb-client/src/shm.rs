@@ -212,6 +212,14 @@ impl Ring {
         st.reported = st.reported.max(released);
     }
 
+    /// The released prefix if it moved since last reported, now counted as reported (for a
+    /// message that will surely be sent).
+    pub fn report(&self) -> Option<u64> {
+        let released = self.unreported(1)?;
+        self.reported(released);
+        Some(released)
+    }
+
     /// Ring data bytes.
     pub fn size(&self) -> usize {
         self.0.size
@@ -285,12 +293,6 @@ mod tests {
         assert_eq!(n, data.len() as isize);
     }
 
-    fn report(ring: &Ring) -> Option<u64> {
-        let released = ring.unreported(1)?;
-        ring.reported(released);
-        Some(released)
-    }
-
     #[test]
     fn chunks_release_out_of_order_and_padding_counts_as_released() {
         let ring = Ring::create(1 << 20).unwrap();
@@ -301,15 +303,15 @@ mod tests {
         let b = ring.take(100, 6).unwrap(); // bytes 5..100 are padding
         assert_eq!((&a[..], &b[..]), (&b"first"[..], &b"second"[..]));
         assert_eq!(
-            report(&ring),
+            ring.report(),
             None,
             "nothing before the first chunk was released"
         );
         drop(b);
-        assert_eq!(report(&ring), None);
+        assert_eq!(ring.report(), None);
         drop(a);
-        assert_eq!(report(&ring), Some(106));
-        assert_eq!(report(&ring), None, "already reported");
+        assert_eq!(ring.report(), Some(106));
+        assert_eq!(ring.report(), None, "already reported");
         // A chunk may not overlap unreleased bytes, go backwards, or cross the ring's end.
         let c = ring.take(size, 10).unwrap();
         assert!(
@@ -330,7 +332,7 @@ mod tests {
         assert!(Ring::create(0).is_err() && Ring::create(1 << 40).is_err());
         assert!(ring.take(u64::MAX, 2).is_err(), "overflows");
         drop(c);
-        assert_eq!(report(&ring), Some(size + 107));
+        assert_eq!(ring.report(), Some(size + 107));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::{invalid_arg, Result};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, SeedableRng};
-use reverb_proto::{TableInfo, TableWorkerTime};
+use reverb_proto::{SampleInfo, TableInfo, TableWorkerTime};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -46,6 +46,18 @@ pub struct SampledItem {
     pub probability: f64,
     /// Table size when sampled.
     pub table_size: i64,
+}
+
+impl SampledItem {
+    /// The `SampleInfo` a sample carries on the wire.
+    pub fn info(&self) -> SampleInfo {
+        SampleInfo {
+            item: Some(self.item.to_proto(self.priority, self.times_sampled)),
+            probability: self.probability,
+            table_size: self.table_size,
+            rate_limited: false,
+        }
+    }
 }
 
 /// What `try_insert` did.

@@ -428,15 +428,9 @@ fn local_sample(
                 items
                     .into_iter()
                     .map(|s| {
-                        let info = reverb_proto::SampleInfo {
-                            item: Some(s.item.to_proto(s.priority, s.times_sampled)),
-                            probability: s.probability,
-                            table_size: s.table_size,
-                            rate_limited: false,
-                        };
                         let chunks: Vec<_> =
                             s.item.chunks.iter().map(|c| c.data().clone()).collect();
-                        Sample::from_chunks(info, &chunks)
+                        Sample::from_chunks(s.info(), &chunks)
                             .map_err(|e| tonic::Status::new(e.code, e.message))
                     })
                     .collect::<Result<Vec<_>, _>>()
@@ -1081,13 +1075,7 @@ pub unsafe extern "C" fn reverb_inproc_sample_v2(
     match result {
         Ok(Ok(items)) => {
             for s in items {
-                let info = reverb_proto::SampleInfo {
-                    item: Some(s.item.to_proto(s.priority, s.times_sampled)),
-                    probability: s.probability,
-                    table_size: s.table_size,
-                    rate_limited: false,
-                };
-                send(INFO, &info.encode_to_vec());
+                send(INFO, &s.info().encode_to_vec());
                 for chunk in &s.item.chunks {
                     let data = chunk.data();
                     let header = reverb_proto::ChunkData {

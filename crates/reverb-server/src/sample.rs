@@ -7,7 +7,7 @@ use bytes::Bytes;
 use reverb_core::{SampledItem, Table};
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::MIN_CHUNK_BYTES;
-use reverb_proto::{ChunkData, SampleInfo, SampleStreamRequest, SampleStreamResponse};
+use reverb_proto::{ChunkData, SampleStreamRequest, SampleStreamResponse};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -167,12 +167,7 @@ async fn send_batch(
     let mut bytes = 0usize;
     for sample in batch {
         let mut entry = SampleEntry {
-            info: Some(SampleInfo {
-                item: Some(sample.item.to_proto(sample.priority, sample.times_sampled)),
-                probability: sample.probability,
-                table_size: sample.table_size,
-                rate_limited: false,
-            }),
+            info: Some(sample.info()),
             data: Vec::with_capacity(sample.item.chunks.len()),
             end_of_sequence: false,
         };
