@@ -154,7 +154,7 @@ def build(
         shared_memory=not os.environ.get("REVERB_NO_SHM"),
         # Eager mode caches one kernel per distinct attrs: keep datasets apart.
         instance=next(_instances),
-        **_local_server(address),
+        **_inproc_server(address),
     )
 
     @tf.autograph.experimental.do_not_convert
@@ -187,14 +187,14 @@ def build(
     return ds.map(lambda _, batch: batch).unbatch()
 
 
-def _local_server(address: str) -> dict:
+def _inproc_server(address: str) -> dict:
     """With a server of this process at `address`, the kernel samples its tables directly
-    (through `reverb._native`) instead of over loopback gRPC. `REVERB_NO_LOCAL=1` turns that
+    (through `reverb._native`) instead of over loopback gRPC. `REVERB_NO_INPROC=1` turns that
     off."""
-    port = _native.local_port(address)
+    port = _native.inproc_port(address)
     if port is None:
-        return dict(local_library="", local_port=0)
-    return dict(local_library=os.path.abspath(_native.__file__), local_port=port)
+        return dict(inproc_library="", inproc_port=0)
+    return dict(inproc_library=os.path.abspath(_native.__file__), inproc_port=port)
 
 
 def table_signature(

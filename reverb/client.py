@@ -104,7 +104,10 @@ class Client:
         if self._insert_writer is None:
             # No reconnect loop: a dead server fails the call (UnavailableError) at once.
             self._insert_writer = _native.TrajectoryWriter(
-                self._insert_client or self._client, 1, 1, 1024, False, reconnect_timeout=0.0
+                self._insert_client or self._client,
+                num_keep_alive_refs=1,
+                max_chunk_length=1,
+                reconnect_timeout=0.0,
             )
             self._insert_columns = {}
         writer = self._insert_writer
@@ -224,7 +227,10 @@ class Client:
         if max_in_flight_items < 1:
             raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
         native = _native.TrajectoryWriter(
-            self._client, num_keep_alive_refs, None, max_in_flight_items, delta_encode
+            self._client,
+            num_keep_alive_refs=num_keep_alive_refs,
+            max_in_flight_items=max_in_flight_items,
+            delta_encode=delta_encode,
         )
         return trajectory_writer.TrajectoryWriter(native, self, validate_items)
 
@@ -249,10 +255,9 @@ class Client:
             raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
         native = _native.TrajectoryWriter(
             self._client,
-            num_keep_alive_refs,
-            None,
-            max_in_flight_items,
-            delta_encode,
+            num_keep_alive_refs=num_keep_alive_refs,
+            max_in_flight_items=max_in_flight_items,
+            delta_encode=delta_encode,
             num_envs=num_envs,
         )
         return vector_trajectory_writer.VectorTrajectoryWriter(
@@ -271,15 +276,8 @@ class Client:
 
 
 def _to_sample(
-    info: tuple, columns: list, emit_timesteps: bool, signature: Any
+    sample_info: replay_sample.SampleInfo, columns: list, emit_timesteps: bool, signature: Any
 ) -> Union[List[replay_sample.ReplaySample], replay_sample.ReplaySample]:
-    sample_info = replay_sample.SampleInfo(
-        key=int(info[0]),
-        probability=float(info[1]),
-        table_size=int(info[2]),
-        priority=float(info[3]),
-        times_sampled=int(info[4]),
-    )
     arrays = [_dtypes.from_column(c) for c in columns]
 
     def pack(flat: List[np.ndarray]) -> Any:

@@ -7,14 +7,20 @@ p^a / sum(p^a) (0^a = 0; all-zero priorities fall back to uniform); `Fifo`, `Lif
 
 from __future__ import annotations
 
+from reverb import _native
+
 
 class ItemSelector:
-    """Base class of the selectors; `_spec` is what the native table takes."""
+    """Base class of the selectors; `_native()` is what the native table takes."""
 
     _kind = ""
 
     def __init__(self) -> None:
         self._spec: tuple[str, float] = (self._kind, 0.0)
+
+    def _native(self) -> _native.Selector:
+        """The selector as the native table takes it."""
+        return getattr(_native.Selector, self._kind)()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}Selector()"
@@ -45,6 +51,9 @@ class Prioritized(ItemSelector):
             )
         self.priority_exponent = priority_exponent
         self._spec = (self._kind, priority_exponent)
+
+    def _native(self) -> _native.Selector:
+        return _native.Selector.prioritized(priority_exponent=self.priority_exponent)
 
     def __repr__(self) -> str:
         return f"PrioritizedSelector(priority_exponent={self.priority_exponent:g})"

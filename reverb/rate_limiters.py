@@ -14,6 +14,8 @@ import logging
 import sys
 from typing import Tuple, Union
 
+from reverb import _native
+
 
 class RateLimiter:
     """A rate limiter with explicit bounds (the subclasses are the usual way to build one)."""
@@ -41,6 +43,15 @@ class RateLimiter:
     @property
     def _params(self) -> tuple[float, int, float, float]:
         return (self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff)
+
+    def _native(self) -> _native.RateLimiter:
+        """The bounds as the native table takes them."""
+        return _native.RateLimiter(
+            samples_per_insert=self.samples_per_insert,
+            min_size_to_sample=self.min_size_to_sample,
+            min_diff=self.min_diff,
+            max_diff=self.max_diff,
+        )
 
     def __repr__(self) -> str:
         return (

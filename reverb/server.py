@@ -63,13 +63,13 @@ class Table:
         self._max_times_sampled = int(max_times_sampled)
         self._signature = signature
         self.internal_table = _native.Table(
-            name,
-            sampler._spec,
-            remover._spec,
-            self._max_size,
-            self._max_times_sampled,
-            rate_limiter._params,
-            _signature.encode(signature),
+            name=name,
+            sampler=sampler._native(),
+            remover=remover._native(),
+            max_size=self._max_size,
+            max_times_sampled=self._max_times_sampled,
+            rate_limiter=rate_limiter._native(),
+            signature=_signature.encode(signature),
         )
 
     @classmethod
@@ -207,7 +207,11 @@ class Server:
         self._checkpointer = checkpointer
         # Restores the latest checkpoint (if any) before serving; ValueError if it does not fit.
         self._server = _native.Server(
-            [t.internal_table for t in tables], int(port or 0), root, fallback, keep_latest
+            [t.internal_table for t in tables],
+            port=int(port or 0),
+            checkpoint_root=root,
+            fallback_checkpoint_path=fallback,
+            keep_latest=keep_latest,
         )
         self._port = self._server.port
 

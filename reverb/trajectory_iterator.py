@@ -98,10 +98,10 @@ class TrajectoryIterator:
         self._sampler: Optional[_native.Sampler] = _native.Sampler(
             self._client._client,
             table,
-            max_in_flight_samples_per_worker,
-            workers,
-            max_samples,
-            rate_limiter_timeout_ms,
+            max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
+            num_workers=workers,
+            max_samples=max_samples,
+            rate_limiter_timeout_ms=rate_limiter_timeout_ms,
         )
 
     def __iter__(self) -> Iterator[replay_sample.ReplaySample]:
@@ -116,12 +116,9 @@ class TrajectoryIterator:
             raise StopIteration
         if self._batch_size is None:
             ((info, columns),) = got
-            sample_info = replay_sample.SampleInfo(
-                int(info[0]), float(info[1]), int(info[2]), float(info[3]), int(info[4])
-            )
-            return replay_sample.ReplaySample(sample_info, self._pack(columns))
-        info, columns = got
-        return replay_sample.ReplaySample(replay_sample.SampleInfo(*info), self._pack(columns))
+        else:
+            info, columns = got
+        return replay_sample.ReplaySample(info, self._pack(columns))
 
     def _pack(self, columns: list) -> Any:
         arrays = [_dtypes.from_column(c) for c in columns]

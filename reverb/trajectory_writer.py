@@ -286,17 +286,15 @@ class TrajectoryWriter:
             self._fast = None
         return columns, values
 
-    def _raise_append_error(self, error: tuple) -> None:
-        column = error[1]
-        path = self._paths[column]
-        if error[0] == "already_set":
+    def _raise_append_error(self, error: _native.AppendError) -> None:
+        path = self._paths[error.column]
+        if error.already_set:
             raise ValueError(
                 f"Field {path} has already been set in the active step by a previous "
                 "(partial) append call and cannot be modified."
             )
-        _, _, want_dtype, want_shape, got_dtype, got_shape = error
-        want = (_dtypes.numpy_dtype(want_dtype), tuple(want_shape))
-        got = (_dtypes.numpy_dtype(got_dtype), tuple(got_shape))
+        want = (_dtypes.numpy_dtype(error.expected[0]), tuple(error.expected[1]))
+        got = (_dtypes.numpy_dtype(error.got[0]), tuple(error.got[1]))
         if want[0] != got[0]:
             raise ValueError(
                 f"Tensor of wrong dtype provided for column {path}. Got {got[0]} but expected "

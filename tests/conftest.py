@@ -106,12 +106,12 @@ def rerun_under() -> Callable[..., Tuple[str, subprocess.CompletedProcess]]:
     return run
 
 
-@pytest.fixture(params=["local", "grpc"])
+@pytest.fixture(params=["inproc", "grpc"])
 def both_paths(request, monkeypatch) -> str:
     """Runs a test twice: reaching servers of this process directly (sampling and inserting
-    without gRPC), and over loopback gRPC (`REVERB_NO_LOCAL=1`)."""
+    without gRPC), and over loopback gRPC (`REVERB_NO_INPROC=1`)."""
     if request.param == "grpc":
-        monkeypatch.setenv("REVERB_NO_LOCAL", "1")
+        monkeypatch.setenv("REVERB_NO_INPROC", "1")
     return request.param
 
 

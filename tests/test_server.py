@@ -393,8 +393,9 @@ def test_repr_mentions_port_and_tables(server):
     assert "uniform" in text
 
 
-def test_port_in_use_is_a_value_error(server):
-    with pytest.raises(ValueError, match=str(server.port)):
+def test_port_in_use_is_an_os_error(server):
+    # (The reference's gRPC server binds with SO_REUSEPORT and starts a second server there.)
+    with pytest.raises(OSError, match=str(server.port)):
         reverb.Server(tables=[_table()], port=server.port)
     # The first server is unaffected.
     assert "uniform" in server.localhost_client().server_info(timeout=5)

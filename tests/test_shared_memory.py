@@ -4,6 +4,7 @@ shared-memory ring the client offers, with exactly the bytes the socket would ca
 
 from __future__ import annotations
 
+import ctypes
 import pathlib
 
 import numpy as np
@@ -80,8 +81,20 @@ def test_numpy_iterator(address: str, path: str) -> None:
         assert through_ring == 0
 
 
+def _tf_ring_chunks() -> int:
+    """Chunks the TensorFlow kernel library's samplers received through the ring (the library
+    has its own copy of the client, and so its own count)."""
+    from reverb import _tf_ops
+
+    _tf_ops.ops()  # (ctypes then opens the library TensorFlow loaded, not a second copy)
+    library = ctypes.CDLL(_tf_ops.library_path())
+    library.reverb_tf_shm_chunks_received.restype = ctypes.c_uint64
+    return int(library.reverb_tf_shm_chunks_received())
+
+
 def test_tf_dataset(address: str, path: str) -> None:
     tf = pytest.importorskip("tensorflow")
+    before = _tf_ring_chunks()
     dataset = reverb.TrajectoryDataset(
         address,
         "u",
@@ -95,3 +108,8 @@ def test_tf_dataset(address: str, path: str) -> None:
         _check(batch.data["frame"].numpy())
         total += int(batch.info.key.shape[0])
     assert total == SAMPLES
+    through_ring = _tf_ring_chunks() - before
+    if path == "shm":
+        assert through_ring > SAMPLES, "each item has several big chunks"
+    else:
+        assert through_ring == 0

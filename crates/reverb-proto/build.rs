@@ -14,6 +14,9 @@ fn main() {
         .bytes(".")
         // Pre-sizes each encoded message (see src/codec.rs).
         .codec_path("crate::codec::ReverbCodec")
+        // Messages build without tonic; the stubs only with the `service` feature.
+        .client_mod_attribute(".", "#[cfg(feature = \"service\")]")
+        .server_mod_attribute(".", "#[cfg(feature = \"service\")]")
         .compile_fds(fds)
         .expect("generating Rust code from proto/ failed");
 }

@@ -3,7 +3,7 @@
 
 use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{write_column, write_info, Spec, INFO_OUTPUTS};
-use reverb_client::tensor::dtype_size;
+use reverb_client::tensor::{dtype_name, dtype_size};
 use reverb_client::{runtime, Client, Tensor};
 use std::time::Duration;
 
@@ -120,7 +120,7 @@ impl Kernel for ClientInsert {
             if dtype_size(t.dtype()).is_none() {
                 return Err(Error::invalid(format!(
                     "data[{i}] has dtype {}, which TFClient.insert does not support yet",
-                    crate::samples::dtype_name(t.dtype())
+                    dtype_name(t.dtype())
                 )));
             }
             columns.push(Tensor::new(t.dtype(), t.shape(), t.bytes().to_vec())?);

@@ -40,8 +40,8 @@ pub const ATTRS: &[&str] = &[
     "dims: list(int)",
     "names: list(string)",
     "instance: int",
-    "local_library: string",
-    "local_port: int",
+    "inproc_library: string",
+    "inproc_port: int",
     "shared_memory: bool = true",
 ];
 
@@ -91,7 +91,10 @@ impl Kernel for DatasetSample {
                 num_workers: c.int("num_workers")?.max(0) as usize,
                 max_samples: (max_samples >= 0).then_some(max_samples as u64),
                 rate_limiter_timeout: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
-                local: crate::local::find(&c.string("local_library")?, c.int("local_port")?),
+                inproc_abi: crate::inproc::find(
+                    &c.string("inproc_library")?,
+                    c.int("inproc_port")?,
+                ),
                 shared_memory: c.bool("shared_memory")?,
             },
             max_batch: c.int("max_batch")?.max(1) as usize,

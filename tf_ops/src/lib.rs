@@ -6,11 +6,18 @@
 mod client_ops;
 mod dataset;
 mod ffi;
+mod inproc;
 mod kernel;
-mod local;
 mod samples;
 
 use kernel::{register_kernel, register_op, Kernel};
+
+/// Chunks this library's samplers received through shared memory (the tests check, through
+/// `ctypes`, that the kernels' samples took the ring).
+#[no_mangle]
+pub extern "C" fn reverb_tf_shm_chunks_received() -> u64 {
+    reverb_client::transport::shm::chunks_received()
+}
 
 fn register<K: Kernel>(op: &str, inputs: &[&str], outputs: &[&[&str]], attrs: &[&str]) {
     if let Err(e) = register_op(op, inputs, outputs, attrs).and_then(|_| register_kernel::<K>(op)) {

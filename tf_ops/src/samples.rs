@@ -2,7 +2,7 @@
 //! and writing them (info and data) into the kernel's outputs.
 
 use crate::kernel::{Context, Error, Result};
-use reverb_client::tensor::dtype_size;
+use reverb_client::tensor::{dtype_name, dtype_size};
 use reverb_client::{PlannedSample, Sample};
 use reverb_proto::SampleInfo;
 
@@ -74,30 +74,6 @@ pub struct Spec {
     pub dtypes: Vec<i32>,
     pub shapes: Vec<Option<Vec<i64>>>,
     pub names: Vec<String>,
-}
-
-/// TensorFlow's name of a dtype.
-pub fn dtype_name(dtype: i32) -> String {
-    match dtype {
-        1 => "float32",
-        2 => "float64",
-        3 => "int32",
-        4 => "uint8",
-        5 => "int16",
-        6 => "int8",
-        7 => "string",
-        8 => "complex64",
-        9 => "int64",
-        10 => "bool",
-        14 => "bfloat16",
-        17 => "uint16",
-        18 => "complex128",
-        19 => "float16",
-        22 => "uint32",
-        23 => "uint64",
-        _ => return format!("dtype {dtype}"),
-    }
-    .to_string()
 }
 
 impl Spec {

@@ -1,13 +1,18 @@
 //! `Client`: unary calls, one-shot inserts and batched sampling, each bounded by a deadline.
+//! Each call goes over gRPC, or straight to the server when it runs in this process
+//! (`transport::inproc`), with the same semantics.
 
-use crate::grpc::{self, SampleResponses};
-use crate::tensor::{encode_chunk, parse_chunk, Encoded, Tensor};
+use crate::sample::{assemble, plan, PartialSample, Sample};
+use crate::tensor::{encode_chunk, Tensor};
+use crate::transport::grpc::{self, SampleResponses};
+use crate::transport::inproc;
 use crate::{runtime, ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
+use reverb_proto::inproc::Service;
 use reverb_proto::reverb_service_client::ReverbServiceClient;
 use reverb_proto::*;
-use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -15,21 +20,15 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
-/// One sampled item: its info and one decoded tensor per column.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// Key, priority, times sampled, probability, table size.
-    pub info: SampleInfo,
-    /// Columns, concatenated over their chunk slices (squeezed where flagged).
-    pub columns: Vec<Tensor>,
-}
-
 /// A connection to one server. Cheap to clone; connects lazily and reconnects as needed.
 #[derive(Clone)]
 pub struct Client {
     address: String,
     pub(crate) stub: ReverbServiceClient<Channel>,
     channel: Channel,
+    /// The port, when `address` names this host and calls may skip gRPC for a server of
+    /// this process.
+    inproc_port: Option<u16>,
 }
 
 const MAX_MESSAGE_SIZE: usize = 1 << 30;
@@ -67,10 +66,31 @@ impl Client {
             address: address.to_string(),
             stub,
             channel,
+            inproc_port: inproc::loopback_port(address),
         })
     }
 
-    /// Starts a `SampleStream` call sending what `requests` yields (see [`crate::grpc`]).
+    /// The same client, allowed (the default) or not to reach a server of this process
+    /// without gRPC.
+    pub fn with_inproc(mut self, allowed: bool) -> Self {
+        self.inproc_port = allowed
+            .then(|| inproc::loopback_port(&self.address))
+            .flatten();
+        self
+    }
+
+    /// The server `address` names, when it runs in this process and in-process calls are
+    /// allowed (looked up on each call: a server may start or stop at any time).
+    pub fn inproc(&self) -> Option<Arc<dyn Service>> {
+        reverb_proto::inproc::lookup(self.inproc_port?)
+    }
+
+    /// An error of a server of this process.
+    pub(crate) fn inproc_status(&self, status: tonic::Status) -> ClientError {
+        ClientError::from_inproc(status, &self.address)
+    }
+
+    /// Starts a `SampleStream` call sending what `requests` yields (see [`grpc`]).
     pub(crate) async fn sample_stream(
         &self,
         requests: mpsc::Receiver<SampleStreamRequest>,
@@ -115,6 +135,10 @@ impl Client {
 
     /// `ServerInfo`: every table's `TableInfo`.
     pub async fn server_info(&self, timeout: Option<Duration>) -> Result<Vec<TableInfo>> {
+        if let Some(server) = self.inproc() {
+            let info = server.server_info().map_err(|s| self.inproc_status(s))?;
+            return Ok(info.table_info);
+        }
         let mut stub = self.stub.clone();
         self.with_deadline("ServerInfo", timeout, async {
             let response = stub
@@ -134,6 +158,11 @@ impl Client {
         deletes: Vec<u64>,
         timeout: Option<Duration>,
     ) -> Result<()> {
+        if let Some(server) = self.inproc() {
+            return server
+                .mutate_priorities(table, &updates, &deletes)
+                .map_err(|s| self.inproc_status(s));
+        }
         let mut stub = self.stub.clone();
         let request = MutatePrioritiesRequest {
             table: table.to_string(),
@@ -154,6 +183,9 @@ impl Client {
 
     /// `Reset`: empties a table.
     pub async fn reset(&self, table: &str, timeout: Option<Duration>) -> Result<()> {
+        if let Some(server) = self.inproc() {
+            return server.reset(table).map_err(|s| self.inproc_status(s));
+        }
         let mut stub = self.stub.clone();
         let request = ResetRequest {
             table: table.to_string(),
@@ -167,6 +199,13 @@ impl Client {
 
     /// `Checkpoint`: returns the path the server wrote.
     pub async fn checkpoint(&self, timeout: Option<Duration>) -> Result<String> {
+        if let Some(server) = self.inproc() {
+            return self
+                .with_deadline("Checkpoint", timeout, async {
+                    server.checkpoint().await.map_err(|s| self.inproc_status(s))
+                })
+                .await;
+        }
         let mut stub = self.stub.clone();
         self.with_deadline("Checkpoint", timeout, async {
             let response = stub
@@ -251,6 +290,20 @@ impl Client {
             .iter()
             .flat_map(|r| r.items.iter().map(|i| i.key))
             .collect();
+        if let Some(server) = self.inproc() {
+            return self
+                .with_deadline("InsertStream", timeout, async {
+                    let mut stream = server.insert_stream();
+                    for request in requests {
+                        stream
+                            .insert(request)
+                            .await
+                            .map_err(|s| self.inproc_status(s))?;
+                    }
+                    Ok(())
+                })
+                .await;
+        }
         let mut stub = self.stub.clone();
         self.with_deadline("InsertStream", timeout, async {
             let (tx, rx) = mpsc::channel(requests.len().max(1));
@@ -317,6 +370,11 @@ impl Client {
         if num_samples == 0 {
             return Err(ClientError::invalid("num_samples must be >= 1"));
         }
+        if let Some(server) = self.inproc() {
+            return self
+                .sample_inproc(&*server, table, num_samples, rate_limiter_timeout, timeout)
+                .await;
+        }
         let request = sample_request(table, num_samples, rate_limiter_timeout);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
@@ -371,34 +429,41 @@ impl Client {
             .collect::<Result<Vec<Sample>>>()?;
         Ok((samples, failure))
     }
-}
 
-/// Collects a sample's entries from a sample stream: the first carries `info`, the last has
-/// `end_of_sequence`, and a sample's chunks may be split over several entries.
-#[derive(Default)]
-pub(crate) struct PartialSample(Option<(SampleInfo, Vec<ChunkData>)>);
-
-impl PartialSample {
-    /// Adds an entry; returns the sample once complete.
-    pub(crate) fn add(
-        &mut self,
-        entry: sample_stream_response::SampleEntry,
-    ) -> Result<Option<(SampleInfo, Vec<ChunkData>)>> {
-        let (_, chunks) = match (&mut self.0, entry.info) {
-            (None, Some(info)) => self.0.insert((info, Vec::new())),
-            (Some(p), None) => p,
-            _ => {
-                return Err(ClientError::data_loss(
-                    "Malformed sample stream: sample entries out of order",
-                ))
+    /// [`Client::sample_partial`] from a server of this process: batches until `num_samples`
+    /// arrived, each waiting at most `rate_limiter_timeout` for the rate limiter.
+    async fn sample_inproc(
+        &self,
+        server: &dyn Service,
+        table: &str,
+        num_samples: usize,
+        rate_limiter_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<(Vec<Sample>, Option<ClientError>)> {
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut samples = Vec::with_capacity(num_samples);
+        while samples.len() < num_samples {
+            let call = server.sample(table, num_samples - samples.len(), rate_limiter_timeout);
+            let got = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, call).await {
+                    Ok(got) => got,
+                    Err(_) => {
+                        let e = self.expired("SampleStream", timeout.unwrap_or_default());
+                        return Ok((samples, Some(e)));
+                    }
+                },
+                None => call.await,
+            };
+            match got {
+                Ok(batch) => {
+                    for s in batch {
+                        samples.push(plan(s.info, &s.chunks)?.assemble()?);
+                    }
+                }
+                Err(status) => return Ok((samples, Some(self.inproc_status(status)))),
             }
-        };
-        chunks.extend(entry.data);
-        Ok(if entry.end_of_sequence {
-            self.0.take()
-        } else {
-            None
-        })
+        }
+        Ok((samples, None))
     }
 }
 
@@ -415,330 +480,5 @@ pub(crate) fn sample_request(
             milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
         }),
         ..Default::default()
-    }
-}
-
-/// A sample whose columns are checked and sized but still compressed in their chunks:
-/// `LazyTensor::write_to` decompresses a column straight into its destination (a batch,
-/// a TensorFlow output), so big rows are copied once on the client instead of twice.
-#[derive(Debug, Clone)]
-pub struct PlannedSample {
-    /// Key, priority, times sampled, probability, table size.
-    pub info: SampleInfo,
-    /// Columns (squeezed where flagged).
-    pub columns: Vec<LazyTensor>,
-}
-
-/// A column to be: dtype, shape, and the chunk rows it concatenates.
-#[derive(Debug, Clone)]
-pub struct LazyTensor {
-    /// TensorFlow `DataType` value.
-    pub dtype: i32,
-    /// Dimensions (without the leading one when squeezed).
-    pub shape: Vec<i64>,
-    row: usize,
-    /// `(chunk tensor, first row, rows)`.
-    parts: Vec<(Encoded, usize, usize)>,
-}
-
-impl LazyTensor {
-    /// Bytes of the column.
-    pub fn byte_len(&self) -> usize {
-        self.parts.iter().map(|p| p.2).sum::<usize>() * self.row
-    }
-
-    /// Writes the column into `out` (exactly `byte_len()` bytes): chunks it takes whole are
-    /// decompressed in place, others through a decoded copy.
-    pub fn write_to(&self, out: &mut [u8]) -> Result<()> {
-        if out.len() != self.byte_len() {
-            return Err(ClientError::invalid(format!(
-                "a column of {} bytes cannot be written into {} bytes",
-                self.byte_len(),
-                out.len()
-            )));
-        }
-        let mut decoder = snap::raw::Decoder::new();
-        let mut at = 0;
-        for (tensor, offset, length) in &self.parts {
-            let dest = &mut out[at..at + length * self.row];
-            if tensor.plain() && *offset == 0 && *length == tensor.rows() {
-                tensor.decompress_into(&mut decoder, dest)?;
-            } else {
-                let whole = tensor.decode(&mut decoder)?;
-                dest.copy_from_slice(&whole.data[offset * self.row..(offset + length) * self.row]);
-            }
-            at += dest.len();
-        }
-        Ok(())
-    }
-
-    /// The column as a tensor of its own.
-    pub fn to_tensor(&self) -> Result<Tensor> {
-        let mut data = vec![0u8; self.byte_len()];
-        self.write_to(&mut data)?;
-        Ok(Tensor {
-            dtype: self.dtype,
-            shape: self.shape.clone(),
-            data,
-        })
-    }
-}
-
-impl PlannedSample {
-    /// Decompresses every column.
-    pub fn assemble(self) -> Result<Sample> {
-        let columns = self
-            .columns
-            .iter()
-            .map(LazyTensor::to_tensor)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Sample {
-            info: self.info,
-            columns,
-        })
-    }
-}
-
-impl Sample {
-    /// A sample from its info and the chunks it references (decompressed and joined).
-    pub fn from_chunks(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
-        assemble(info, chunks)
-    }
-}
-
-/// Builds a sample's columns from its chunks.
-pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
-    plan(info, chunks)?.assemble()
-}
-
-/// Checks a sample's chunk references and sizes its columns, leaving the data compressed.
-pub(crate) fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSample> {
-    let mut parsed: HashMap<u64, Vec<Encoded>> = HashMap::with_capacity(chunks.len());
-    for chunk in chunks {
-        if let std::collections::hash_map::Entry::Vacant(slot) = parsed.entry(chunk.chunk_key) {
-            slot.insert(parse_chunk(chunk)?);
-        }
-    }
-    let item = info
-        .item
-        .as_ref()
-        .ok_or_else(|| ClientError::data_loss("Sample without an item"))?;
-    let trajectory = item
-        .flat_trajectory
-        .as_ref()
-        .ok_or_else(|| ClientError::data_loss("Item without trajectory"))?;
-    let mut columns = Vec::with_capacity(trajectory.columns.len());
-    for (c, column) in trajectory.columns.iter().enumerate() {
-        let mut parts: Vec<(Encoded, usize, usize)> = Vec::with_capacity(column.chunk_slices.len());
-        for slice in &column.chunk_slices {
-            let tensor = parsed
-                .get(&slice.chunk_key)
-                .and_then(|ts| ts.get(slice.index as usize))
-                .ok_or_else(|| {
-                    ClientError::data_loss(format!(
-                        "Column {c} references chunk {} (tensor {}) which the sample did not carry",
-                        slice.chunk_key, slice.index
-                    ))
-                })?;
-            let (offset, length) = (slice.offset as usize, slice.length as usize);
-            if slice.offset < 0
-                || slice.length < 0
-                || offset + length > tensor.rows()
-                || tensor.shape.is_empty()
-            {
-                return Err(ClientError::data_loss(format!(
-                    "Column {c} slices rows {offset}..{} of a chunk with {} rows",
-                    offset + length,
-                    tensor.rows()
-                )));
-            }
-            if let Some((first, _, _)) = parts.first() {
-                if first.dtype != tensor.dtype || first.shape[1..] != tensor.shape[1..] {
-                    return Err(ClientError::data_loss(format!(
-                        "Column {c} mixes chunks of different dtypes or shapes"
-                    )));
-                }
-            }
-            parts.push((tensor.clone(), offset, length));
-        }
-        let (first, _, _) = parts
-            .first()
-            .ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
-        // Each part is bounded by its chunk's payload; their sum must fit too.
-        let rows: usize = parts.iter().map(|p| p.2).sum();
-        if rows
-            .checked_mul(first.row_bytes())
-            .is_none_or(|n| n > isize::MAX as usize)
-        {
-            return Err(ClientError::data_loss(format!(
-                "Column {c} of {rows} rows is too large"
-            )));
-        }
-        let mut shape = first.shape.clone();
-        shape[0] = rows as i64;
-        if column.squeeze {
-            if rows != 1 {
-                return Err(ClientError::data_loss(format!(
-                    "Column {c} is squeezed but has {rows} rows"
-                )));
-            }
-            shape.remove(0);
-        }
-        columns.push(LazyTensor {
-            dtype: first.dtype,
-            shape,
-            row: first.row_bytes(),
-            parts,
-        });
-    }
-    Ok(PlannedSample { info, columns })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::assemble;
-    use crate::tensor::{encode_chunk_with, Tensor};
-    use reverb_proto::flat_trajectory::{ChunkSlice, Column};
-    use reverb_proto::{FlatTrajectory, PrioritizedItem, SampleInfo, SequenceRange};
-
-    /// A chunk of `rows` rows of 3 int32 values, row r holding `base + r`.
-    fn chunk(key: u64, base: i32, rows: usize, delta: bool) -> reverb_proto::ChunkData {
-        let data = (0..rows)
-            .flat_map(|r| [base + r as i32; 3])
-            .flat_map(i32::to_le_bytes)
-            .collect();
-        let tensor = Tensor::new(3, vec![rows as i64, 3], data).unwrap();
-        encode_chunk_with(key, SequenceRange::default(), &[tensor], delta)
-    }
-
-    /// A column: `(chunk key, offset, length)` slices, and whether it is squeezed.
-    type Spec = (Vec<(u64, i32, i32)>, bool);
-
-    fn info(columns: Vec<Spec>) -> SampleInfo {
-        let columns = columns
-            .into_iter()
-            .map(|(slices, squeeze)| Column {
-                chunk_slices: slices
-                    .into_iter()
-                    .map(|(chunk_key, offset, length)| ChunkSlice {
-                        chunk_key,
-                        offset,
-                        length,
-                        index: 0,
-                    })
-                    .collect(),
-                squeeze,
-            })
-            .collect();
-        SampleInfo {
-            item: Some(PrioritizedItem {
-                flat_trajectory: Some(FlatTrajectory { columns }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn rows(t: &Tensor) -> Vec<i32> {
-        t.data
-            .chunks_exact(12)
-            .map(|r| i32::from_le_bytes(r[..4].try_into().unwrap()))
-            .collect()
-    }
-
-    #[test]
-    fn columns_join_whole_partial_and_delta_encoded_chunks() {
-        let chunks = [
-            chunk(1, 0, 3, false),
-            chunk(2, 10, 2, false),
-            chunk(3, 20, 3, true),
-        ];
-        let sample = assemble(
-            info(vec![
-                // Part of 1, all of 2, part of the delta-encoded 3, then all of 3.
-                (vec![(1, 1, 2), (2, 0, 2), (3, 1, 1), (3, 0, 3)], false),
-                (vec![(2, 1, 1)], true),
-            ]),
-            &chunks,
-        )
-        .unwrap();
-        let (a, b) = (&sample.columns[0], &sample.columns[1]);
-        assert_eq!(a.shape, vec![8, 3]);
-        assert_eq!(rows(a), vec![1, 2, 10, 11, 21, 20, 21, 22]);
-        assert_eq!(b.shape, vec![3]);
-        assert_eq!(
-            b.data,
-            [11i32; 3]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<_>>()
-        );
-    }
-
-    /// A chunk whose single uint8 tensor claims `shape` but holds `payload` bytes.
-    fn lying_chunk(key: u64, shape: &[i64], payload: usize) -> reverb_proto::ChunkData {
-        use prost::Message;
-        use reverb_proto::tensorflow::{tensor_shape_proto::Dim, TensorProto, TensorShapeProto};
-        let content = snap::raw::Encoder::new()
-            .compress_vec(&vec![7u8; payload])
-            .unwrap();
-        let tensor = TensorProto {
-            dtype: 4,
-            tensor_shape: Some(TensorShapeProto {
-                dim: shape
-                    .iter()
-                    .map(|&size| Dim {
-                        size,
-                        name: String::new(),
-                    })
-                    .collect(),
-                unknown_rank: false,
-            }),
-            tensor_content: content.into(),
-            ..Default::default()
-        };
-        reverb_proto::ChunkData {
-            chunk_key: key,
-            data: reverb_proto::ChunkTensors {
-                tensors: vec![tensor],
-            }
-            .encode_to_vec()
-            .into(),
-            data_tensors_len: 1,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn sizes_a_server_claims_are_checked_before_allocating() {
-        for (shape, what) in [
-            (
-                vec![1 << 20, 1 << 20],
-                "needs 1099511627776 bytes but its payload holds 1",
-            ),
-            (vec![0, 1 << 40, 1 << 40], "is too large"),
-            (vec![2, 3], "needs 6 bytes but its payload holds 1"),
-        ] {
-            let chunks = [lying_chunk(1, &shape, 1)];
-            let e = assemble(info(vec![(vec![(1, 0, 1)], false)]), &chunks).unwrap_err();
-            assert!(e.message.contains(what), "{shape:?}: {}", e.message);
-        }
-        let chunks = [lying_chunk(1, &[2, 3], 6)];
-        let sample = assemble(info(vec![(vec![(1, 1, 1)], false)]), &chunks).unwrap();
-        assert_eq!(sample.columns[0].data, vec![7u8; 3]);
-    }
-
-    #[test]
-    fn bad_references_are_data_loss_errors() {
-        let chunks = [chunk(1, 0, 3, false)];
-        for (columns, what) in [
-            (vec![(vec![(9, 0, 1)], false)], "did not carry"),
-            (vec![(vec![(1, 2, 2)], false)], "slices rows 2..4"),
-            (vec![(vec![(1, 0, 2)], true)], "squeezed but has 2 rows"),
-            (vec![(vec![], false)], "no slices"),
-        ] {
-            let e = assemble(info(columns), &chunks).unwrap_err();
-            assert!(e.message.contains(what), "{} lacks {what}", e.message);
-        }
     }
 }

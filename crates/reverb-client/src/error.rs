@@ -37,34 +37,38 @@ impl ClientError {
         Self::new(Code::DeadlineExceeded, message)
     }
 
-    /// From a gRPC status received while talking to `address`. Connection-level failures
-    /// (refused, reset, cancelled by a dying server, broken HTTP/2) all become UNAVAILABLE.
+    /// From a gRPC status of a call to `address`. Failures of the connection itself (refused,
+    /// reset, broken HTTP/2, streams cancelled by a dying server) become UNAVAILABLE: those
+    /// are the statuses the transport made from a local error (they carry it as their source)
+    /// and every CANCELLED. Statuses the server sent keep their code.
     pub fn from_status(status: tonic::Status, address: &str) -> Self {
-        let text = status.message();
-        let transport = matches!(
-            status.code(),
-            Code::Unknown | Code::Internal | Code::Cancelled
-        ) && (status.code() == Code::Cancelled
-            || text.starts_with("h2 protocol error")
-            || text.starts_with("transport error")
-            || text.contains("error trying to connect")
-            || text.contains("connection reset")
-            || text.contains("broken pipe"));
-        let code = if transport {
-            Code::Unavailable
-        } else {
-            status.code()
+        use std::error::Error;
+        let code = match status.code() {
+            Code::Cancelled => Code::Unavailable,
+            Code::Unknown | Code::Internal if status.source().is_some() => Code::Unavailable,
+            code => code,
         };
+        Self::with_address(code, status.message(), address)
+    }
+
+    /// From a status of a server of this process (which never crossed a wire: its code is
+    /// what the server meant).
+    pub fn from_inproc(status: tonic::Status, address: &str) -> Self {
+        Self::with_address(status.code(), status.message(), address)
+    }
+
+    /// An error whose UNAVAILABLE message names the server.
+    fn with_address(code: Code, message: &str, address: &str) -> Self {
         let message = match code {
             Code::Unavailable => format!(
                 "Server at {address} is unavailable: {}",
-                if status.message().is_empty() {
+                if message.is_empty() {
                     "connection failed"
                 } else {
-                    status.message()
+                    message
                 }
             ),
-            _ => status.message().to_string(),
+            _ => message.to_string(),
         };
         Self::new(code, message)
     }

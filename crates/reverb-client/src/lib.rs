@@ -1,17 +1,22 @@
-//! Native Reverb client: talks gRPC to a Reverb server (ours or the reference), encodes and
-//! decodes chunks, and gives every call a deadline. Used by the Python bindings.
+//! Native Reverb client: talks to a Reverb server (ours or the reference) over gRPC, or
+//! directly when it runs in this process (`transport/`); encodes and decodes chunks; gives
+//! every call a deadline. Used by the Python bindings and the TensorFlow kernels.
+//!
+//! Data path: `writer/` turns appended steps into chunks and items and streams them;
+//! `sampler.rs` keeps samples requested and hands out [`PlannedSample`]s (`sample.rs`), which
+//! consumers decompress straight into their batches.
 
 mod client;
 mod error;
-mod grpc;
-pub mod local;
+pub mod sample;
 pub mod sampler;
-pub mod shm;
 pub mod tensor;
+pub mod transport;
 pub mod writer;
 
-pub use client::{Client, LazyTensor, PlannedSample, Sample};
+pub use client::Client;
 pub use error::{ClientError, Result};
+pub use sample::{LazyTensor, PlannedSample, Sample};
 pub use tensor::Tensor;
 
 use std::sync::atomic::{AtomicPtr, Ordering};

@@ -2,10 +2,12 @@
 //! requested from one table, decode them, and queue them for a consumer that takes batches.
 //! Feeds the numpy / PyTorch iterators and the TensorFlow kernels.
 
-use crate::client::{plan, sample_request, PartialSample};
-use crate::local::Local;
-use crate::shm::{self, Ring};
+use crate::client::sample_request;
+use crate::sample::{plan, PartialSample};
+use crate::transport::inproc::abi;
+use crate::transport::shm::{self, Ring};
 use crate::{runtime, Client, ClientError, PlannedSample, Result, Tensor};
+use reverb_proto::inproc::Service;
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::METADATA_KEY;
 use reverb_proto::SampleStreamRequest;
@@ -26,9 +28,11 @@ pub struct SamplerOptions {
     pub max_samples: Option<u64>,
     /// Ends the stream (cleanly) when the table's rate limiter blocks this long.
     pub rate_limiter_timeout: Option<Duration>,
-    /// The server runs in this process: sample it directly instead of through gRPC.
-    pub local: Option<Local>,
-    /// Offer a server on this host a shared-memory ring for chunk bytes (see [`crate::shm`]).
+    /// The server runs in this process but is held by another library (the Python extension,
+    /// seen from the TensorFlow kernels): sample it through that library's C ABI. (A server
+    /// in this library's registry is found without it: [`Client::inproc`].)
+    pub inproc_abi: Option<abi::Exported>,
+    /// Offer a server on this host a shared-memory ring for chunk bytes (see [`crate::transport::shm`]).
     pub shared_memory: bool,
 }
 
@@ -108,12 +112,20 @@ impl Sampler {
                 0 => auto_workers(&client, &table).await,
                 n => n,
             };
+            let inproc = match options.inproc_abi {
+                Some(exported) => Some(InProc::Abi(exported)),
+                None => client.inproc().map(InProc::Registered),
+            };
             let mut set = tokio::task::JoinSet::new();
             for _ in 0..workers {
                 let (table, options, budget, tx) =
                     (table.clone(), options.clone(), budget.clone(), tx.clone());
-                match options.local {
-                    Some(local) => set.spawn(local_worker(local, table, options, budget, tx)),
+                match &inproc {
+                    Some(inproc) => {
+                        let inproc = inproc.clone();
+                        let client = client.clone();
+                        set.spawn(inproc_worker(inproc, client, table, options, budget, tx))
+                    }
                     None => set.spawn(worker(client.clone(), table, options, budget, tx)),
                 };
             }
@@ -253,13 +265,42 @@ async fn worker(
     }
 }
 
-/// The longest one in-process call waits, so an aborted sampler stops soon.
-const LOCAL_WAIT: Duration = Duration::from_millis(100);
+/// A server of this process.
+#[derive(Clone)]
+enum InProc {
+    /// In this library's registry.
+    Registered(Arc<dyn Service>),
+    /// Held by another library.
+    Abi(abi::Exported),
+}
+
+impl InProc {
+    /// One batch of up to `n` samples, waiting for the rate limiter at most `timeout`.
+    async fn sample(
+        &self,
+        client: &Client,
+        table: &str,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<PlannedSample>> {
+        match self {
+            InProc::Registered(server) => server
+                .sample(table, n, timeout)
+                .await
+                .map_err(|s| client.inproc_status(s))?
+                .into_iter()
+                .map(|s| plan(s.info, &s.chunks))
+                .collect(),
+            InProc::Abi(exported) => exported.sample(table, n, timeout).await,
+        }
+    }
+}
 
 /// A worker for a server in this process: takes what is ready (up to
-/// `max_in_flight_samples_per_worker`) in blocking calls on the blocking pool.
-async fn local_worker(
-    local: Local,
+/// `max_in_flight_samples_per_worker`) in one call at a time.
+async fn inproc_worker(
+    inproc: InProc,
+    client: Client,
     table: String,
     options: SamplerOptions,
     budget: Arc<AtomicI64>,
@@ -271,39 +312,20 @@ async fn local_worker(
         if n == 0 {
             return Exit::Finished;
         }
-        let mut blocked = Duration::ZERO;
-        let samples = loop {
-            let wait = options
-                .rate_limiter_timeout
-                .map_or(LOCAL_WAIT, |t| t.saturating_sub(blocked).min(LOCAL_WAIT));
-            let name = table.clone();
-            let got = tokio::task::spawn_blocking(move || {
-                local.sample(&name, n, wait.max(Duration::from_millis(1)))
-            })
-            .await
-            .unwrap_or_else(|_| {
-                Err(ClientError::new(
-                    Code::Internal,
-                    "in-process sampling panicked",
-                ))
-            });
-            match got {
-                Ok(v) if !v.is_empty() => break v,
-                Ok(_) => {
-                    blocked += wait;
-                    if options.rate_limiter_timeout.is_some_and(|t| blocked >= t) {
-                        give_back(n);
-                        return Exit::TimedOut;
-                    }
-                    if tx.is_closed() {
-                        return Exit::Finished;
-                    }
+        let got = tokio::select! {
+            got = inproc.sample(&client, &table, n, options.rate_limiter_timeout) => got,
+            _ = tx.closed() => return Exit::Finished,
+        };
+        let samples = match got {
+            Ok(samples) => samples,
+            Err(e) => {
+                give_back(n);
+                // A rate-limiter timeout ends the stream cleanly (see `worker`).
+                if e.code == Code::DeadlineExceeded && options.rate_limiter_timeout.is_some() {
+                    return Exit::TimedOut;
                 }
-                Err(e) => {
-                    give_back(n);
-                    let _ = tx.send(Event::Failed(e)).await;
-                    return Exit::Finished;
-                }
+                let _ = tx.send(Event::Failed(e)).await;
+                return Exit::Finished;
             }
         };
         give_back(n - samples.len().min(n));

@@ -18,17 +18,42 @@ pub struct Tensor {
     pub data: Vec<u8>,
 }
 
-/// Bytes per element of a numeric dtype; `None` for strings and unknown values.
+/// The dtypes chunks carry (the one table of them on the Rust side): TensorFlow `DataType`,
+/// numpy's name for it, bytes per element. Strings are not supported yet.
+pub const DTYPES: &[(DataType, &str, usize)] = &[
+    (DataType::DtFloat, "float32", 4),
+    (DataType::DtDouble, "float64", 8),
+    (DataType::DtInt32, "int32", 4),
+    (DataType::DtUint8, "uint8", 1),
+    (DataType::DtInt16, "int16", 2),
+    (DataType::DtInt8, "int8", 1),
+    (DataType::DtComplex64, "complex64", 8),
+    (DataType::DtInt64, "int64", 8),
+    (DataType::DtBool, "bool", 1),
+    (DataType::DtBfloat16, "bfloat16", 2),
+    (DataType::DtUint16, "uint16", 2),
+    (DataType::DtComplex128, "complex128", 16),
+    (DataType::DtHalf, "float16", 2),
+    (DataType::DtUint32, "uint32", 4),
+    (DataType::DtUint64, "uint64", 8),
+];
+
+fn dtype_entry(dtype: i32) -> Option<&'static (DataType, &'static str, usize)> {
+    DTYPES.iter().find(|(d, _, _)| *d as i32 == dtype)
+}
+
+/// Bytes per element of a supported dtype; `None` for strings and unknown values.
 pub fn dtype_size(dtype: i32) -> Option<usize> {
-    use DataType::*;
-    Some(match DataType::try_from(dtype).ok()? {
-        DtBool | DtInt8 | DtUint8 => 1,
-        DtInt16 | DtUint16 | DtHalf | DtBfloat16 => 2,
-        DtFloat | DtInt32 | DtUint32 => 4,
-        DtDouble | DtInt64 | DtUint64 | DtComplex64 => 8,
-        DtComplex128 => 16,
-        DtString | DtInvalid => return None,
-    })
+    dtype_entry(dtype).map(|e| e.2)
+}
+
+/// numpy's name of a dtype (`"dtype 7"` for unsupported values).
+pub fn dtype_name(dtype: i32) -> String {
+    match dtype_entry(dtype) {
+        Some(e) => e.1.to_string(),
+        None if dtype == DataType::DtString as i32 => "string".to_string(),
+        None => format!("dtype {dtype}"),
+    }
 }
 
 impl Tensor {

@@ -5,7 +5,7 @@ use prost::Message;
 use reverb_client::{Client, Tensor};
 mod common;
 
-use common::{block, table, T};
+use common::{block, grpc_client, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::tensorflow::DataType;
@@ -103,7 +103,9 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
     let t = table("t", SelectorKind::Fifo, 100);
     let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
     let port = server.port();
-    let client = Client::new(&format!("localhost:{port}")).unwrap();
+    let client = Client::new(&format!("localhost:{port}"))
+        .unwrap()
+        .with_inproc(false);
     let one = Tensor::new(
         DataType::DtInt32 as i32,
         vec![],
@@ -221,7 +223,7 @@ fn client_disconnect_while_blocked_frees_the_stream() {
     // A sample blocked on an empty table, abandoned by its caller, must not wedge the table.
     let t = table("t", SelectorKind::Fifo, 100);
     let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
-    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    let client = grpc_client(&server);
     let err = block(client.sample("t", 1, None, Some(Duration::from_millis(100)))).unwrap_err();
     assert_eq!(err.code, Code::DeadlineExceeded);
     // (The cancellation travels to the server asynchronously: give it a moment, as an item

@@ -2,9 +2,10 @@
 //! calls, max_samples is exact over several workers, and a rate-limiter timeout ends cleanly.
 
 use reverb_client::sampler::{Sampler, SamplerOptions};
-use reverb_client::{shm, Client, PlannedSample, Tensor};
+use reverb_client::transport::shm;
+use reverb_client::{Client, PlannedSample, Tensor};
 mod common;
-use common::{block, queue, table, T};
+use common::{block, client, grpc_client, queue, table, T, TRANSPORTS};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -31,74 +32,82 @@ fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) ->
         num_workers: workers,
         max_samples,
         rate_limiter_timeout: timeout_ms.map(Duration::from_millis),
-        local: None,
+        inproc_abi: None,
         shared_memory: true,
     }
 }
 
 #[test]
 fn a_timed_out_call_keeps_what_arrived_for_the_next_call() {
-    let server = Server::start(vec![queue("q", 100)], ServerOptions::default()).unwrap();
-    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
-    for i in 0..3 {
-        insert(&client, "q", i);
+    for transport in TRANSPORTS {
+        let server = Server::start(vec![queue("q", 100)], ServerOptions::default()).unwrap();
+        let client = client(&server, transport);
+        for i in 0..3 {
+            insert(&client, "q", i);
+        }
+        let mut sampler = Sampler::new(client.clone(), "q", options(1, None, None)).unwrap();
+        // Three items for a call that wants five: it times out and keeps them...
+        assert!(block(sampler.next(5, Duration::from_millis(300)))
+            .unwrap()
+            .is_none());
+        for i in 3..5 {
+            insert(&client, "q", i);
+        }
+        // ...and the next call returns all five, in order.
+        let got = block(sampler.next(5, Duration::from_secs(5)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got.iter().map(value).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 4]
+        );
     }
-    let mut sampler = Sampler::new(client.clone(), "q", options(1, None, None)).unwrap();
-    // Three items for a call that wants five: it times out and keeps them...
-    assert!(block(sampler.next(5, Duration::from_millis(300)))
-        .unwrap()
-        .is_none());
-    for i in 3..5 {
-        insert(&client, "q", i);
-    }
-    // ...and the next call returns all five, in order.
-    let got = block(sampler.next(5, Duration::from_secs(5)))
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        got.iter().map(value).collect::<Vec<_>>(),
-        vec![0, 1, 2, 3, 4]
-    );
 }
 
 #[test]
 fn max_samples_is_exact_over_several_workers() {
-    let uniform = table("u", SelectorKind::Uniform, 100);
-    let server = Server::start(vec![uniform], ServerOptions::default()).unwrap();
-    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
-    insert(&client, "u", 7);
-    let mut sampler = Sampler::new(client, "u", options(3, Some(11), None)).unwrap();
-    let mut total = 0;
-    loop {
-        match block(sampler.next_ready(4, Duration::from_secs(5))).unwrap() {
-            Some(v) if v.is_empty() => break,
-            Some(v) => {
-                assert!(v.iter().all(|s| value(s) == 7));
-                total += v.len();
+    for transport in TRANSPORTS {
+        let uniform = table("u", SelectorKind::Uniform, 100);
+        let server = Server::start(vec![uniform], ServerOptions::default()).unwrap();
+        let client = client(&server, transport);
+        insert(&client, "u", 7);
+        let mut sampler = Sampler::new(client, "u", options(3, Some(11), None)).unwrap();
+        let mut total = 0;
+        loop {
+            match block(sampler.next_ready(4, Duration::from_secs(5))).unwrap() {
+                Some(v) if v.is_empty() => break,
+                Some(v) => {
+                    assert!(v.iter().all(|s| value(s) == 7));
+                    total += v.len();
+                }
+                None => panic!("the sampler stalled"),
             }
-            None => panic!("the sampler stalled"),
         }
+        assert_eq!(total, 11);
     }
-    assert_eq!(total, 11);
 }
 
 #[test]
 fn a_rate_limiter_timeout_ends_the_stream_without_error() {
-    let server = Server::start(vec![queue("q", 100)], ServerOptions::default()).unwrap();
-    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
-    // An empty table blocks every sample: with a 100 ms timeout, both workers end.
-    let mut sampler = Sampler::new(client, "q", options(2, None, Some(100))).unwrap();
-    let got = block(sampler.next(1, Duration::from_secs(10))).unwrap();
-    assert!(matches!(got, Some(v) if v.is_empty()));
+    for transport in TRANSPORTS {
+        let server = Server::start(vec![queue("q", 100)], ServerOptions::default()).unwrap();
+        let client = client(&server, transport);
+        // An empty table blocks every sample: with a 100 ms timeout, both workers end.
+        let mut sampler = Sampler::new(client, "q", options(2, None, Some(100))).unwrap();
+        let got = block(sampler.next(1, Duration::from_secs(10))).unwrap();
+        assert!(matches!(got, Some(v) if v.is_empty()));
+    }
 }
 
 #[test]
 fn zero_samples_is_rejected() {
-    let fifo = table("q", SelectorKind::Fifo, 100);
-    let server = Server::start(vec![fifo], ServerOptions::default()).unwrap();
-    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
-    let mut sampler = Sampler::new(client, "q", options(1, None, Some(100))).unwrap();
-    assert!(block(sampler.next(0, Duration::from_secs(1))).is_err());
+    for transport in TRANSPORTS {
+        let fifo = table("q", SelectorKind::Fifo, 100);
+        let server = Server::start(vec![fifo], ServerOptions::default()).unwrap();
+        let client = client(&server, transport);
+        let mut sampler = Sampler::new(client, "q", options(1, None, Some(100))).unwrap();
+        assert!(block(sampler.next(0, Duration::from_secs(1))).is_err());
+    }
 }
 
 /// `len` incompressible bytes that start with `i`.
@@ -146,7 +155,7 @@ fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
     const LEN: usize = 40_000;
     const N: i64 = 1000; // 40 MB: more than the ring (4 MiB for 16 samples in flight)
     let server = Server::start(vec![queue("q", 2 * N)], ServerOptions::default()).unwrap();
-    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    let client = grpc_client(&server);
     let fill = |from: i64| {
         for i in from..from + N {
             let t = Tensor::new(DataType::DtUint8 as i32, vec![LEN as i64], frame(i, LEN)).unwrap();

@@ -2,10 +2,10 @@
 //! nothing stored is lost.
 
 use reverb_client::writer::{ItemColumn, TrajectoryWriter, WriterOptions};
-use reverb_client::{Client, Tensor};
+use reverb_client::Tensor;
 mod common;
 
-use common::table;
+use common::{grpc_client, table};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -33,7 +33,7 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
         ..ServerOptions::default()
     };
     let server = Server::start(vec![t.clone()], options).unwrap();
-    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    let client = grpc_client(&server);
     let mut writer = TrajectoryWriter::new(client, WriterOptions::default()).unwrap();
     let deadline = || Some(Instant::now() + Duration::from_secs(10));
 

@@ -12,11 +12,8 @@ pub struct Chunk {
 }
 
 impl Chunk {
-    /// Wraps a received chunk. The shared-memory fields only mean something on the way to
-    /// one sampling client: whatever a writer (or a checkpoint file) put there is dropped.
-    pub fn new(mut data: ChunkData) -> Self {
-        data.shm_position = 0;
-        data.shm_length = 0;
+    /// Wraps a received chunk.
+    pub fn new(data: ChunkData) -> Self {
         Self { data }
     }
     /// The chunk's random key.
@@ -79,22 +76,5 @@ impl ItemData {
             deprecated_chunk_keys: Vec::new(),
             deprecated_sequence_range: None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shared_memory_fields_from_writers_are_dropped() {
-        let chunk = Chunk::new(ChunkData {
-            shm_position: 5,
-            shm_length: 10,
-            data: vec![1, 2, 3].into(),
-            ..Default::default()
-        });
-        assert_eq!((chunk.data().shm_position, chunk.data().shm_length), (0, 0));
-        assert_eq!(chunk.byte_size(), 3);
     }
 }

@@ -1,9 +1,14 @@
 //! Wire types of the Reverb protocol (package `deepmind.reverb`) and the subset of TensorFlow's
-//! tensor messages it carries. Generated from `proto/` at build time.
+//! tensor messages it carries. Generated from `proto/` at build time. With the `service`
+//! feature, also the contract between a client and a server: the gRPC stubs and the
+//! in-process service a server of the same process offers ([`inproc`]).
 
 #![allow(clippy::all, missing_docs)]
 
+#[cfg(feature = "service")]
 pub mod codec;
+#[cfg(feature = "service")]
+pub mod inproc;
 pub mod shm;
 
 /// TensorFlow's TensorProto, TensorShapeProto and DataType (the subset chunks carry).

@@ -1,34 +1,24 @@
-//! The Reverb gRPC service over `reverb-core` tables, and a server you can start and stop.
+//! The Reverb server: the gRPC service (tonic) and the in-process service over `reverb-core`
+//! tables, and a server you can start and stop.
 //!
-//! Data path: `InsertStream` stores chunk bytes per stream and inserts items into tables
-//! (waiting, not buffering, while a rate limiter blocks); `SampleStream` samples batches from a
-//! table and streams chunk bytes back without decoding them.
+//! Data path: `InsertStream` (`insert_stream.rs`) stores chunk bytes per stream and inserts
+//! items into tables (waiting, not buffering, while a rate limiter blocks); `SampleStream`
+//! (`sample_stream.rs`) samples batches from a table and streams chunk bytes back without
+//! decoding them. Besides gRPC, `transport/` holds the two other ways a client reaches the
+//! tables: a shared-memory ring for sampled chunk bytes (`shm`), and direct calls from a client
+//! of the same process (`inproc`).
 
 pub mod checkpointer;
-mod insert;
-pub mod local;
-mod sample;
+mod insert_stream;
+mod sample_stream;
 mod server;
 mod service;
-mod shm;
+mod status;
+mod tables;
+mod transport;
 
 pub use checkpointer::Checkpointer;
-pub use server::{Server, ServerOptions};
+pub use server::{Server, ServerOptions, StartError};
 pub use service::ReverbServiceImpl;
-
-use reverb_core::CoreError;
-use tonic::Status;
-
-/// What a sample that waited `rate_limiter_timeout` for the rate limiter in vain fails with
-/// (the reference's text), over gRPC and in-process alike.
-pub const RATE_LIMITER_TIMEOUT: &str =
-    "Rate Limiter: Timeout exceeded before the right to sample was acquired.";
-
-/// Maps an engine error to its gRPC status.
-pub(crate) fn status(e: CoreError) -> Status {
-    match e {
-        CoreError::InvalidArgument(m) => Status::invalid_argument(m),
-        CoreError::NotFound(m) => Status::not_found(m),
-        CoreError::FailedPrecondition(m) => Status::failed_precondition(m),
-    }
-}
+pub use status::RATE_LIMITER_TIMEOUT;
+pub use tables::Tables;

@@ -1,6 +1,7 @@
 //! A running gRPC server on its own tokio runtime: start on a chosen or free port, stop cleanly.
 
 use crate::checkpointer::Checkpointer;
+use crate::transport::inproc::{InProcServer, Stopped};
 use crate::ReverbServiceImpl;
 use futures::StreamExt;
 use reverb_core::Table;
@@ -35,12 +36,35 @@ impl Default for ServerOptions {
     }
 }
 
+/// Why a server could not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartError {
+    /// The tables or options are not valid (e.g. two tables with one name).
+    InvalidConfig(String),
+    /// The checkpoint to restore could not be read.
+    Checkpoint(String),
+    /// The port could not be bound, or the runtime could not start.
+    Io(String),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::InvalidConfig(m) | Self::Checkpoint(m) | Self::Io(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
 /// A serving server. Dropping it stops it. All methods take `&self`, so one thread may
 /// `wait` while another calls `stop`.
 pub struct Server {
     port: u16,
     service: ReverbServiceImpl,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
+    /// Ends the in-process service's calls and waits.
+    stop_inproc: tokio::sync::watch::Sender<bool>,
     finished: Arc<(Mutex<bool>, Condvar)>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
@@ -53,22 +77,27 @@ fn bind(port: u16) -> std::io::Result<TcpListener> {
 
 impl Server {
     /// Starts serving `tables`.
-    pub fn start(tables: Vec<Arc<Table>>, options: ServerOptions) -> Result<Self, String> {
-        let mut service = ReverbServiceImpl::new(tables.clone())?;
+    pub fn start(tables: Vec<Arc<Table>>, options: ServerOptions) -> Result<Self, StartError> {
+        let mut service =
+            ReverbServiceImpl::new(tables.clone()).map_err(StartError::InvalidConfig)?;
         if let Some(checkpointer) = &options.checkpointer {
-            checkpointer.load_latest(&tables)?;
+            checkpointer
+                .load_latest(&tables)
+                .map_err(StartError::Checkpoint)?;
             service = service.with_checkpointer(checkpointer.clone());
         }
-        let listener = bind(options.port)
-            .map_err(|e| format!("Could not listen on port {}: {e}", options.port))?;
-        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let io = |e: std::io::Error| StartError::Io(e.to_string());
+        let listener = bind(options.port).map_err(|e| {
+            StartError::Io(format!("Could not listen on port {}: {e}", options.port))
+        })?;
+        let port = listener.local_addr().map_err(io)?.port();
+        listener.set_nonblocking(true).map_err(io)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(options.worker_threads.max(1))
             .thread_name("reverb-server")
             .enable_all()
             .build()
-            .map_err(|e| format!("Could not start the server runtime: {e}"))?;
+            .map_err(|e| StartError::Io(format!("Could not start the server runtime: {e}")))?;
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let finished = Arc::new((Mutex::new(false), Condvar::new()));
         let svc = ReverbServiceServer::new(service.clone())
@@ -97,11 +126,14 @@ impl Server {
             *done.0.lock().unwrap() = true;
             done.1.notify_all();
         });
-        crate::local::register(port, service.tables_map());
+        let (stop_inproc, stopped) = Stopped::new();
+        let inproc = InProcServer::new(service.clone(), stopped);
+        reverb_proto::inproc::register(port, Arc::new(inproc));
         Ok(Self {
             port,
             service,
             shutdown: Mutex::new(Some(shutdown_tx)),
+            stop_inproc,
             finished,
             runtime: Mutex::new(Some(runtime)),
         })
@@ -130,7 +162,8 @@ impl Server {
     /// Stops accepting, ends open streams and shuts the runtime down (bounded to ~1 s).
     pub fn stop(&self) {
         if let Some(tx) = self.shutdown.lock().unwrap().take() {
-            crate::local::unregister(self.port);
+            reverb_proto::inproc::unregister(self.port);
+            self.stop_inproc.send_replace(true);
             let _ = tx.send(());
         }
         let runtime = self.runtime.lock().unwrap().take();

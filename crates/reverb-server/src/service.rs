@@ -1,13 +1,15 @@
-//! `ReverbService`: the seven RPCs.
+//! `ReverbService`: the seven RPCs over gRPC. The unary calls' logic is shared with the
+//! in-process service (`transport/inproc.rs`).
 
 use crate::checkpointer::Checkpointer;
-use crate::shm::RingWriter;
-use crate::{insert, sample, status};
+use crate::status::from_core;
+use crate::tables::Tables;
+use crate::transport::shm::RingWriter;
+use crate::{insert_stream, sample_stream};
 use futures::Stream;
 use reverb_core::Table;
 use reverb_proto::reverb_service_server::ReverbService;
 use reverb_proto::*;
-use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -19,38 +21,20 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// The service: a fixed set of tables, shared with whoever else holds them.
 #[derive(Clone)]
 pub struct ReverbServiceImpl {
-    tables: Arc<BTreeMap<String, Arc<Table>>>,
+    tables: Tables,
     tables_state_id: Uint128,
     checkpointer: Option<Arc<Checkpointer>>,
 }
 
 impl ReverbServiceImpl {
-    /// The tables by name.
-    pub(crate) fn tables_map(&self) -> Arc<BTreeMap<String, Arc<Table>>> {
-        self.tables.clone()
-    }
-
     /// Serves `tables`; names must be unique.
     pub fn new(tables: Vec<Arc<Table>>) -> Result<Self, String> {
-        let mut map = BTreeMap::new();
-        for t in tables {
-            let name = t.name().to_string();
-            if map.insert(name.clone(), t).is_some() {
-                return Err(format!(
-                    "Table names must be unique; '{name}' appears more than once"
-                ));
-            }
-        }
-        if map.is_empty() {
-            return Err("At least one table must be provided".to_string());
-        }
-        let tables_state_id = Uint128 {
-            high: rand::random(),
-            low: rand::random(),
-        };
         Ok(Self {
-            tables: Arc::new(map),
-            tables_state_id,
+            tables: Tables::new(tables)?,
+            tables_state_id: Uint128 {
+                high: rand::random(),
+                low: rand::random(),
+            },
             checkpointer: None,
         })
     }
@@ -62,23 +46,49 @@ impl ReverbServiceImpl {
     }
 
     /// The tables, by name.
-    pub fn tables(&self) -> &Arc<BTreeMap<String, Arc<Table>>> {
+    pub fn tables(&self) -> &Tables {
         &self.tables
     }
-}
 
-/// Finds a table or says which ones exist.
-pub(crate) fn find_table(
-    tables: &BTreeMap<String, Arc<Table>>,
-    name: &str,
-) -> Result<Arc<Table>, Status> {
-    tables.get(name).cloned().ok_or_else(|| {
-        let known: Vec<&str> = tables.keys().map(String::as_str).collect();
-        Status::not_found(format!(
-            "Priority table {name} was not found. Available tables: [{}]",
-            known.join(", ")
-        ))
-    })
+    /// `ServerInfo`.
+    pub(crate) fn info(&self) -> ServerInfoResponse {
+        ServerInfoResponse {
+            tables_state_id: Some(self.tables_state_id),
+            table_info: self.tables.iter().map(|t| t.info()).collect(),
+        }
+    }
+
+    /// `MutatePriorities`: deletes, then updates.
+    pub(crate) fn mutate(
+        &self,
+        table: &str,
+        updates: &[(u64, f64)],
+        deletes: &[u64],
+    ) -> Result<(), Status> {
+        self.tables
+            .get(table)?
+            .mutate_items(updates, deletes)
+            .map_err(from_core)
+    }
+
+    /// `Reset`.
+    pub(crate) fn reset(&self, table: &str) -> Result<(), Status> {
+        self.tables.get(table)?.reset();
+        Ok(())
+    }
+
+    /// `Checkpoint`: saves every table (on the blocking pool); returns the path.
+    pub(crate) async fn save_checkpoint(&self) -> Result<String, Status> {
+        let checkpointer = self.checkpointer.clone().ok_or_else(|| {
+            Status::invalid_argument("This server has no checkpointer configured.")
+        })?;
+        let tables = self.tables.to_vec();
+        let report = tokio::task::spawn_blocking(move || checkpointer.save(&tables))
+            .await
+            .map_err(|e| Status::internal(format!("checkpoint task failed: {e}")))?
+            .map_err(Status::internal)?;
+        Ok(report.path.to_string_lossy().into_owned())
+    }
 }
 
 #[tonic::async_trait]
@@ -87,16 +97,8 @@ impl ReverbService for ReverbServiceImpl {
         &self,
         _request: Request<CheckpointRequest>,
     ) -> Result<Response<CheckpointResponse>, Status> {
-        let checkpointer = self.checkpointer.clone().ok_or_else(|| {
-            Status::invalid_argument("This server has no checkpointer configured.")
-        })?;
-        let tables: Vec<Arc<Table>> = self.tables.values().cloned().collect();
-        let report = tokio::task::spawn_blocking(move || checkpointer.save(&tables))
-            .await
-            .map_err(|e| Status::internal(format!("checkpoint task failed: {e}")))?
-            .map_err(Status::internal)?;
         Ok(Response::new(CheckpointResponse {
-            checkpoint_path: report.path.to_string_lossy().into_owned(),
+            checkpoint_path: self.save_checkpoint().await?,
         }))
     }
 
@@ -107,7 +109,11 @@ impl ReverbService for ReverbServiceImpl {
         request: Request<Streaming<InsertStreamRequest>>,
     ) -> Result<Response<Self::InsertStreamStream>, Status> {
         let (tx, rx) = mpsc::channel(8);
-        tokio::spawn(insert::run(self.tables.clone(), request.into_inner(), tx));
+        tokio::spawn(insert_stream::run(
+            self.tables.clone(),
+            request.into_inner(),
+            tx,
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -116,11 +122,8 @@ impl ReverbService for ReverbServiceImpl {
         request: Request<MutatePrioritiesRequest>,
     ) -> Result<Response<MutatePrioritiesResponse>, Status> {
         let req = request.into_inner();
-        let table = find_table(&self.tables, &req.table)?;
         let updates: Vec<(u64, f64)> = req.updates.iter().map(|u| (u.key, u.priority)).collect();
-        table
-            .mutate_items(&updates, &req.delete_keys)
-            .map_err(status)?;
+        self.mutate(&req.table, &updates, &req.delete_keys)?;
         Ok(Response::new(MutatePrioritiesResponse {}))
     }
 
@@ -128,7 +131,7 @@ impl ReverbService for ReverbServiceImpl {
         &self,
         request: Request<ResetRequest>,
     ) -> Result<Response<ResetResponse>, Status> {
-        find_table(&self.tables, &request.into_inner().table)?.reset();
+        ReverbServiceImpl::reset(self, &request.into_inner().table)?;
         Ok(Response::new(ResetResponse {}))
     }
 
@@ -145,7 +148,7 @@ impl ReverbService for ReverbServiceImpl {
             .and_then(|offer| offer.to_str().ok())
             .and_then(RingWriter::open);
         let (tx, rx) = mpsc::channel(3);
-        tokio::spawn(sample::run(
+        tokio::spawn(sample_stream::run(
             self.tables.clone(),
             request.into_inner(),
             tx,
@@ -158,10 +161,7 @@ impl ReverbService for ReverbServiceImpl {
         &self,
         _request: Request<ServerInfoRequest>,
     ) -> Result<Response<ServerInfoResponse>, Status> {
-        Ok(Response::new(ServerInfoResponse {
-            tables_state_id: Some(self.tables_state_id),
-            table_info: self.tables.values().map(|t| t.info()).collect(),
-        }))
+        Ok(Response::new(self.info()))
     }
 
     type InitializeConnectionStream = BoxStream<InitializeConnectionResponse>;

@@ -1,6 +1,8 @@
 //! The background insert stream of a trajectory writer: sends each chunk once, then items with
 //! `keep_chunk_keys`; counts confirmations; on UNAVAILABLE/CANCELLED reconnects with backoff
 //! and resends every unconfirmed item (the server treats a re-sent key as a priority update).
+//! Each connection is a gRPC `InsertStream` ([`session`]), or an in-process insert stream when
+//! the server runs in this process ([`inproc_session`]).
 
 use crate::{Client, ClientError};
 use reverb_proto::{ChunkData, InsertStreamRequest, PrioritizedItem};
@@ -88,11 +90,11 @@ pub(crate) async fn run(
             return;
         }
         let confirmed_before = shared.progress.lock().unwrap().confirmed;
-        let result = match crate::local::open_local_insert(client.address()) {
-            Some(local) => {
-                local_session(
+        let result = match client.inproc() {
+            Some(server) => {
+                inproc_session(
                     &client,
-                    local,
+                    server.insert_stream(),
                     &mut rx,
                     &shared,
                     &mut unconfirmed,
@@ -241,9 +243,9 @@ fn confirm(shared: &Shared, unconfirmed: &mut VecDeque<Outgoing>, keys: Vec<u64>
 
 /// Like `session`, to a server of this process: each request is handled (and confirmed) in
 /// place, with chunk bytes shared rather than copied through protobuf and a socket.
-async fn local_session(
+async fn inproc_session(
     client: &Client,
-    mut local: Box<dyn crate::local::LocalInsert>,
+    mut stream: Box<dyn reverb_proto::inproc::InsertStream>,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     shared: &Shared,
     unconfirmed: &mut VecDeque<Outgoing>,
@@ -268,7 +270,10 @@ async fn local_session(
         }
         resend = false;
         let req = request(unconfirmed.make_contiguous(), &mut sent_chunks);
-        let keys = local.insert(req).await.map_err(|s| client.status(s))?;
+        let keys = stream
+            .insert(req)
+            .await
+            .map_err(|s| client.inproc_status(s))?;
         confirm(shared, unconfirmed, keys);
     }
 }

@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)] // each test file uses a different subset
 
+use reverb_client::Client;
 use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
+use reverb_server::Server;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,4 +48,30 @@ fn fifo_removed(
 /// Runs a client future on the client runtime.
 pub fn block<F: std::future::Future>(f: F) -> F::Output {
     reverb_client::runtime().block_on(f)
+}
+
+/// A client of `server` over gRPC (loopback), even though the server runs in this process.
+pub fn grpc_client(server: &Server) -> Client {
+    Client::new(&format!("localhost:{}", server.port()))
+        .unwrap()
+        .with_inproc(false)
+}
+
+/// A client of `server` that calls it in-process.
+pub fn inproc_client(server: &Server) -> Client {
+    let client = Client::new(&format!("localhost:{}", server.port())).unwrap();
+    assert!(client.inproc().is_some(), "the server is in this process");
+    client
+}
+
+/// The two ways a test client reaches a server of its own process.
+pub const TRANSPORTS: [&str; 2] = ["grpc", "inproc"];
+
+/// A client of `server` over `transport` (one of [`TRANSPORTS`]).
+pub fn client(server: &Server, transport: &str) -> Client {
+    match transport {
+        "grpc" => grpc_client(server),
+        "inproc" => inproc_client(server),
+        other => panic!("unknown transport {other}"),
+    }
 }

@@ -1,23 +1,25 @@
-//! One `InsertStream`: chunks are kept per stream (pruned by `keep_chunk_keys`), items are
-//! resolved to their chunks and inserted; confirmed keys go back after each request.
+//! The `InsertStream` RPC. Protocol: the client sends `InsertStreamRequest`s, each with chunks
+//! (stored for this stream), items (slices of the stream's chunks, inserted in order) and
+//! `keep_chunk_keys` (the chunks the stream keeps after the request; the rest are dropped).
+//! The server answers each request that inserted items with their keys, once stored; while a
+//! table's rate limiter blocks, it waits (reading no further requests). A bad request ends the
+//! stream with an error; nothing of a rejected item is stored.
+//!
+//! [`Inserter`] is one stream's state, shared by the gRPC stream and the in-process one.
 
-use crate::service::find_table;
-use crate::status;
+use crate::status::from_core;
+use crate::tables::Tables;
 use reverb_core::{Chunk, InsertOutcome, ItemData, Table};
-use reverb_proto::{InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use reverb_proto::{ChunkData, InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 type Tx = mpsc::Sender<Result<InsertStreamResponse, Status>>;
 
-pub(crate) async fn run(
-    tables: Arc<BTreeMap<String, Arc<Table>>>,
-    mut inbound: Streaming<InsertStreamRequest>,
-    tx: Tx,
-) {
+/// Serves one gRPC insert stream until the client closes it or it fails.
+pub(crate) async fn run(tables: Tables, mut inbound: Streaming<InsertStreamRequest>, tx: Tx) {
     let mut inserter = Inserter::default();
     loop {
         let request = match inbound.message().await {
@@ -31,7 +33,7 @@ pub(crate) async fn run(
         };
         // Waiting on the rate limiter ends when the client goes away.
         let result = tokio::select! {
-            r = inserter.handle(&tables, request, &|| true) => r,
+            r = inserter.handle(&tables, request) => r,
             _ = tx.closed() => return,
         };
         match result {
@@ -56,13 +58,12 @@ pub(crate) struct Inserter {
 }
 
 impl Inserter {
-    /// Stores a request's chunks and inserts its items (waiting while a rate limiter blocks,
-    /// as long as `alive()`); returns the confirmed keys.
+    /// Stores a request's chunks and inserts its items (waiting while a rate limiter blocks:
+    /// callers stop the wait by dropping the future); returns the confirmed keys.
     pub(crate) async fn handle(
         &mut self,
-        tables: &BTreeMap<String, Arc<Table>>,
+        tables: &Tables,
         request: InsertStreamRequest,
-        alive: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<u64>, Status> {
         if request.chunks.is_empty() && request.items.is_empty() {
             return Err(Status::invalid_argument(
@@ -71,15 +72,15 @@ impl Inserter {
         }
         for data in request.chunks {
             self.chunks
-                .insert(data.chunk_key, Arc::new(Chunk::new(data)));
+                .insert(data.chunk_key, Arc::new(Chunk::new(stored(data))));
         }
         let mut confirmed = Vec::with_capacity(request.items.len());
         for item in request.items {
-            let table = find_table(tables, &item.table)?;
+            let table = tables.get(&item.table)?;
             let priority = item.priority;
             let key = item.key;
             let item = resolve(item, &self.chunks)?;
-            insert_waiting(&table, item, priority, alive).await?;
+            insert_waiting(&table, item, priority).await?;
             confirmed.push(key);
         }
         if !request.keep_chunk_keys.is_empty() || !confirmed.is_empty() {
@@ -88,6 +89,14 @@ impl Inserter {
         }
         Ok(confirmed)
     }
+}
+
+/// A chunk as stored: the shared-memory fields only mean something on the way to one sampling
+/// client, so whatever a writer put there is dropped.
+fn stored(mut data: ChunkData) -> ChunkData {
+    data.shm_position = 0;
+    data.shm_length = 0;
+    data
 }
 
 /// Checks an item's trajectory and attaches the chunks it references.
@@ -137,27 +146,33 @@ fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Arc<Chunk>>) -> Result<I
     Ok(ItemData::from_proto(item, used))
 }
 
-/// How often a blocked insert checks that its server still runs.
-const ALIVE_CHECK: Duration = Duration::from_millis(100);
-
-/// Inserts, waiting while the rate limiter blocks; gives up when `alive()` turns false.
-async fn insert_waiting(
-    table: &Table,
-    mut item: ItemData,
-    priority: f64,
-    alive: &(dyn Fn() -> bool + Sync),
-) -> Result<(), Status> {
+/// Inserts, waiting while the rate limiter blocks.
+async fn insert_waiting(table: &Table, mut item: ItemData, priority: f64) -> Result<(), Status> {
     loop {
         let notified = table.changed().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match table.try_insert(item, priority).map_err(status)? {
+        match table.try_insert(item, priority).map_err(from_core)? {
             InsertOutcome::Blocked(back) => item = back,
             _ => return Ok(()),
         }
-        let _ = tokio::time::timeout(ALIVE_CHECK, notified).await;
-        if !alive() {
-            return Err(Status::unavailable("the server stopped"));
-        }
+        notified.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_fields_from_writers_are_not_stored() {
+        let chunk = stored(ChunkData {
+            shm_position: 5,
+            shm_length: 10,
+            data: vec![1, 2, 3].into(),
+            ..Default::default()
+        });
+        assert_eq!((chunk.shm_position, chunk.shm_length), (0, 0));
+        assert_eq!(&chunk.data[..], &[1, 2, 3]);
     }
 }

@@ -1,14 +1,22 @@
-//! One `SampleStream`: each request asks for `num_samples`; batches are sampled while the rate
-//! limiter allows and streamed back as entries of at most ~2 MiB responses.
+//! The `SampleStream` RPC. Protocol: each `SampleStreamRequest` asks for `num_samples` items of
+//! a table, waiting at most `rate_limiter_timeout` whenever the rate limiter blocks (then
+//! DEADLINE_EXCEEDED ends the stream). Batches are sampled while the rate limiter allows and
+//! streamed back as `SampleEntry`s in responses of about 2 MiB: a sample's first entry carries
+//! its info, its last has `end_of_sequence`, its chunks may be split over entries. Requests are
+//! pipelined; a request may also only report ring space released (`shm_released`, see
+//! `transport/shm.rs`).
+//!
+//! [`sample_waiting`] is the one wait on a table's rate limiter, shared with the in-process
+//! service.
 
-use crate::service::find_table;
-use crate::shm::RingWriter;
+use crate::status::RATE_LIMITER_TIMEOUT;
+use crate::tables::Tables;
+use crate::transport::shm::RingWriter;
 use bytes::Bytes;
 use reverb_core::{SampledItem, Table};
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::MIN_CHUNK_BYTES;
 use reverb_proto::{ChunkData, SampleStreamRequest, SampleStreamResponse};
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,10 +31,11 @@ pub(crate) const MAX_BATCH_BYTES: usize = 1 << 20;
 /// A response is sent once it holds this many chunk bytes.
 const MAX_RESPONSE_BYTES: usize = 2 << 20;
 /// Most items one table call samples.
-const MAX_BATCH_ITEMS: usize = 1024;
+pub(crate) const MAX_BATCH_ITEMS: usize = 1024;
 
+/// Serves one gRPC sample stream until the client closes it or it fails.
 pub(crate) async fn run(
-    tables: Arc<BTreeMap<String, Arc<Table>>>,
+    tables: Tables,
     inbound: Streaming<SampleStreamRequest>,
     tx: Tx,
     mut ring: Option<RingWriter>,
@@ -93,7 +102,7 @@ async fn read_requests(
 
 /// Serves one request; `Err(None)` when the client went away.
 async fn serve(
-    tables: &BTreeMap<String, Arc<Table>>,
+    tables: &Tables,
     request: SampleStreamRequest,
     tx: &Tx,
     ring: &mut Option<RingWriter>,
@@ -104,7 +113,7 @@ async fn serve(
             request.num_samples
         ))));
     }
-    let table = find_table(tables, &request.table)?;
+    let table = tables.get(&request.table)?;
     // As in the reference, a missing or non-positive timeout means wait forever.
     let timeout = request
         .rate_limiter_timeout
@@ -113,26 +122,33 @@ async fn serve(
         .map(|ms| Duration::from_millis(ms as u64));
     let mut remaining = request.num_samples as usize;
     while remaining > 0 {
-        let batch = sample_waiting(&table, remaining.min(MAX_BATCH_ITEMS), timeout, tx).await?;
+        let max_items = remaining.min(MAX_BATCH_ITEMS);
+        let batch =
+            sample_waiting(&table, max_items, timeout, tx.closed(), || tx.is_closed()).await?;
         remaining -= batch.len();
         send_batch(batch, tx, ring).await?;
     }
     Ok(())
 }
 
-async fn sample_waiting(
+/// Samples a batch of up to `max_items` items of `table` (about `MAX_BATCH_BYTES` of chunks at
+/// most), waiting while the rate limiter blocks: at most `timeout`, then DEADLINE_EXCEEDED.
+/// Stops (`Err(None)`) once the caller has gone: `is_gone()` holds or `gone` completes.
+pub(crate) async fn sample_waiting(
     table: &Table,
     max_items: usize,
     timeout: Option<Duration>,
-    tx: &Tx,
+    gone: impl std::future::Future<Output = ()>,
+    is_gone: impl Fn() -> bool,
 ) -> Result<Vec<SampledItem>, Option<Status>> {
     let deadline = timeout.map(|t| Instant::now() + t);
+    tokio::pin!(gone);
     loop {
         let notified = table.changed().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         // A caller that has gone away must not take items it will never receive.
-        if tx.is_closed() {
+        if is_gone() {
             return Err(None);
         }
         let batch = table.try_sample(max_items, MAX_BATCH_BYTES);
@@ -147,10 +163,8 @@ async fn sample_waiting(
         };
         tokio::select! {
             _ = notified => {}
-            _ = expired => {
-                return Err(Some(Status::deadline_exceeded(crate::RATE_LIMITER_TIMEOUT)))
-            }
-            _ = tx.closed() => return Err(None),
+            _ = expired => return Err(Some(Status::deadline_exceeded(RATE_LIMITER_TIMEOUT))),
+            _ = &mut gone => return Err(None),
         }
     }
 }
@@ -193,9 +207,14 @@ async fn send_batch(
     Ok(())
 }
 
-/// A chunk as sent: its bytes written into the ring when they are large and fit, else inline.
+/// A chunk as sent: its bytes written into the ring when they are large and fit, else inline
+/// (never with ring fields of its own: those are this stream's to set).
 fn to_send(chunk: &ChunkData, ring: &mut Option<RingWriter>) -> ChunkData {
-    let mut sent = chunk.clone();
+    let mut sent = ChunkData {
+        shm_position: 0,
+        shm_length: 0,
+        ..chunk.clone()
+    };
     if let Some(ring) = ring
         .as_mut()
         .filter(|_| chunk.data.len() >= MIN_CHUNK_BYTES)

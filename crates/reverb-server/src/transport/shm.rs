@@ -220,7 +220,7 @@ fn memfd_device() -> Option<libc::dev_t> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reverb_client::shm::Ring;
+    use reverb_client::transport::shm::Ring;
     use std::io::Write;
 
     const SIZE: usize = 1 << 20;

@@ -1,7 +1,8 @@
 //! Finds the in-process sampling function of the Python extension (`reverb._native`), which
-//! holds the servers of this process, so datasets can sample them without gRPC.
+//! holds the servers of this process, so datasets can sample them without gRPC (see
+//! `reverb_client::transport::inproc::abi`).
 
-use reverb_client::local::{Local, SampleFn, SAMPLE_SYMBOL};
+use reverb_client::transport::inproc::abi::{Exported, SampleFn, SAMPLE_SYMBOL};
 use std::ffi::CString;
 use std::os::raw::{c_char, c_int, c_void};
 
@@ -15,7 +16,7 @@ const RTLD_NOLOAD: c_int = 4;
 
 /// The server on `port` in this process, reached through the already-loaded `library`; `None`
 /// (use gRPC) when there is none.
-pub fn find(library: &str, port: i64) -> Option<Local> {
+pub fn find(library: &str, port: i64) -> Option<Exported> {
     if library.is_empty() || !(1..=i64::from(u16::MAX)).contains(&port) {
         return None;
     }
@@ -32,9 +33,9 @@ pub fn find(library: &str, port: i64) -> Option<Local> {
         return None;
     }
     // SAFETY: the extension defines this versioned symbol with exactly the `SampleFn`
-    // signature (both sides use the type from reverb_client::local).
+    // signature (both sides use the type from reverb_client's `abi`).
     let sample = unsafe { std::mem::transmute::<*mut c_void, SampleFn>(symbol) };
-    Some(Local {
+    Some(Exported {
         sample,
         port: port as u16,
     })

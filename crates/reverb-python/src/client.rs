@@ -1,0 +1,188 @@
+//! `reverb._native.Client`: unary calls and `Client.sample` (over gRPC, or straight to a
+//! server of this process: `reverb_client` decides per call).
+
+use crate::blocking::{run, seconds};
+use crate::errors::{client_error, IntoPyResult};
+use crate::numpy::column_out;
+use prost::Message;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyList};
+use reverb_client::{Client, Sample};
+
+/// Whether calls may skip gRPC for servers of this process: unless `REVERB_NO_INPROC` is set
+/// (tests cover both paths). Read when clients, writers and samplers are made, with the GIL
+/// held (as Python's own `os.environ` writes are), never from runtime threads, where reading
+/// the environment could race with a `putenv`.
+pub(crate) fn inproc_allowed(_py: Python<'_>) -> bool {
+    std::env::var_os("REVERB_NO_INPROC").is_none_or(|v| v.is_empty())
+}
+
+/// A client of one server address.
+#[pyclass(name = "Client", module = "reverb._native", frozen)]
+pub(crate) struct PyClient {
+    pub(crate) inner: Client,
+}
+
+impl PyClient {
+    /// The client, with in-process calls allowed as the environment says now.
+    pub(crate) fn fresh(&self, py: Python<'_>) -> Client {
+        self.inner.clone().with_inproc(inproc_allowed(py))
+    }
+}
+
+/// The fields of `SampleInfo`, in the order [`sample_info`] passes them.
+const SAMPLE_INFO_FIELDS: [&str; 5] = [
+    "key",
+    "probability",
+    "table_size",
+    "priority",
+    "times_sampled",
+];
+
+/// `reverb.replay_sample.SampleInfo`, imported once; its fields are checked to be in the
+/// order [`sample_info`] passes them.
+fn sample_info_class(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let class = CLASS.get_or_try_init(py, || {
+        let class = py.import("reverb.replay_sample")?.getattr("SampleInfo")?;
+        let fields: Vec<String> = class.getattr("_fields")?.extract()?;
+        if fields != SAMPLE_INFO_FIELDS {
+            return Err(PyRuntimeError::new_err(format!(
+                "reverb.replay_sample.SampleInfo has unexpected fields {fields:?}"
+            )));
+        }
+        Ok(class.unbind())
+    })?;
+    Ok(class.bind(py))
+}
+
+/// A `reverb.replay_sample.SampleInfo` of values (one sample) or of arrays (a batch).
+pub(crate) fn sample_info<'py, K, P, S, Q, T>(
+    py: Python<'py>,
+    key: K,
+    probability: P,
+    table_size: S,
+    priority: Q,
+    times_sampled: T,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    (K, P, S, Q, T): pyo3::call::PyCallArgs<'py>,
+{
+    sample_info_class(py)?.call1((key, probability, table_size, priority, times_sampled))
+}
+
+/// Samples as Python sees them: a list of `(SampleInfo, [(dtype, shape, data)])`.
+pub(crate) fn samples_out(py: Python<'_>, samples: Vec<Sample>) -> PyResult<Bound<'_, PyList>> {
+    let out = PyList::empty(py);
+    for s in samples {
+        let item = s.info.item.unwrap_or_default();
+        let info = sample_info(
+            py,
+            item.key,
+            s.info.probability,
+            s.info.table_size,
+            item.priority,
+            item.times_sampled,
+        )?;
+        let columns = s
+            .columns
+            .into_iter()
+            .map(|t| column_out(py, t))
+            .collect::<PyResult<Vec<_>>>()?;
+        out.append((info, PyList::new(py, columns)?))?;
+    }
+    Ok(out)
+}
+
+#[pymethods]
+impl PyClient {
+    #[new]
+    fn new(py: Python<'_>, address: &str) -> PyResult<Self> {
+        let inner = Client::new(address).py()?;
+        Ok(Self {
+            inner: inner.with_inproc(inproc_allowed(py)),
+        })
+    }
+
+    /// The server address.
+    #[getter]
+    fn address(&self) -> &str {
+        self.inner.address()
+    }
+
+    /// Serialized `TableInfo` of every table.
+    #[pyo3(signature = (timeout=None))]
+    fn server_info<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let timeout = seconds(timeout)?;
+        let infos = run(py, self.inner.server_info(timeout))?;
+        Ok(infos
+            .iter()
+            .map(|i| PyBytes::new(py, &i.encode_to_vec()))
+            .collect())
+    }
+
+    /// Deletes `deletes` then updates priorities.
+    #[pyo3(signature = (table, updates, deletes, timeout=None))]
+    fn mutate_priorities(
+        &self,
+        py: Python<'_>,
+        table: String,
+        updates: Vec<(u64, f64)>,
+        deletes: Vec<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        run(
+            py,
+            self.inner
+                .mutate_priorities(&table, updates, deletes, timeout),
+        )
+    }
+
+    /// Empties a table.
+    #[pyo3(signature = (table, timeout=None))]
+    fn reset(&self, py: Python<'_>, table: String, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = seconds(timeout)?;
+        run(py, self.inner.reset(&table, timeout))
+    }
+
+    /// Asks the server to checkpoint; returns the path.
+    #[pyo3(signature = (timeout=None))]
+    fn checkpoint(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<String> {
+        let timeout = seconds(timeout)?;
+        run(py, self.inner.checkpoint(timeout))
+    }
+
+    /// Samples `num_samples` items. Returns `(samples, error)`: a list of
+    /// `(SampleInfo, [(dtype, shape, data)])` and the exception that stopped the call part-way
+    /// (or None).
+    #[pyo3(signature = (table, num_samples, rate_limiter_timeout=None, timeout=None))]
+    fn sample<'py>(
+        &self,
+        py: Python<'py>,
+        table: String,
+        num_samples: usize,
+        rate_limiter_timeout: Option<f64>,
+        timeout: Option<f64>,
+    ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>)> {
+        let timeout = seconds(timeout)?;
+        let rl_timeout = seconds(rate_limiter_timeout)?;
+        let (samples, failure) = run(
+            py,
+            self.inner
+                .sample_partial(&table, num_samples, rl_timeout, timeout),
+        )?;
+        let out = samples_out(py, samples)?;
+        let failure = match failure {
+            Some(e) => client_error(e).into_value(py).into_bound(py).into_any(),
+            None => py.None().into_bound(py),
+        };
+        Ok((out, failure))
+    }
+}

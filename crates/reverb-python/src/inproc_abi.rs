@@ -1,0 +1,118 @@
+//! The C ABI through which the TensorFlow kernel library (a separate `.so`, with a registry of
+//! its own) samples the servers of this process: `reverb_inproc_sample_v2`, found with `dlsym`
+//! (see `reverb_client::transport::inproc::abi`). Python's own clients reach the servers
+//! directly, never through here.
+
+use crate::client::inproc_allowed;
+use prost::Message;
+use pyo3::prelude::*;
+use reverb_client::runtime;
+use reverb_client::transport::inproc::abi::{EmitFn, SharedData, CHUNK, ERROR, INFO, SHARED_DATA};
+use reverb_client::transport::inproc::loopback_port;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::Status;
+
+/// The port of `address` when it names a server running in this process (and in-process
+/// calls are allowed), else `None`: the TensorFlow kernels then sample it through
+/// `reverb_inproc_sample_v2`.
+#[pyfunction]
+pub(crate) fn inproc_port(py: Python<'_>, address: &str) -> Option<u16> {
+    let port = loopback_port(address).filter(|_| inproc_allowed(py))?;
+    reverb_proto::inproc::lookup(port).map(|_| port)
+}
+
+/// Releases chunk bytes lent by `reverb_inproc_sample_v2`.
+///
+/// # Safety
+/// `owner` comes from `Arc::into_raw` on an `Arc<bytes::Bytes>`, and is released exactly once.
+unsafe extern "C" fn release_bytes(owner: *const std::ffi::c_void) {
+    // SAFETY: see above.
+    drop(unsafe { Arc::from_raw(owner as *const bytes::Bytes) });
+}
+
+/// Up to `max_items` samples of `table` from the server of this process on `port`, waiting
+/// at most `wait`: an empty batch when the wait passed.
+fn sample(
+    port: u16,
+    table: &str,
+    max_items: usize,
+    wait: Duration,
+) -> Result<Vec<reverb_proto::inproc::Sample>, Status> {
+    let server = reverb_proto::inproc::lookup(port)
+        .ok_or_else(|| Status::unavailable(format!("No server of this process on port {port}")))?;
+    runtime().block_on(async {
+        match tokio::time::timeout(wait, server.sample(table, max_items, None)).await {
+            Ok(batch) => batch,
+            Err(_) => Ok(Vec::new()),
+        }
+    })
+}
+
+/// In-process sampling for clients built into other libraries (the TensorFlow kernels): up to
+/// `max_items` samples of `table` from this process's server on `port`, waiting at most
+/// `wait_ms` for the first, handed to `emit` piece by piece, chunk bytes lent rather than
+/// copied. Returns a status code (0: OK).
+///
+/// # Safety
+/// `table` must point at `table_len` readable bytes; `sink` is passed back to `emit` as is.
+#[no_mangle]
+pub unsafe extern "C" fn reverb_inproc_sample_v2(
+    port: u16,
+    table: *const u8,
+    table_len: usize,
+    max_items: usize,
+    wait_ms: u64,
+    sink: *mut std::ffi::c_void,
+    emit: EmitFn,
+) -> i32 {
+    // SAFETY: the caller passes `table_len` readable bytes at `table`.
+    let name = unsafe { std::slice::from_raw_parts(table, table_len) };
+    let result = std::panic::catch_unwind(|| {
+        let name = std::str::from_utf8(name)
+            .map_err(|_| Status::invalid_argument("table name is not UTF-8"))?;
+        sample(port, name, max_items, Duration::from_millis(wait_ms))
+    });
+    let send = |kind: u32, bytes: &[u8]| {
+        // SAFETY: `emit` and `sink` come from the caller, which reads `bytes` only during
+        // the call.
+        unsafe { emit(sink, kind, bytes.as_ptr(), bytes.len()) }
+    };
+    match result {
+        Ok(Ok(samples)) => {
+            for s in samples {
+                send(INFO, &s.info.encode_to_vec());
+                for mut chunk in s.chunks {
+                    let data = Arc::new(std::mem::take(&mut chunk.data));
+                    send(CHUNK, &chunk.encode_to_vec());
+                    // The bytes are lent, not copied: the receiver holds a reference on them
+                    // until it is done.
+                    let lent = SharedData {
+                        data: data.as_ptr(),
+                        len: data.len(),
+                        owner: Arc::into_raw(data) as *const std::ffi::c_void,
+                        release: release_bytes,
+                    };
+                    // SAFETY: viewing a live, initialized `repr(C)` struct as its bytes for the
+                    // duration of the call.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            &lent as *const SharedData as *const u8,
+                            std::mem::size_of::<SharedData>(),
+                        )
+                    };
+                    send(SHARED_DATA, bytes);
+                }
+            }
+            0
+        }
+        Ok(Err(status)) => {
+            send(ERROR, status.message().as_bytes());
+            status.code() as i32
+        }
+        Err(_) => {
+            send(ERROR, b"in-process sampling panicked");
+            tonic::Code::Internal as i32
+        }
+    }
+}

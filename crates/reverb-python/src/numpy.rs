@@ -1,0 +1,99 @@
+//! numpy arrays in and out: any array-like becomes a [`Tensor`] (one copy of its bytes), and
+//! tensors go back as `(dtype, shape, uint8 array)` triples that Python views with its dtype.
+
+use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use reverb_client::tensor::DTYPES;
+use reverb_client::Tensor;
+
+/// The TensorFlow DataType value of a numpy dtype, by its kind and size (numpy names its
+/// numeric dtypes after them, and the client's `DTYPES` table uses those names).
+fn tf_dtype_of_numpy(kind: u8, itemsize: usize) -> Option<i32> {
+    let prefix = match kind {
+        b'b' => "bool",
+        b'i' => "int",
+        b'u' => "uint",
+        b'f' => "float",
+        b'c' => "complex",
+        _ => return None,
+    };
+    let bits = |n: &str| n.strip_prefix(prefix).map(str::parse::<usize>);
+    DTYPES
+        .iter()
+        .find(|(_, n, size)| {
+            *size == itemsize && (kind == b'b' && *n == "bool" || bits(n) == Some(Ok(size * 8)))
+        })
+        .map(|(d, _, _)| *d as i32)
+}
+
+/// Converts any numpy-convertible value to a tensor (one copy of its bytes).
+pub(crate) fn to_tensor(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    let array = match value.downcast::<PyUntypedArray>() {
+        Ok(a) => a.clone(),
+        // Scalars and sequences: numpy decides the dtype, as in the reference.
+        Err(_) => numpy_module(py)?
+            .call_method1(intern!(py, "asarray"), (value,))?
+            .downcast_into::<PyUntypedArray>()?,
+    };
+    let array = if array.is_c_contiguous() {
+        array
+    } else {
+        // (ascontiguousarray only changes the shape of 0-d arrays, which are always contiguous.)
+        numpy_module(py)?
+            .call_method1(intern!(py, "ascontiguousarray"), (array,))?
+            .downcast_into::<PyUntypedArray>()?
+    };
+    let array = if array.dtype().is_native_byteorder() == Some(false) {
+        let native = array
+            .dtype()
+            .call_method1(intern!(py, "newbyteorder"), ("=",))?;
+        array
+            .call_method1(intern!(py, "astype"), (native,))?
+            .downcast_into::<PyUntypedArray>()?
+    } else {
+        array
+    };
+    let descr = array.dtype();
+    let dtype = tf_dtype_of_numpy(descr.kind(), descr.itemsize()).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "Unsupported dtype {} (strings and objects are not supported yet)",
+            descr
+        ))
+    })?;
+    let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
+    let nbytes = array.len() * descr.itemsize();
+    // SAFETY: the array is C-contiguous, holds `len * itemsize` bytes at `data`, and stays
+    // alive and unmodified while we copy: we hold a reference to it and the GIL.
+    let data = unsafe {
+        let ptr = (*array.as_array_ptr()).data as *const u8;
+        if nbytes == 0 {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(ptr, nbytes).to_vec()
+        }
+    };
+    Ok(Tensor { dtype, shape, data })
+}
+
+fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static NUMPY: pyo3::sync::PyOnceLock<Py<PyModule>> = pyo3::sync::PyOnceLock::new();
+    Ok(NUMPY
+        .get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?
+        .bind(py))
+}
+
+/// A tensor as `(dtype, shape, uint8 array)` (the array owns the bytes, no copy).
+pub(crate) fn column_out<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyTuple>> {
+    let data = PyArray1::from_vec(py, t.data);
+    PyTuple::new(
+        py,
+        [
+            t.dtype.into_pyobject(py)?.into_any(),
+            PyList::new(py, t.shape)?.into_any(),
+            data.into_any(),
+        ],
+    )
+}

@@ -1,0 +1,368 @@
+//! `reverb._native.TrajectoryWriter`: the native half of `TrajectoryWriter`,
+//! `VectorTrajectoryWriter` and `Client.insert`.
+
+use crate::blocking::{deadline_ms, slices};
+use crate::client::PyClient;
+use crate::errors::{client_error, IntoPyResult};
+use crate::numpy::{column_out, to_tensor};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use reverb_client::writer::{AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions};
+use reverb_client::{ClientError, Tensor};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Why an append was refused, naming the writer column (Python names its path). Returned,
+/// not raised: the caller turns it into the error its users expect.
+#[pyclass(name = "AppendError", module = "reverb._native", frozen, get_all)]
+pub(crate) struct PyAppendError {
+    /// The writer column (a field, for vectorised writers).
+    column: usize,
+    /// The column already has a value in the open step.
+    already_set: bool,
+    /// `(dtype, row shape)` the column holds, when the value did not match it.
+    expected: Option<(i32, Vec<i64>)>,
+    /// `(dtype, row shape)` of the value, when it did not match the column.
+    got: Option<(i32, Vec<i64>)>,
+}
+
+/// An append's outcome for Python: None, an [`PyAppendError`], or a raised error.
+fn append_error(py: Python<'_>, e: AppendError) -> PyResult<Option<Py<PyAppendError>>> {
+    let error = match e {
+        AppendError::AlreadySet(column) => PyAppendError {
+            column,
+            already_set: true,
+            expected: None,
+            got: None,
+        },
+        AppendError::Mismatch {
+            column,
+            expected,
+            got,
+        } => PyAppendError {
+            column,
+            already_set: false,
+            expected: Some(expected),
+            got: Some(got),
+        },
+        AppendError::Other(e) => return Err(client_error(e)),
+    };
+    Ok(Some(Py::new(py, error)?))
+}
+
+/// Native half of `reverb.TrajectoryWriter`. Calls from several threads are serialized.
+#[pyclass(name = "TrajectoryWriter", module = "reverb._native", frozen)]
+pub(crate) struct PyTrajectoryWriter {
+    inner: Mutex<TrajectoryWriter>,
+}
+
+impl PyTrajectoryWriter {
+    /// Runs `f` on the writer: directly if the lock is free, otherwise without the GIL.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut TrajectoryWriter) -> T + Send,
+    ) -> T {
+        if let Ok(mut w) = self.inner.try_lock() {
+            return f(&mut w);
+        }
+        py.detach(|| f(&mut self.inner.lock().unwrap()))
+    }
+
+    /// Converts `values` (for `columns`) and appends them with `append`; returns None, or a
+    /// tuple describing the rejected column (see `append`).
+    fn append_with(
+        &self,
+        py: Python<'_>,
+        columns: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+        append: impl FnOnce(&mut TrajectoryWriter, Vec<(usize, Tensor)>) -> Result<(), AppendError>
+            + Send,
+    ) -> PyResult<Option<Py<PyAppendError>>> {
+        let tensors = values
+            .iter()
+            .map(|v| to_tensor(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        let values: Vec<(usize, Tensor)> = columns.into_iter().zip(tensors).collect();
+        match self.with(py, |w| append(w, values)) {
+            Ok(()) => Ok(None),
+            Err(e) => append_error(py, e),
+        }
+    }
+
+    /// Repeats a bounded wait (`step` until a time; true when done) until done or `deadline`.
+    fn wait_until(
+        &self,
+        py: Python<'_>,
+        deadline: Option<Instant>,
+        what: &str,
+        mut step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool>
+            + Send,
+    ) -> PyResult<()> {
+        let done = slices(py, deadline, |until| {
+            match step(&mut self.inner.lock().unwrap(), Some(until)) {
+                Ok(false) => None,
+                done => Some(done),
+            }
+        })?;
+        match done {
+            Some(done) => done.py().map(|_| ()),
+            None => Err(client_error(ClientError::deadline(format!(
+                "Timeout exceeded: {what} did not complete in time"
+            )))),
+        }
+    }
+}
+
+#[pymethods]
+impl PyTrajectoryWriter {
+    #[new]
+    #[pyo3(signature = (client, *, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0, num_envs=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        client: &PyClient,
+        num_keep_alive_refs: usize,
+        max_chunk_length: Option<usize>,
+        max_in_flight_items: usize,
+        delta_encode: bool,
+        reconnect_timeout: f64,
+        num_envs: Option<usize>,
+    ) -> PyResult<Self> {
+        if !(reconnect_timeout.is_finite() && reconnect_timeout >= 0.0) {
+            return Err(PyValueError::new_err(
+                "reconnect_timeout must be a number of seconds >= 0",
+            ));
+        }
+        let options = WriterOptions {
+            num_keep_alive_refs,
+            max_chunk_length,
+            max_in_flight_items,
+            delta_encode,
+            reconnect_timeout: Duration::from_secs_f64(reconnect_timeout),
+        };
+        let client = client.fresh(py);
+        let writer = match num_envs {
+            None => TrajectoryWriter::new(client, options),
+            Some(n) => TrajectoryWriter::with_lanes(client, options, n),
+        }
+        .py()?;
+        Ok(Self {
+            inner: Mutex::new(writer),
+        })
+    }
+
+    /// Appends `values[i]` to column `columns[i]`. Returns None, or an `AppendError` naming
+    /// the column that was rejected and why.
+    #[pyo3(signature = (columns, values, partial=false))]
+    fn append(
+        &self,
+        py: Python<'_>,
+        columns: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+        partial: bool,
+    ) -> PyResult<Option<Py<PyAppendError>>> {
+        self.append_with(py, columns, values, |w, v| w.append(v, partial))
+    }
+
+    /// Appends N full steps at once; every value has a leading dimension N.
+    fn append_steps(
+        &self,
+        py: Python<'_>,
+        columns: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<PyAppendError>>> {
+        self.append_with(py, columns, values, |w, v| w.append_steps(v).map(|_| ()))
+    }
+
+    /// Creates an item; `columns` is a list of `(refs, squeeze)` with refs `(column, step)`.
+    fn create_item(
+        &self,
+        py: Python<'_>,
+        table: String,
+        priority: f64,
+        columns: Vec<(Vec<(usize, u64)>, bool)>,
+    ) -> PyResult<u64> {
+        let columns: Vec<ItemColumn> = columns
+            .into_iter()
+            .map(|(refs, squeeze)| ItemColumn { refs, squeeze })
+            .collect();
+        let now = Some(Instant::now());
+        let (key, sent) = self
+            .with(py, |w| w.create_item(&table, priority, &columns, now))
+            .py()?;
+        if !sent {
+            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+        }
+        Ok(key)
+    }
+
+    /// Sends everything queued and waits until at most `block_until_num_items` are unconfirmed.
+    #[pyo3(signature = (block_until_num_items=0, timeout_ms=None))]
+    fn flush(
+        &self,
+        py: Python<'_>,
+        block_until_num_items: u64,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let deadline = deadline_ms(timeout_ms)?;
+        self.wait_until(py, deadline, "flush", |w, until| {
+            w.flush(block_until_num_items, until)
+        })
+    }
+
+    /// Ends the episode (see `TrajectoryWriter::end_episode`).
+    #[pyo3(signature = (clear_buffers=true, timeout_ms=None))]
+    fn end_episode(
+        &self,
+        py: Python<'_>,
+        clear_buffers: bool,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let deadline = deadline_ms(timeout_ms)?;
+        self.wait_until(py, deadline, "end_episode", |w, until| {
+            w.end_episode(clear_buffers, until)
+        })
+    }
+
+    /// Whether the insert stream has failed for good.
+    #[getter]
+    fn failed(&self, py: Python<'_>) -> bool {
+        self.with(py, |w| w.failed())
+    }
+
+    /// Stops at once, cancelling whatever the server has not stored yet.
+    fn abort(&self, py: Python<'_>) {
+        py.detach(|| self.inner.lock().unwrap().abort());
+    }
+
+    /// Stops the writer's stream.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.inner.lock().unwrap().close());
+    }
+
+    /// Overrides keep-alive and chunk length of one column.
+    fn configure(
+        &self,
+        py: Python<'_>,
+        column: usize,
+        num_keep_alive_refs: usize,
+        max_chunk_length: Option<usize>,
+    ) -> PyResult<()> {
+        self.with(py, |w| {
+            w.configure(column, num_keep_alive_refs, max_chunk_length)
+        })
+        .py()
+    }
+
+    /// Full steps appended in this episode.
+    #[getter]
+    fn episode_steps(&self, py: Python<'_>) -> u64 {
+        self.with(py, |w| w.episode_steps())
+    }
+
+    /// Writer-wide index of the episode's first step (cells are addressed by writer-wide step).
+    #[getter]
+    fn episode_start(&self, py: Python<'_>) -> u64 {
+        self.with(py, |w| w.episode_start())
+    }
+
+    /// Whether a partial step is open.
+    #[getter]
+    fn step_is_open(&self, py: Python<'_>) -> bool {
+        self.with(py, |w| w.step_is_open())
+    }
+
+    /// `(dtype, shape)` of a column's rows, or None before its first value.
+    fn column_spec(&self, py: Python<'_>, column: usize) -> Option<(i32, Vec<i64>)> {
+        self.with(py, |w| w.column_spec(column))
+    }
+
+    /// Which steps of a column are still referenceable.
+    fn alive(&self, py: Python<'_>, column: usize, steps: Vec<u64>) -> Vec<bool> {
+        self.with(py, |w| w.alive(column, &steps))
+    }
+
+    /// The row of a cell as `(dtype, shape, uint8 array)`, or None when expired.
+    fn read_cell<'py>(
+        &self,
+        py: Python<'py>,
+        column: usize,
+        step: u64,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        match self.with(py, |w| w.read_cell(column, step)).py()? {
+            Some(t) => Ok(Some(column_out(py, t)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Items created and not yet confirmed.
+    fn unconfirmed(&self, py: Python<'_>) -> u64 {
+        self.with(py, |w| w.unconfirmed())
+    }
+
+    /// Vectorised writers: appends one step to every env; `values[i]` (field `fields[i]`)
+    /// has a leading dimension of num_envs. Returns None or an `AppendError` as `append`
+    /// (naming the field).
+    fn append_lanes(
+        &self,
+        py: Python<'_>,
+        fields: Vec<usize>,
+        values: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<PyAppendError>>> {
+        self.append_with(py, fields, values, |w, v| w.append_lanes(v))
+    }
+
+    /// Vectorised writers: steps of each env's episode so far.
+    fn lane_steps(&self, py: Python<'_>) -> Vec<u64> {
+        self.with(py, |w| w.lane_steps())
+    }
+
+    /// Vectorised writers: writer-wide step of each env's first episode step.
+    fn lane_starts(&self, py: Python<'_>) -> Vec<u64> {
+        self.with(py, |w| w.lane_starts())
+    }
+
+    /// Vectorised writers: ends the episodes of `envs` (does not wait).
+    fn end_lanes(&self, py: Python<'_>, envs: Vec<usize>, clear_buffers: bool) -> PyResult<()> {
+        self.with(py, |w| w.end_lanes(&envs, clear_buffers)).py()
+    }
+
+    /// Vectorised writers: one item per env of `envs`; `columns` are `(field, steps,
+    /// squeeze)` with steps an int, a `(start, stop, step)` tuple, or a list of ints.
+    fn create_lane_items(
+        &self,
+        py: Python<'_>,
+        table: String,
+        priorities: Vec<f64>,
+        envs: Vec<usize>,
+        columns: Vec<(usize, Bound<'_, PyAny>, bool)>,
+    ) -> PyResult<()> {
+        let columns = columns
+            .into_iter()
+            .map(|(field, steps, squeeze)| {
+                let steps = if let Ok(i) = steps.extract::<i64>() {
+                    Steps::Index(i)
+                } else if let Ok((a, b, c)) =
+                    steps.extract::<(Option<i64>, Option<i64>, Option<i64>)>()
+                {
+                    Steps::Slice(a, b, c)
+                } else {
+                    Steps::List(steps.extract::<Vec<i64>>()?)
+                };
+                Ok((field, steps, squeeze))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let now = Some(Instant::now());
+        let sent = self
+            .with(py, |w| {
+                w.create_lane_items(&table, &priorities, &envs, &columns, now)
+            })
+            .py()?;
+        if !sent {
+            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+        }
+        Ok(())
+    }
+}

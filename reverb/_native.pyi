@@ -1,0 +1,225 @@
+"""Type stubs of `reverb._native`, the Rust extension (kept by hand; the test suite checks
+them against the built module with mypy's stubtest)."""
+
+from typing import List, Optional, Sequence, Tuple, Union, final
+
+import numpy as np
+
+from reverb.replay_sample import SampleInfo
+
+__all__ = [
+    "AppendError",
+    "Client",
+    "RateLimiter",
+    "Sampler",
+    "Selector",
+    "Server",
+    "Table",
+    "TrajectoryWriter",
+    "__version__",
+    "_shm_chunks_received",
+    "descriptor_set",
+    "inproc_port",
+]
+__version__: str
+
+# A tensor as it crosses the boundary: TensorFlow DataType value, shape, and its bytes.
+_Column = Tuple[int, List[int], np.ndarray]
+
+@final
+class Selector:
+    """An item selector (what `reverb.item_selectors` hands a table)."""
+
+    @staticmethod
+    def uniform() -> Selector: ...
+    @staticmethod
+    def prioritized(*, priority_exponent: float) -> Selector: ...
+    @staticmethod
+    def fifo() -> Selector: ...
+    @staticmethod
+    def lifo() -> Selector: ...
+    @staticmethod
+    def min_heap() -> Selector: ...
+    @staticmethod
+    def max_heap() -> Selector: ...
+
+@final
+class RateLimiter:
+    """A rate limiter's bounds (what `reverb.rate_limiters` hands a table)."""
+
+    def __new__(
+        cls,
+        *,
+        samples_per_insert: float,
+        min_size_to_sample: int,
+        min_diff: float,
+        max_diff: float,
+    ) -> RateLimiter: ...
+
+@final
+class Table:
+    """A replay table of the engine, usable before and while a server serves it."""
+
+    def __new__(
+        cls,
+        *,
+        name: str,
+        sampler: Selector,
+        remover: Selector,
+        max_size: int,
+        max_times_sampled: int,
+        rate_limiter: RateLimiter,
+        signature: Optional[bytes] = None,
+    ) -> Table: ...
+    @property
+    def name(self) -> str: ...
+    def info(self) -> bytes: ...
+    def can_sample(self, n: int) -> bool: ...
+    def can_insert(self, n: int) -> bool: ...
+    def size(self) -> int: ...
+
+@final
+class Server:
+    """A gRPC server (and in-process service) serving tables on a port."""
+
+    def __new__(
+        cls,
+        tables: Sequence[Table],
+        *,
+        port: int = 0,
+        checkpoint_root: Optional[str] = None,
+        fallback_checkpoint_path: Optional[str] = None,
+        keep_latest: int = 1,
+    ) -> Server: ...
+    @property
+    def port(self) -> int: ...
+    def stop(self) -> None: ...
+    def wait(self, timeout: Optional[float] = None) -> bool: ...
+
+@final
+class Client:
+    """A client of one server address."""
+
+    def __new__(cls, address: str) -> Client: ...
+    @property
+    def address(self) -> str: ...
+    def server_info(self, timeout: Optional[float] = None) -> List[bytes]: ...
+    def mutate_priorities(
+        self,
+        table: str,
+        updates: Sequence[Tuple[int, float]],
+        deletes: Sequence[int],
+        timeout: Optional[float] = None,
+    ) -> None: ...
+    def reset(self, table: str, timeout: Optional[float] = None) -> None: ...
+    def checkpoint(self, timeout: Optional[float] = None) -> str: ...
+    def sample(
+        self,
+        table: str,
+        num_samples: int,
+        rate_limiter_timeout: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> Tuple[List[Tuple[SampleInfo, List[_Column]]], Optional[BaseException]]: ...
+
+@final
+class AppendError:
+    """Why an append was refused, naming the writer column."""
+
+    @property
+    def column(self) -> int: ...
+    @property
+    def already_set(self) -> bool: ...
+    @property
+    def expected(self) -> Optional[Tuple[int, List[int]]]: ...
+    @property
+    def got(self) -> Optional[Tuple[int, List[int]]]: ...
+
+# Which episode steps an item column of a vectorised writer takes.
+_Steps = Union[int, Tuple[Optional[int], Optional[int], Optional[int]], List[int]]
+
+@final
+class TrajectoryWriter:
+    """The native half of `TrajectoryWriter`, `VectorTrajectoryWriter` and `Client.insert`."""
+
+    def __new__(
+        cls,
+        client: Client,
+        *,
+        num_keep_alive_refs: int,
+        max_chunk_length: Optional[int] = None,
+        max_in_flight_items: int = 1024,
+        delta_encode: bool = False,
+        reconnect_timeout: float = 60.0,
+        num_envs: Optional[int] = None,
+    ) -> TrajectoryWriter: ...
+    def append(
+        self, columns: Sequence[int], values: Sequence[object], partial: bool = False
+    ) -> Optional[AppendError]: ...
+    def append_steps(
+        self, columns: Sequence[int], values: Sequence[object]
+    ) -> Optional[AppendError]: ...
+    def create_item(
+        self,
+        table: str,
+        priority: float,
+        columns: Sequence[Tuple[Sequence[Tuple[int, int]], bool]],
+    ) -> int: ...
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None: ...
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None: ...
+    @property
+    def failed(self) -> bool: ...
+    def abort(self) -> None: ...
+    def close(self) -> None: ...
+    def configure(
+        self, column: int, num_keep_alive_refs: int, max_chunk_length: Optional[int]
+    ) -> None: ...
+    @property
+    def episode_steps(self) -> int: ...
+    @property
+    def episode_start(self) -> int: ...
+    @property
+    def step_is_open(self) -> bool: ...
+    def column_spec(self, column: int) -> Optional[Tuple[int, List[int]]]: ...
+    def alive(self, column: int, steps: Sequence[int]) -> List[bool]: ...
+    def read_cell(self, column: int, step: int) -> Optional[_Column]: ...
+    def unconfirmed(self) -> int: ...
+    def append_lanes(
+        self, fields: Sequence[int], values: Sequence[object]
+    ) -> Optional[AppendError]: ...
+    def lane_steps(self) -> List[int]: ...
+    def lane_starts(self) -> List[int]: ...
+    def end_lanes(self, envs: Sequence[int], clear_buffers: bool) -> None: ...
+    def create_lane_items(
+        self,
+        table: str,
+        priorities: Sequence[float],
+        envs: Sequence[int],
+        columns: Sequence[Tuple[int, _Steps, bool]],
+    ) -> None: ...
+
+@final
+class Sampler:
+    """The prefetching sampler behind `TrajectoryIterator` and `TorchDataset`."""
+
+    def __new__(
+        cls,
+        client: Client,
+        table: str,
+        *,
+        max_in_flight_samples_per_worker: int,
+        num_workers: int,
+        max_samples: int,
+        rate_limiter_timeout_ms: int,
+    ) -> Sampler: ...
+    def next(
+        self, n: int, stacked: bool
+    ) -> Union[
+        None,
+        Tuple[SampleInfo, List[_Column]],
+        List[Tuple[SampleInfo, List[_Column]]],
+    ]: ...
+    def close(self) -> None: ...
+
+def descriptor_set() -> bytes: ...
+def inproc_port(address: str) -> Optional[int]: ...
+def _shm_chunks_received() -> int: ...
