@@ -419,12 +419,8 @@ class TrajectoryWriter:
                 f"[1, num_keep_alive_refs ({num_keep_alive_refs})]"
             )
         self._check_open()
-        for column in self._native_columns(self._column_of(tuple(path))):
-            self._writer.configure(column, num_keep_alive_refs, max_chunk_length)
-
-    def _native_columns(self, column: int) -> List[int]:
-        """The native writer's columns that hold `column` (one; one per env when vectorised)."""
-        return [column]
+        # (For a vectorised writer, the column is a field and applies in every env.)
+        self._writer.configure(self._column_of(tuple(path)), num_keep_alive_refs, max_chunk_length)
 
     def _check_open(self) -> None:
         if self._closed:

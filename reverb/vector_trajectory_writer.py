@@ -74,40 +74,22 @@ class EnvColumns:
         expired cells."""
         writer = self._writer
         envs = range(writer.num_envs) if env is None else [writer._envs(env)[0]]
-        lengths = writer._writer.lane_steps()
-        starts = writer._writer.lane_starts()
         out = []
         for e in envs:
-            episode = range(starts[e], starts[e] + lengths[e])
-            try:
-                if isinstance(self._steps, tuple):
-                    steps = list(episode[slice(*self._steps)])
-                elif isinstance(self._steps, list):
-                    steps = [episode[i] for i in self._steps]
-                else:
-                    steps = [episode[self._steps]]
-            except IndexError:
-                raise IndexError(
-                    f"History index {self._steps} out of range for env {e}'s episode of "
-                    f"{lengths[e]} steps"
-                ) from None
-            cells = [self._cell(e, s) for s in steps]
+            cells = []
+            for step, cell in enumerate(writer._writer.lane_cells(self._field, e, self._steps)):
+                if cell is None:
+                    raise RuntimeError(
+                        f"Cannot read position {step} of {self._steps} of column {self._path} "
+                        f"in env {e}: it has expired (increase num_keep_alive_refs)"
+                    )
+                cells.append(_dtypes.from_column(cell))
             if self._squeeze:
                 out.append(cells[0])
             else:
                 dtype, row = writer._spec(self._field)
                 out.append(np.stack(cells) if cells else np.zeros((0, *row), dtype))
         return out if env is None else out[0]
-
-    def _cell(self, env: int, step: int) -> np.ndarray:
-        writer = self._writer
-        cell = writer._writer.read_cell(self._field * writer.num_envs + env, step)
-        if cell is None:
-            raise RuntimeError(
-                f"Cannot read step {step} of column {self._path} in env {env}: it has expired "
-                "(increase num_keep_alive_refs)"
-            )
-        return _dtypes.from_column(cell)
 
     def __repr__(self) -> str:
         return f"EnvColumns(path={self._path}, steps={self._steps}, squeeze={self._squeeze})"
@@ -161,10 +143,10 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         return self._num_envs
 
     def _spec(self, column: int) -> Tuple[np.dtype, Tuple[int, ...]]:
-        # Field f of environment 0 is native column f * num_envs.
+        # (The native writer's columns are this writer's fields.)
         spec = self._specs.get(column)
         if spec is None:
-            native = self._writer.column_spec(column * self._num_envs)
+            native = self._writer.column_spec(column)
             if native is None:
                 raise ValueError(f"Column {self._path_name(column)} has no data yet")
             spec = (_dtypes.numpy_dtype(native[0]), tuple(native[1]))
@@ -252,10 +234,6 @@ class VectorTrajectoryWriter(TrajectoryWriter):
             self._writer.end_lanes(selected, clear_buffers)
         if timeout_ms is not None:
             self.flush(timeout_ms=timeout_ms)
-
-    def _native_columns(self, column: int) -> List[int]:
-        # `configure(path, ...)` applies to the field in every environment.
-        return [column * self._num_envs + env for env in range(self._num_envs)]
 
     # History.
 

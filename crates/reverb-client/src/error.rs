@@ -76,3 +76,42 @@ impl ClientError {
 
 /// Result alias of the client.
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    #[test]
+    fn transport_failures_are_unavailable_and_server_statuses_keep_their_code() {
+        // A status the transport made from a local error carries that error as its source.
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let local = Status::from_error(Box::new(reset));
+        assert_eq!(local.code(), Code::Unknown);
+        let e = ClientError::from_status(local, "here:1");
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("here:1"), "{}", e.message);
+        // The same words sent by a server are the server's INTERNAL.
+        let sent = Status::internal("transport error: reset by peer");
+        assert_eq!(
+            ClientError::from_status(sent, "here:1").code,
+            Code::Internal
+        );
+        let cancelled = Status::cancelled("stream cancelled");
+        assert_eq!(
+            ClientError::from_status(cancelled, "here:1").code,
+            Code::Unavailable
+        );
+        let missing = Status::not_found("Priority table t was not found");
+        assert_eq!(
+            ClientError::from_status(missing, "here:1").code,
+            Code::NotFound
+        );
+        // In-process statuses keep their code.
+        let internal = Status::internal("checkpoint task failed");
+        assert_eq!(
+            ClientError::from_inproc(internal, "here:1").code,
+            Code::Internal
+        );
+    }
+}

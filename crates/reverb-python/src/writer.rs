@@ -5,7 +5,7 @@ use crate::blocking::{deadline_ms, slices};
 use crate::client::PyClient;
 use crate::errors::{client_error, IntoPyResult};
 use crate::numpy::{column_out, to_tensor};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use reverb_client::writer::{AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions};
@@ -49,6 +49,17 @@ fn append_error(py: Python<'_>, e: AppendError) -> PyResult<Option<Py<PyAppendEr
         AppendError::Other(e) => return Err(client_error(e)),
     };
     Ok(Some(Py::new(py, error)?))
+}
+
+/// History positions from Python: an int, a `(start, stop, step)` tuple or a list of ints.
+fn steps_of(steps: &Bound<'_, PyAny>) -> PyResult<Steps> {
+    if let Ok(i) = steps.extract::<i64>() {
+        Ok(Steps::Index(i))
+    } else if let Ok((a, b, c)) = steps.extract::<(Option<i64>, Option<i64>, Option<i64>)>() {
+        Ok(Steps::Slice(a, b, c))
+    } else {
+        Ok(Steps::List(steps.extract::<Vec<i64>>()?))
+    }
 }
 
 /// Native half of `reverb.TrajectoryWriter`. Calls from several threads are serialized.
@@ -242,7 +253,8 @@ impl PyTrajectoryWriter {
         py.detach(|| self.inner.lock().unwrap().close());
     }
 
-    /// Overrides keep-alive and chunk length of one column.
+    /// Overrides keep-alive and chunk length of one column (a field, in every env, of a
+    /// vectorised writer).
     fn configure(
         &self,
         py: Python<'_>,
@@ -274,7 +286,8 @@ impl PyTrajectoryWriter {
         self.with(py, |w| w.step_is_open())
     }
 
-    /// `(dtype, shape)` of a column's rows, or None before its first value.
+    /// `(dtype, shape)` of a column's rows (a field's, for vectorised writers), or None before
+    /// its first value.
     fn column_spec(&self, py: Python<'_>, column: usize) -> Option<(i32, Vec<i64>)> {
         self.with(py, |w| w.column_spec(column))
     }
@@ -329,6 +342,27 @@ impl PyTrajectoryWriter {
         self.with(py, |w| w.end_lanes(&envs, clear_buffers)).py()
     }
 
+    /// Vectorised writers: the cells of `field` at `steps` (an int, a `(start, stop, step)`
+    /// tuple or a list of ints) of env `env`'s episode, as `(dtype, shape, uint8 array)` or
+    /// None for expired ones; IndexError when `steps` is out of range there.
+    fn lane_cells<'py>(
+        &self,
+        py: Python<'py>,
+        field: usize,
+        env: usize,
+        steps: Bound<'_, PyAny>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyTuple>>>> {
+        let steps = steps_of(&steps)?;
+        let cells = self
+            .with(py, |w| w.lane_cells(field, env, &steps))
+            .py()?
+            .map_err(PyIndexError::new_err)?;
+        cells
+            .into_iter()
+            .map(|c| c.map(|t| column_out(py, t)).transpose())
+            .collect()
+    }
+
     /// Vectorised writers: one item per env of `envs`; `columns` are `(field, steps,
     /// squeeze)` with steps an int, a `(start, stop, step)` tuple, or a list of ints.
     fn create_lane_items(
@@ -341,18 +375,7 @@ impl PyTrajectoryWriter {
     ) -> PyResult<()> {
         let columns = columns
             .into_iter()
-            .map(|(field, steps, squeeze)| {
-                let steps = if let Ok(i) = steps.extract::<i64>() {
-                    Steps::Index(i)
-                } else if let Ok((a, b, c)) =
-                    steps.extract::<(Option<i64>, Option<i64>, Option<i64>)>()
-                {
-                    Steps::Slice(a, b, c)
-                } else {
-                    Steps::List(steps.extract::<Vec<i64>>()?)
-                };
-                Ok((field, steps, squeeze))
-            })
+            .map(|(field, steps, squeeze)| Ok((field, steps_of(&steps)?, squeeze)))
             .collect::<PyResult<Vec<_>>>()?;
         let now = Some(Instant::now());
         let sent = self

@@ -15,6 +15,28 @@ pub fn table(name: &str, sampler: SelectorKind, max_size: i64) -> Arc<Table> {
     fifo_removed(name, sampler, max_size, 0)
 }
 
+/// A queue as `Table.queue` makes it: FIFO, each item sampled once, sampling waits while it
+/// is empty and inserts while it holds `size` items.
+pub fn blocking_queue(name: &str, size: i64) -> Arc<Table> {
+    Arc::new(
+        Table::new(TableConfig {
+            name: name.into(),
+            sampler: SelectorKind::Fifo,
+            remover: SelectorKind::Fifo,
+            max_size: size,
+            max_times_sampled: 1,
+            rate_limiter: RateLimiterConfig {
+                samples_per_insert: 1.0,
+                min_size_to_sample: 1,
+                min_diff: 0.0,
+                max_diff: size as f64,
+            },
+            signature: None,
+        })
+        .unwrap(),
+    )
+}
+
 /// A queue: FIFO, each item sampled once; sampling waits while the table is empty.
 pub fn queue(name: &str, max_size: i64) -> Arc<Table> {
     fifo_removed(name, SelectorKind::Fifo, max_size, 1)

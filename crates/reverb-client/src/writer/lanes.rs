@@ -1,0 +1,385 @@
+//! Lanes: the episodes a writer writes at once, one for a plain writer and one per
+//! environment of a vectorised one, and the vectorised API. This module owns the column
+//! layout (field `f` of lane `l` is column `f * lanes + l`) and the resolution of history
+//! positions (`Steps`) in each lane's own episode.
+
+use super::columns::Row;
+use super::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
+use crate::{Client, ClientError, Result, Tensor};
+use std::time::Instant;
+
+/// One episode being written.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lane {
+    pub episode_id: u64,
+    /// The writer-wide step where the episode began.
+    pub start: u64,
+}
+
+impl Lane {
+    fn new(start: u64) -> Self {
+        Self {
+            episode_id: rand::random(),
+            start,
+        }
+    }
+}
+
+/// The lanes of a writer, and where their fields' columns are.
+#[derive(Debug)]
+pub(super) struct Lanes(Vec<Lane>);
+
+impl Lanes {
+    /// `n` lanes whose episodes start at step 0.
+    pub fn new(n: usize) -> Self {
+        Self((0..n).map(|_| Lane::new(0)).collect())
+    }
+
+    /// Number of lanes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// A lane.
+    pub fn get(&self, lane: usize) -> Lane {
+        self.0[lane]
+    }
+
+    /// The lane a column belongs to.
+    pub fn of_column(&self, column: usize) -> Lane {
+        self.0[column % self.0.len()]
+    }
+
+    /// The column of `field` in `lane`.
+    pub fn column(&self, field: usize, lane: usize) -> usize {
+        field * self.0.len() + lane
+    }
+
+    /// The columns of `lane` below `len`.
+    pub fn columns_of(&self, lane: usize, len: usize) -> impl Iterator<Item = usize> {
+        (lane..len).step_by(self.0.len())
+    }
+
+    /// Starts a new episode in `lane` at `step`.
+    pub fn restart(&mut self, lane: usize, step: u64) {
+        self.0[lane] = Lane::new(step);
+    }
+
+    /// Starts a new episode in every lane at `step`.
+    pub fn restart_all(&mut self, step: u64) {
+        for lane in 0..self.0.len() {
+            self.restart(lane, step);
+        }
+    }
+
+    /// Each lane's episode start.
+    pub fn starts(&self) -> Vec<u64> {
+        self.0.iter().map(|l| l.start).collect()
+    }
+}
+
+/// Which episode steps of each lane an item column takes (Python's indexing, relative to
+/// the lane's episode so far).
+#[derive(Debug, Clone)]
+pub enum Steps {
+    /// One step (negative counts from the end); the column is squeezed.
+    Index(i64),
+    /// `start:stop:step`, as Python slices them.
+    Slice(Option<i64>, Option<i64>, Option<i64>),
+    /// These steps, in order.
+    List(Vec<i64>),
+}
+
+impl Steps {
+    /// Episode steps of a lane with `len` steps, or an error naming what is out of range.
+    fn resolve(&self, len: i64) -> std::result::Result<Vec<i64>, String> {
+        let one = |i: i64| {
+            let j = if i < 0 { i + len } else { i };
+            if (0..len).contains(&j) {
+                Ok(j)
+            } else {
+                Err(format!("history index {i} out of range for {len} steps"))
+            }
+        };
+        match self {
+            Steps::Index(i) => Ok(vec![one(*i)?]),
+            Steps::List(v) => v.iter().map(|&i| one(i)).collect(),
+            Steps::Slice(start, stop, step) => {
+                let step = step.unwrap_or(1);
+                if step == 0 {
+                    return Err("slice step cannot be zero".into());
+                }
+                let clamp = |v: Option<i64>, default: i64, lo: i64, hi: i64| match v {
+                    None => default,
+                    Some(v) if v < 0 => (v + len).max(lo),
+                    Some(v) => v.min(hi),
+                };
+                let mut out = Vec::new();
+                if step > 0 {
+                    let (a, b) = (clamp(*start, 0, 0, len), clamp(*stop, len, 0, len));
+                    let mut i = a;
+                    while i < b {
+                        out.push(i);
+                        i = match i.checked_add(step) {
+                            Some(next) => next,
+                            None => break,
+                        };
+                    }
+                } else {
+                    let a = clamp(*start, len - 1, -1, len - 1);
+                    let b = clamp(*stop, -1, -1, len - 1);
+                    let mut i = a;
+                    while i > b {
+                        out.push(i);
+                        i = match i.checked_add(step) {
+                            Some(next) => next,
+                            None => break,
+                        };
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+impl TrajectoryWriter {
+    /// A writer of `lanes` parallel episodes, one per environment of a vectorised
+    /// environment: each lane has its own episode, and every `append_lanes` adds one step to
+    /// each. Its columns are fields: `column_spec`, `configure` and the lane calls take a
+    /// field index (the writer keeps a column per field and lane).
+    pub fn with_lanes(client: Client, options: WriterOptions, lanes: usize) -> Result<Self> {
+        if lanes < 1 {
+            return Err(ClientError::invalid(format!(
+                "num_envs ({lanes}) must be >= 1"
+            )));
+        }
+        let mut writer = Self::new(client, options)?;
+        writer.lanes = Lanes::new(lanes);
+        Ok(writer)
+    }
+
+    /// Number of parallel episodes.
+    pub fn num_lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Steps appended in each lane's episode.
+    pub fn lane_steps(&self) -> Vec<u64> {
+        self.lanes.starts().iter().map(|s| self.step - s).collect()
+    }
+
+    /// Writer-wide step of each lane's first episode step (cells are addressed by it).
+    pub fn lane_starts(&self) -> Vec<u64> {
+        self.lanes.starts()
+    }
+
+    /// The cells of `field` at `steps` of `lane`'s episode (`None` for expired ones), or the
+    /// reason `steps` is out of range there.
+    pub fn lane_cells(
+        &self,
+        field: usize,
+        lane: usize,
+        steps: &Steps,
+    ) -> Result<std::result::Result<Vec<Option<Tensor>>, String>> {
+        let n = self.lanes.len();
+        if lane >= n {
+            return Err(ClientError::invalid(format!(
+                "env index {lane} out of range for num_envs {n}"
+            )));
+        }
+        let Lane { start, .. } = self.lanes.get(lane);
+        let len = (self.step - start) as i64;
+        let resolved = match steps.resolve(len) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(format!("{e} (env {lane}'s episode of {len} steps)"))),
+        };
+        let column = self.lanes.column(field, lane);
+        let cells = resolved
+            .into_iter()
+            .map(|s| self.columns.read_cell(column, start + s as u64))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Ok(cells))
+    }
+
+    /// Appends one step to every lane: each value `(field, tensor)` has a leading dimension
+    /// of `num_lanes()`, row `l` going to lane `l`. Errors name the field; a failed call
+    /// changes nothing.
+    pub fn append_lanes(
+        &mut self,
+        values: Vec<(usize, Tensor)>,
+    ) -> std::result::Result<(), AppendError> {
+        self.check_error().map_err(AppendError::Other)?;
+        let n = self.lanes.len();
+        if let Some((field, value)) = values
+            .iter()
+            .find(|(_, v)| v.shape.first().copied() != Some(n as i64))
+        {
+            return Err(AppendError::Other(ClientError::invalid(format!(
+                "Every value needs a leading dimension of num_envs ({n}); field {field} has shape {:?}",
+                value.shape
+            ))));
+        }
+        let rows = values.iter().map(|(field, value)| Row {
+            name: *field,
+            column: self.lanes.column(*field, 0),
+            dtype: value.dtype,
+            shape: &value.shape[1..],
+        });
+        self.columns.check_rows(rows, None)?;
+        let step = self.step;
+        for (field, value) in &values {
+            let row_bytes = value.row_bytes();
+            for lane in 0..n {
+                let row = &value.data[lane * row_bytes..(lane + 1) * row_bytes];
+                let column = self.lanes.column(*field, lane);
+                let episode = self.lanes.get(lane);
+                self.columns
+                    .push_row(column, step, value.dtype, &value.shape[1..], row, episode);
+            }
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Ends the episodes of `lanes`: finalizes their chunks (so their items can leave) and
+    /// starts new episodes there; `clear_buffers` drops their history. Does not wait for
+    /// confirmations (`flush` does).
+    pub fn end_lanes(&mut self, lanes: &[usize], clear_buffers: bool) -> Result<()> {
+        self.check_error()?;
+        let n = self.lanes.len();
+        if let Some(bad) = lanes.iter().find(|&&l| l >= n) {
+            return Err(ClientError::invalid(format!(
+                "env index {bad} out of range for num_envs {n}"
+            )));
+        }
+        for &lane in lanes {
+            let episode = self.lanes.get(lane);
+            let columns: Vec<usize> = self.lanes.columns_of(lane, self.columns.len()).collect();
+            for column in columns {
+                self.columns.finalize(column, episode);
+                if clear_buffers {
+                    self.columns.clear_cells(column);
+                }
+            }
+            self.lanes.restart(lane, self.step);
+        }
+        self.pump(Some(Instant::now())).map(|_| ())
+    }
+
+    /// Creates one item in `table` per lane of `lanes`, each from that lane's episode:
+    /// `columns` are `(field, steps, squeeze)`. `priorities` has one value per lane, or one for
+    /// all. Checks every item before queuing any. Returns false if it stopped waiting for room
+    /// in the in-flight window at `deadline` (the items are queued regardless).
+    pub fn create_lane_items(
+        &mut self,
+        table: &str,
+        priorities: &[f64],
+        lanes: &[usize],
+        columns: &[(usize, Steps, bool)],
+        deadline: Option<Instant>,
+    ) -> Result<bool> {
+        self.check_error()?;
+        let n = self.lanes.len();
+        if priorities.len() != 1 && priorities.len() != lanes.len() {
+            return Err(ClientError::invalid(format!(
+                "Got {} priorities for {} envs (give one, or one per env)",
+                priorities.len(),
+                lanes.len()
+            )));
+        }
+        let mut items = Vec::with_capacity(lanes.len());
+        for &lane in lanes {
+            if lane >= n {
+                return Err(ClientError::invalid(format!(
+                    "env index {lane} out of range for num_envs {n}"
+                )));
+            }
+            let Lane { start, .. } = self.lanes.get(lane);
+            let len = (self.step - start) as i64;
+            let mut item = Vec::with_capacity(columns.len());
+            for (i, (field, steps, squeeze)) in columns.iter().enumerate() {
+                let column = self.lanes.column(*field, lane);
+                let refs = steps
+                    .resolve(len)
+                    .map_err(|e| ClientError::invalid(format!("Column {i}, env {lane}: {e}")))?
+                    .into_iter()
+                    .map(|s| (column, start + s as u64))
+                    .collect::<Vec<_>>();
+                if refs.is_empty() || (*squeeze && refs.len() != 1) {
+                    return Err(ClientError::invalid(format!(
+                        "Column {i}, env {lane}: selects {} steps of {len}{}",
+                        refs.len(),
+                        if *squeeze {
+                            " (a squeezed column needs exactly 1)"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+                if let Some(&(_, step)) =
+                    refs.iter().find(|&&(c, s)| !self.columns.alive(c, &[s])[0])
+                {
+                    return Err(ClientError::invalid(format!(
+                        "Column {i}, env {lane}: episode step {} has expired (increase \
+                         num_keep_alive_refs) or was never written",
+                        step - start
+                    )));
+                }
+                item.push(ItemColumn {
+                    refs,
+                    squeeze: *squeeze,
+                });
+            }
+            items.push(item);
+        }
+        for (i, item) in items.iter().enumerate() {
+            let priority = priorities[if priorities.len() == 1 { 0 } else { i }];
+            self.queue_item(table, priority, item)?;
+        }
+        self.pump(deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Steps;
+
+    /// Python's `list(range(len))[index]` for the cases `Steps` mirrors.
+    #[test]
+    fn steps_resolve_like_python_indexing() {
+        type Case = (Steps, i64, Result<Vec<i64>, ()>);
+        let cases: &[Case] = &[
+            (Steps::Index(-1), 5, Ok(vec![4])),
+            (Steps::Index(0), 5, Ok(vec![0])),
+            (Steps::Index(5), 5, Err(())),
+            (Steps::Index(-6), 5, Err(())),
+            (Steps::Slice(Some(-2), None, None), 5, Ok(vec![3, 4])),
+            (Steps::Slice(Some(-2), None, None), 1, Ok(vec![0])),
+            (Steps::Slice(None, None, None), 3, Ok(vec![0, 1, 2])),
+            (
+                Steps::Slice(Some(1), Some(10), Some(2)),
+                6,
+                Ok(vec![1, 3, 5]),
+            ),
+            (Steps::Slice(None, None, Some(-1)), 3, Ok(vec![2, 1, 0])),
+            (
+                Steps::Slice(Some(-1), Some(-4), Some(-2)),
+                5,
+                Ok(vec![4, 2]),
+            ),
+            (Steps::Slice(Some(10), None, Some(-1)), 3, Ok(vec![2, 1, 0])),
+            (Steps::Slice(Some(-10), Some(2), None), 5, Ok(vec![0, 1])),
+            (Steps::Slice(Some(3), Some(1), None), 5, Ok(vec![])),
+            (Steps::Slice(None, None, Some(0)), 5, Err(())),
+            (Steps::List(vec![0, -1, 2]), 4, Ok(vec![0, 3, 2])),
+            (Steps::List(vec![4]), 4, Err(())),
+            (Steps::Slice(Some(1), None, Some(i64::MAX)), 5, Ok(vec![1])),
+            (Steps::Slice(None, None, Some(i64::MIN)), 5, Ok(vec![4])),
+        ];
+        for (steps, len, want) in cases {
+            let got = steps.resolve(*len).map_err(|_| ());
+            assert_eq!(&got, want, "{steps:?} of {len}");
+        }
+    }
+}
