@@ -20,3 +20,8 @@ class NotFoundError(ReverbError, RuntimeError):
 
 class UnavailableError(ReverbError, RuntimeError):
     """The server could not be reached (not started, stopped, or the network failed)."""
+
+
+class ResourceExhaustedError(ReverbError, IndexError):
+    """A limit was reached (e.g. a message larger than the transport accepts); an `IndexError`
+    too, as the reference raised `IndexError` there."""

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from reverb import _native
 
+# The kinds the native table knows (a `_native.Selector` constructor each).
+_KINDS = ("uniform", "fifo", "lifo", "min_heap", "max_heap")
+
 
 class ItemSelector:
     """Base class of the selectors; `_native()` is what the native table takes."""
@@ -20,6 +23,8 @@ class ItemSelector:
 
     def _native(self) -> _native.Selector:
         """The selector as the native table takes it."""
+        if self._kind not in _KINDS:
+            raise ValueError(f"{self!r} is not a selector a table can use")
         return getattr(_native.Selector, self._kind)()
 
     def __repr__(self) -> str:

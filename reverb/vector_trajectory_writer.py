@@ -77,7 +77,7 @@ class EnvColumns:
         out = []
         for e in envs:
             cells = []
-            for step, cell in enumerate(writer._writer.lane_cells(self._field, e, self._steps)):
+            for step, cell in enumerate(writer._writer.env_cells(self._field, e, self._steps)):
                 if cell is None:
                     raise RuntimeError(
                         f"Cannot read position {step} of {self._steps} of column {self._path} "
@@ -182,7 +182,7 @@ class VectorTrajectoryWriter(TrajectoryWriter):
             raise ValueError("VectorTrajectoryWriter does not support partial steps")
         self._check_open()
         fields, values = self._flatten(data)
-        error = self._writer.append_lanes(fields, values)
+        error = self._writer.append_envs(fields, values)
         if error is not None:
             self._raise_append_error(error)
 
@@ -220,7 +220,7 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         priorities = np.asarray(priority, dtype=np.float64).reshape(-1).tolist()
         if self._validate_items and self._signatures.get(table, object()) is not None:
             self._validate(table, leaves)
-        self._writer.create_lane_items(table, priorities, selected, columns)
+        self._writer.create_env_items(table, priorities, selected, columns)
 
     def end_episode(
         self, clear_buffers: bool = True, timeout_ms: Optional[int] = None, *, envs: Envs = None
@@ -231,7 +231,7 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         self._check_open()
         selected = self._envs(envs)
         if selected:
-            self._writer.end_lanes(selected, clear_buffers)
+            self._writer.end_envs(selected, clear_buffers)
         if timeout_ms is not None:
             self.flush(timeout_ms=timeout_ms)
 
@@ -252,4 +252,4 @@ class VectorTrajectoryWriter(TrajectoryWriter):
     @property
     def episode_steps(self) -> np.ndarray:  # type: ignore[override]
         """Steps appended in each environment's current episode (int64, shape [num_envs])."""
-        return np.asarray(self._writer.lane_steps(), dtype=np.int64)
+        return np.asarray(self._writer.env_steps(), dtype=np.int64)

@@ -36,3 +36,12 @@ def test_native_stubs_match_the_built_module(tmp_path: pathlib.Path) -> None:
         env={**os.environ, "MYPYPATH": str(root)},
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+def test_the_package_version_is_the_crates_version() -> None:
+    import importlib.metadata
+
+    import reverb
+
+    # Declared once, in Cargo.toml (setup.py hands it to the package metadata).
+    assert importlib.metadata.version("reverb-rs") == reverb.__version__

@@ -425,3 +425,16 @@ def test_deleting_the_server_stops_it():
     gc.collect()
     with pytest.raises(reverb.errors.UnavailableError):
         client.server_info(2)
+
+
+def test_a_selector_without_a_kind_is_a_value_error():
+    from reverb import item_selectors
+
+    with pytest.raises(ValueError, match="not a selector"):
+        reverb.Table(
+            "t",
+            sampler=item_selectors._Heap(),
+            remover=reverb.selectors.Fifo(),
+            max_size=10,
+            rate_limiter=reverb.rate_limiters.MinSize(1),
+        )

@@ -1,5 +1,6 @@
 """The kernel library works with every supported TensorFlow: it may only use TF_* symbols that
-all of them export (tf_ops/tf_symbols.txt), and the TF tests pass under TensorFlow 2.15 too."""
+all of them export (crates/reverb-tf-ops/tf_symbols.txt), and the TF tests pass under
+TensorFlow 2.15 too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from reverb import _tf_ops
 
 ROOT = Path(__file__).resolve().parent.parent
-ALLOW_LIST = ROOT / "tf_ops" / "tf_symbols.txt"
+ALLOW_LIST = ROOT / "crates" / "reverb-tf-ops" / "tf_symbols.txt"
 
 needs_nm = pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
 

@@ -457,7 +457,11 @@ impl Client {
             match got {
                 Ok(batch) => {
                     for s in batch {
-                        samples.push(plan(s.info, &s.chunks)?.assemble()?);
+                        // (Samples taken from the table are returned with the error.)
+                        match plan(s.info, &s.chunks).and_then(|p| p.assemble()) {
+                            Ok(sample) => samples.push(sample),
+                            Err(e) => return Ok((samples, Some(e))),
+                        }
                     }
                 }
                 Err(status) => return Ok((samples, Some(self.inproc_status(status)))),

@@ -299,7 +299,7 @@ impl InProc {
 /// A worker for a server in this process: takes what is ready (up to
 /// `max_in_flight_samples_per_worker`) in one call at a time.
 async fn inproc_worker(
-    inproc: InProc,
+    mut inproc: InProc,
     client: Client,
     table: String,
     options: SamplerOptions,
@@ -307,6 +307,7 @@ async fn inproc_worker(
     tx: mpsc::Sender<Event>,
 ) -> Exit {
     let give_back = |n: usize| budget.fetch_add(n as i64, Ordering::SeqCst);
+    let mut backoff = Duration::from_millis(1);
     loop {
         let n = reserve(&budget, options.max_in_flight_samples_per_worker);
         if n == 0 {
@@ -317,12 +318,26 @@ async fn inproc_worker(
             _ = tx.closed() => return Exit::Finished,
         };
         let samples = match got {
-            Ok(samples) => samples,
+            Ok(samples) => {
+                backoff = Duration::from_millis(1);
+                samples
+            }
             Err(e) => {
                 give_back(n);
                 // A rate-limiter timeout ends the stream cleanly (see `worker`).
                 if e.code == Code::DeadlineExceeded && options.rate_limiter_timeout.is_some() {
                     return Exit::TimedOut;
+                }
+                // A stopped server may be restarted on its port: look it up again for about
+                // as long as `worker` reconnects.
+                let registered = matches!(inproc, InProc::Registered(_));
+                if registered && e.code == Code::Unavailable && backoff < Duration::from_secs(1) {
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                    if let Some(server) = client.inproc() {
+                        inproc = InProc::Registered(server);
+                    }
+                    continue;
                 }
                 let _ = tx.send(Event::Failed(e)).await;
                 return Exit::Finished;

@@ -204,3 +204,27 @@ fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
     assert_eq!(seen, (2 * N..3 * N).collect::<Vec<_>>());
     assert_eq!(shm::chunks_received(), before);
 }
+
+#[test]
+fn an_inproc_sampler_follows_its_server_to_a_restart_on_the_same_port() {
+    let server = Server::start(vec![queue("q", 100)], ServerOptions::default()).unwrap();
+    let port = server.port();
+    let client = client(&server, "inproc");
+    insert(&client, "q", 1);
+    let mut sampler = Sampler::new(client.clone(), "q", options(1, None, None)).unwrap();
+    let got = block(sampler.next(1, Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(value(&got[0]), 1);
+    server.stop();
+    let options = ServerOptions {
+        port,
+        ..ServerOptions::default()
+    };
+    let _restarted = Server::start(vec![queue("q", 100)], options).unwrap();
+    insert(&client, "q", 2);
+    let got = block(sampler.next(1, Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    assert_eq!(value(&got[0]), 2);
+}

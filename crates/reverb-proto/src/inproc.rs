@@ -109,9 +109,12 @@ pub fn register(port: u16, service: Arc<dyn Service>) {
     lock(registry()).insert(port, service);
 }
 
-/// Removes the server on `port`.
-pub fn unregister(port: u16) {
-    lock(registry()).remove(&port);
+/// Removes `service` from `port` (if another server took the port since, it stays).
+pub fn unregister(port: u16, service: &Arc<dyn Service>) {
+    let mut servers = lock(registry());
+    if servers.get(&port).is_some_and(|s| Arc::ptr_eq(s, service)) {
+        servers.remove(&port);
+    }
 }
 
 /// The server of this process on `port`, if there is one.
@@ -163,7 +166,8 @@ mod tests {
 
     #[test]
     fn a_forked_child_has_its_own_registry_even_when_the_parents_lock_is_held() {
-        register(1, Arc::new(Nothing));
+        let first: Arc<dyn Service> = Arc::new(Nothing);
+        register(1, first.clone());
         assert!(lookup(1).is_some());
         let held = lock(registry());
         // SAFETY: the child only uses the registry (allocating and locking new objects) and
@@ -191,7 +195,10 @@ mod tests {
         }
         drop(held);
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
-        unregister(1);
+        // Only the service that is there is removed.
+        unregister(1, &(Arc::new(Nothing) as Arc<dyn Service>));
+        assert!(lookup(1).is_some());
+        unregister(1, &first);
         assert!(lookup(1).is_none());
     }
 }

@@ -3,9 +3,10 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use reverb_client::runtime;
+use reverb_client::{runtime, ClientError};
 use std::future::Future;
 use std::time::{Duration, Instant};
+use tonic::Code;
 
 /// The longest the GIL is released in one go.
 const SLICE: Duration = Duration::from_millis(100);
@@ -40,7 +41,16 @@ pub(crate) fn run<T: Send>(
     let mut fut = std::pin::pin!(fut);
     let done = slices(py, None, |until| {
         let until = tokio::time::Instant::from_std(until);
-        runtime().block_on(async { tokio::time::timeout_at(until, fut.as_mut()).await.ok() })
+        // A panic is a failed call, not a `PanicException` that `except Exception` misses.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            runtime().block_on(async { tokio::time::timeout_at(until, fut.as_mut()).await.ok() })
+        }))
+        .unwrap_or_else(|_| {
+            Some(Err(ClientError::new(
+                Code::Internal,
+                "reverb client call panicked",
+            )))
+        })
     })?;
     done.expect("no deadline")
         .map_err(crate::errors::client_error)

@@ -16,7 +16,10 @@ use reverb_client::{Client, Sample};
 /// held (as Python's own `os.environ` writes are), never from runtime threads, where reading
 /// the environment could race with a `putenv`.
 pub(crate) fn inproc_allowed(_py: Python<'_>) -> bool {
-    std::env::var_os("REVERB_NO_INPROC").is_none_or(|v| v.is_empty())
+    // (`REVERB_NO_LOCAL` is its earlier name.)
+    ["REVERB_NO_INPROC", "REVERB_NO_LOCAL"]
+        .iter()
+        .all(|name| std::env::var_os(name).is_none_or(|v| v.is_empty()))
 }
 
 /// A client of one server address.

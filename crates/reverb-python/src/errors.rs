@@ -1,11 +1,9 @@
 //! Errors as Python sees them: one mapping from client errors (by status code) to the
-//! classes of `reverb.errors` (`ValueError` for bad arguments, `NotImplementedError` and
-//! `IndexError` as the reference maps UNIMPLEMENTED and RESOURCE_EXHAUSTED), and from server
-//! start errors.
+//! classes of `reverb.errors` (`ValueError` for bad arguments and `NotImplementedError` as the
+//! reference maps them; RESOURCE_EXHAUSTED is a `ResourceExhaustedError`, an `IndexError` as
+//! in the reference), and from server start errors.
 
-use pyo3::exceptions::{
-    PyIndexError, PyNotImplementedError, PyOSError, PyRuntimeError, PyValueError,
-};
+use pyo3::exceptions::{PyNotImplementedError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use reverb_client::ClientError;
@@ -18,6 +16,7 @@ struct Classes {
     deadline_exceeded: Py<PyAny>,
     not_found: Py<PyAny>,
     unavailable: Py<PyAny>,
+    resource_exhausted: Py<PyAny>,
 }
 
 fn classes(py: Python<'_>) -> PyResult<&Classes> {
@@ -29,6 +28,7 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             deadline_exceeded: m.getattr("DeadlineExceededError")?.unbind(),
             not_found: m.getattr("NotFoundError")?.unbind(),
             unavailable: m.getattr("UnavailableError")?.unbind(),
+            resource_exhausted: m.getattr("ResourceExhaustedError")?.unbind(),
         })
     })
 }
@@ -38,8 +38,6 @@ pub(crate) fn client_error(e: ClientError) -> PyErr {
     match e.code {
         Code::InvalidArgument => return PyValueError::new_err(e.message),
         Code::Unimplemented => return PyNotImplementedError::new_err(e.message),
-        // (As the reference maps RESOURCE_EXHAUSTED.)
-        Code::ResourceExhausted => return PyIndexError::new_err(e.message),
         _ => {}
     }
     Python::attach(|py| {
@@ -51,6 +49,7 @@ pub(crate) fn client_error(e: ClientError) -> PyErr {
             Code::DeadlineExceeded => &classes.deadline_exceeded,
             Code::NotFound => &classes.not_found,
             Code::Unavailable => &classes.unavailable,
+            Code::ResourceExhausted => &classes.resource_exhausted,
             _ => &classes.reverb,
         };
         match class.bind(py).call1((e.message,)) {

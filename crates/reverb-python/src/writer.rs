@@ -156,7 +156,7 @@ impl PyTrajectoryWriter {
         let client = client.fresh(py);
         let writer = match num_envs {
             None => TrajectoryWriter::new(client, options),
-            Some(n) => TrajectoryWriter::with_lanes(client, options, n),
+            Some(n) => TrajectoryWriter::with_envs(client, options, n),
         }
         .py()?;
         Ok(Self {
@@ -318,34 +318,34 @@ impl PyTrajectoryWriter {
     /// Vectorised writers: appends one step to every env; `values[i]` (field `fields[i]`)
     /// has a leading dimension of num_envs. Returns None or an `AppendError` as `append`
     /// (naming the field).
-    fn append_lanes(
+    fn append_envs(
         &self,
         py: Python<'_>,
         fields: Vec<usize>,
         values: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyAppendError>>> {
-        self.append_with(py, fields, values, |w, v| w.append_lanes(v))
+        self.append_with(py, fields, values, |w, v| w.append_envs(v))
     }
 
     /// Vectorised writers: steps of each env's episode so far.
-    fn lane_steps(&self, py: Python<'_>) -> Vec<u64> {
-        self.with(py, |w| w.lane_steps())
+    fn env_steps(&self, py: Python<'_>) -> Vec<u64> {
+        self.with(py, |w| w.env_steps())
     }
 
     /// Vectorised writers: writer-wide step of each env's first episode step.
-    fn lane_starts(&self, py: Python<'_>) -> Vec<u64> {
-        self.with(py, |w| w.lane_starts())
+    fn env_starts(&self, py: Python<'_>) -> Vec<u64> {
+        self.with(py, |w| w.env_starts())
     }
 
     /// Vectorised writers: ends the episodes of `envs` (does not wait).
-    fn end_lanes(&self, py: Python<'_>, envs: Vec<usize>, clear_buffers: bool) -> PyResult<()> {
-        self.with(py, |w| w.end_lanes(&envs, clear_buffers)).py()
+    fn end_envs(&self, py: Python<'_>, envs: Vec<usize>, clear_buffers: bool) -> PyResult<()> {
+        self.with(py, |w| w.end_envs(&envs, clear_buffers)).py()
     }
 
     /// Vectorised writers: the cells of `field` at `steps` (an int, a `(start, stop, step)`
     /// tuple or a list of ints) of env `env`'s episode, as `(dtype, shape, uint8 array)` or
     /// None for expired ones; IndexError when `steps` is out of range there.
-    fn lane_cells<'py>(
+    fn env_cells<'py>(
         &self,
         py: Python<'py>,
         field: usize,
@@ -354,7 +354,7 @@ impl PyTrajectoryWriter {
     ) -> PyResult<Vec<Option<Bound<'py, PyTuple>>>> {
         let steps = steps_of(&steps)?;
         let cells = self
-            .with(py, |w| w.lane_cells(field, env, &steps))
+            .with(py, |w| w.env_cells(field, env, &steps))
             .py()?
             .map_err(PyIndexError::new_err)?;
         cells
@@ -365,7 +365,7 @@ impl PyTrajectoryWriter {
 
     /// Vectorised writers: one item per env of `envs`; `columns` are `(field, steps,
     /// squeeze)` with steps an int, a `(start, stop, step)` tuple, or a list of ints.
-    fn create_lane_items(
+    fn create_env_items(
         &self,
         py: Python<'_>,
         table: String,
@@ -380,7 +380,7 @@ impl PyTrajectoryWriter {
         let now = Some(Instant::now());
         let sent = self
             .with(py, |w| {
-                w.create_lane_items(&table, &priorities, &envs, &columns, now)
+                w.create_env_items(&table, &priorities, &envs, &columns, now)
             })
             .py()?;
         if !sent {

@@ -63,6 +63,8 @@ pub struct Server {
     port: u16,
     service: ReverbServiceImpl,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
+    /// The in-process service registered for this server.
+    inproc: Arc<dyn reverb_proto::inproc::Service>,
     /// Ends the in-process service's calls and waits.
     stop_inproc: tokio::sync::watch::Sender<bool>,
     finished: Arc<(Mutex<bool>, Condvar)>,
@@ -127,12 +129,14 @@ impl Server {
             done.1.notify_all();
         });
         let (stop_inproc, stopped) = Stopped::new();
-        let inproc = InProcServer::new(service.clone(), stopped);
-        reverb_proto::inproc::register(port, Arc::new(inproc));
+        let inproc: Arc<dyn reverb_proto::inproc::Service> =
+            Arc::new(InProcServer::new(service.clone(), stopped));
+        reverb_proto::inproc::register(port, inproc.clone());
         Ok(Self {
             port,
             service,
             shutdown: Mutex::new(Some(shutdown_tx)),
+            inproc,
             stop_inproc,
             finished,
             runtime: Mutex::new(Some(runtime)),
@@ -162,7 +166,7 @@ impl Server {
     /// Stops accepting, ends open streams and shuts the runtime down (bounded to ~1 s).
     pub fn stop(&self) {
         if let Some(tx) = self.shutdown.lock().unwrap().take() {
-            reverb_proto::inproc::unregister(self.port);
+            reverb_proto::inproc::unregister(self.port, &self.inproc);
             self.stop_inproc.send_replace(true);
             let _ = tx.send(());
         }

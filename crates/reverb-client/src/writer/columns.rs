@@ -2,7 +2,7 @@
 //! rows into an open chunk, which is finalized (snappy-encoded, optionally delta-encoded) when
 //! it holds its chunk length of rows, when a flush needs it, or at the end of an episode.
 
-use super::lanes::Lane;
+use super::envs::Episode;
 use super::AppendError;
 use crate::tensor::{decode_chunk, dtype_size, encode_chunk_with, Tensor};
 use crate::{ClientError, Result};
@@ -84,7 +84,7 @@ impl Column {
 pub(super) struct Row<'a> {
     /// What errors call it (a writer column, or a field of a vectorised writer).
     pub name: usize,
-    /// The column its rows go to (for a field: the column of its first lane).
+    /// The column its rows go to (for a field: the column of its first env).
     pub column: usize,
     pub dtype: i32,
     /// The shape of one row.
@@ -187,17 +187,17 @@ impl Columns {
     }
 
     /// Overrides keep-alive and chunk length of one column (before or after it first
-    /// appears; an existing open chunk is finalized first, in `lane`'s episode).
+    /// appears; an existing open chunk is finalized first, in `env`'s episode).
     pub fn configure(
         &mut self,
         column: usize,
         keep_alive: usize,
         max_chunk_length: Option<usize>,
-        lane: Lane,
+        env: Episode,
     ) -> Result<()> {
         check_lengths(keep_alive, max_chunk_length)?;
         if self.get(column).is_some() {
-            self.finalize(column, lane);
+            self.finalize(column, env);
             let col = self.columns[column].as_mut().expect("checked");
             col.keep_alive = keep_alive;
             col.max_chunk_length = max_chunk_length;
@@ -210,7 +210,7 @@ impl Columns {
         Ok(())
     }
 
-    /// Appends a row (checked by `check_rows`) to a column at `step` of `lane`'s episode.
+    /// Appends a row (checked by `check_rows`) to a column at `step` of `env`'s episode.
     pub fn push_row(
         &mut self,
         column: usize,
@@ -218,7 +218,7 @@ impl Columns {
         dtype: i32,
         shape: &[i64],
         data: &[u8],
-        lane: Lane,
+        env: Episode,
     ) {
         if self.columns.len() <= column {
             self.columns.resize_with(column + 1, || None);
@@ -261,12 +261,12 @@ impl Columns {
             col.cells.pop_front();
         }
         if open.rows >= col.chunk_length() {
-            self.finalize(column, lane);
+            self.finalize(column, env);
         }
     }
 
-    /// Encodes a column's open chunk, as rows of `lane`'s episode.
-    pub fn finalize(&mut self, column: usize, lane: Lane) {
+    /// Encodes a column's open chunk, as rows of `env`'s episode.
+    pub fn finalize(&mut self, column: usize, env: Episode) {
         let delta = self.delta_encode;
         let Some(col) = self.columns.get_mut(column).and_then(Option::as_mut) else {
             return;
@@ -281,9 +281,9 @@ impl Columns {
             data: open.data,
         };
         let range = SequenceRange {
-            episode_id: lane.episode_id,
-            start: (open.first_step - lane.start) as i32,
-            end: (open.last_step - lane.start) as i32,
+            episode_id: env.episode_id,
+            start: (open.first_step - env.start) as i32,
+            end: (open.last_step - env.start) as i32,
             sparse: (open.last_step - open.first_step + 1) as usize != open.rows,
         };
         let chunk = encode_chunk_with(open.slot.key, range, std::slice::from_ref(&tensor), delta);

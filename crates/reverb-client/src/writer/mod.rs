@@ -1,6 +1,6 @@
 //! The trajectory writer: per-column chunking of appended steps (`columns.rs`), items built
 //! from column history and queued until their chunks are finalized (`pending.rs`), vectorised
-//! writers' lanes (`lanes.rs`), and a background insert stream with confirmations and
+//! writers' envs (`envs.rs`), and a background insert stream with confirmations and
 //! back-pressure (`stream.rs`). Every writer of the Python API (`TrajectoryWriter`,
 //! `VectorTrajectoryWriter`, `Client.insert`) is this one.
 //!
@@ -8,16 +8,16 @@
 //! chunk it references is finalized; items leave in creation order.
 
 mod columns;
-mod lanes;
+mod envs;
 mod pending;
 mod stream;
 
-pub use lanes::Steps;
+pub use envs::Steps;
 
 use crate::tensor::Tensor;
 use crate::{runtime, Client, ClientError, Result};
 use columns::{check_lengths, Columns, Row};
-use lanes::Lanes;
+use envs::Envs;
 use pending::{build_item, Pending};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,7 +86,7 @@ pub struct TrajectoryWriter {
     options: WriterOptions,
     columns: Columns,
     /// The episodes being written (one for a plain writer).
-    lanes: Lanes,
+    envs: Envs,
     /// Index of the open step since the writer was created (cells are keyed by it).
     step: u64,
     step_open: bool,
@@ -120,7 +120,7 @@ impl TrajectoryWriter {
             client,
             options,
             columns,
-            lanes: Lanes::new(1),
+            envs: Envs::new(1),
             step: 0,
             step_open: false,
             pending: Pending::default(),
@@ -133,13 +133,13 @@ impl TrajectoryWriter {
 
     /// Full steps appended since the episode began.
     pub fn episode_steps(&self) -> u64 {
-        self.step - self.lanes.get(0).start
+        self.step - self.envs.get(0).start
     }
 
     /// The writer-wide step index where the current episode began. Cells are addressed by
     /// writer-wide step: episode step `i` is `episode_start() + i`.
     pub fn episode_start(&self) -> u64 {
-        self.lanes.get(0).start
+        self.envs.get(0).start
     }
 
     /// Whether a partial step is open.
@@ -147,13 +147,13 @@ impl TrajectoryWriter {
         self.step_open
     }
 
-    /// `(dtype, row shape)` of a column (a field, in every lane, of a vectorised writer),
+    /// `(dtype, row shape)` of a column (a field, in every env, of a vectorised writer),
     /// once it has a value.
     pub fn column_spec(&self, column: usize) -> Option<(i32, Vec<i64>)> {
-        self.columns.spec(self.lanes.column(column, 0))
+        self.columns.spec(self.envs.column(column, 0))
     }
 
-    /// Overrides keep-alive and chunk length of one column (a field, in every lane, of a
+    /// Overrides keep-alive and chunk length of one column (a field, in every env, of a
     /// vectorised writer), before or after it first appears; an existing open chunk is
     /// finalized first.
     pub fn configure(
@@ -164,10 +164,10 @@ impl TrajectoryWriter {
     ) -> Result<()> {
         check_lengths(num_keep_alive_refs, max_chunk_length)?;
         self.check_error()?;
-        for lane in 0..self.lanes.len() {
-            let episode = self.lanes.get(lane);
+        for env in 0..self.envs.len() {
+            let episode = self.envs.get(env);
             self.columns.configure(
-                self.lanes.column(column, lane),
+                self.envs.column(column, env),
                 num_keep_alive_refs,
                 max_chunk_length,
                 episode,
@@ -201,9 +201,9 @@ impl TrajectoryWriter {
             .check_rows(rows, self.step_open.then_some(self.step))?;
         let step = self.step;
         for (column, value) in values {
-            let lane = self.lanes.of_column(column);
+            let env = self.envs.of_column(column);
             self.columns
-                .push_row(column, step, value.dtype, &value.shape, &value.data, lane);
+                .push_row(column, step, value.dtype, &value.shape, &value.data, env);
         }
         if partial {
             self.step_open = true;
@@ -249,9 +249,9 @@ impl TrajectoryWriter {
             for (column, value) in &values {
                 let row_bytes = value.row_bytes();
                 let row = &value.data[t * row_bytes..(t + 1) * row_bytes];
-                let lane = self.lanes.of_column(*column);
+                let env = self.envs.of_column(*column);
                 self.columns
-                    .push_row(*column, step, value.dtype, &value.shape[1..], row, lane);
+                    .push_row(*column, step, value.dtype, &value.shape[1..], row, env);
             }
             self.step += 1;
         }
@@ -360,8 +360,8 @@ impl TrajectoryWriter {
             return;
         }
         for column in self.columns.open_in(&waiting) {
-            let lane = self.lanes.of_column(column);
-            self.columns.finalize(column, lane);
+            let env = self.envs.of_column(column);
+            self.columns.finalize(column, env);
         }
     }
 
@@ -401,8 +401,8 @@ impl TrajectoryWriter {
     /// a new episode. `clear_buffers` drops the history (all refs expire).
     pub fn end_episode(&mut self, clear_buffers: bool, deadline: Option<Instant>) -> Result<bool> {
         for column in 0..self.columns.len() {
-            let lane = self.lanes.of_column(column);
-            self.columns.finalize(column, lane);
+            let env = self.envs.of_column(column);
+            self.columns.finalize(column, env);
         }
         if !self.flush(0, deadline)? {
             return Ok(false);
@@ -410,7 +410,7 @@ impl TrajectoryWriter {
         if self.step_open {
             self.step += 1;
         }
-        self.lanes.restart_all(self.step);
+        self.envs.restart_all(self.step);
         self.step_open = false;
         if clear_buffers {
             for column in 0..self.columns.len() {

@@ -87,7 +87,7 @@ impl Service for InProcServer {
                 .into_iter()
                 .map(|s| Sample {
                     info: s.info(),
-                    chunks: s.item.chunks.iter().map(|c| c.data().clone()).collect(),
+                    chunks: s.item.chunks.iter().map(|c| inline(c.data())).collect(),
                 })
                 .collect())
         })
@@ -118,6 +118,16 @@ impl Service for InProcServer {
             self.stopped.check()?;
             self.service.save_checkpoint().await
         })
+    }
+}
+
+/// A chunk as handed to a client of this process: its bytes shared, no ring fields (a chunk
+/// restored from a checkpoint file may carry some).
+fn inline(chunk: &reverb_proto::ChunkData) -> reverb_proto::ChunkData {
+    reverb_proto::ChunkData {
+        shm_position: 0,
+        shm_length: 0,
+        ..chunk.clone()
     }
 }
 

@@ -1,7 +1,7 @@
-//! Lanes: the episodes a writer writes at once, one for a plain writer and one per
-//! environment of a vectorised one, and the vectorised API. This module owns the column
-//! layout (field `f` of lane `l` is column `f * lanes + l`) and the resolution of history
-//! positions (`Steps`) in each lane's own episode.
+//! Envs: the environments a writer writes episodes of at once (one for a plain writer, one per
+//! environment of a vectorised one), each with its current episode, and the vectorised API.
+//! This module owns the column layout (field `f` of env `e` is column `f * num_envs + e`) and
+//! the resolution of history positions (`Steps`) in each env's own episode.
 
 use super::columns::Row;
 use super::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
@@ -10,13 +10,13 @@ use std::time::Instant;
 
 /// One episode being written.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Lane {
+pub(super) struct Episode {
     pub episode_id: u64,
     /// The writer-wide step where the episode began.
     pub start: u64,
 }
 
-impl Lane {
+impl Episode {
     fn new(start: u64) -> Self {
         Self {
             episode_id: rand::random(),
@@ -25,61 +25,61 @@ impl Lane {
     }
 }
 
-/// The lanes of a writer, and where their fields' columns are.
+/// The envs of a writer with their current episodes, and where their fields' columns are.
 #[derive(Debug)]
-pub(super) struct Lanes(Vec<Lane>);
+pub(super) struct Envs(Vec<Episode>);
 
-impl Lanes {
-    /// `n` lanes whose episodes start at step 0.
+impl Envs {
+    /// `n` envs whose episodes start at step 0.
     pub fn new(n: usize) -> Self {
-        Self((0..n).map(|_| Lane::new(0)).collect())
+        Self((0..n).map(|_| Episode::new(0)).collect())
     }
 
-    /// Number of lanes.
+    /// Number of envs.
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
-    /// A lane.
-    pub fn get(&self, lane: usize) -> Lane {
-        self.0[lane]
+    /// An env's current episode.
+    pub fn get(&self, env: usize) -> Episode {
+        self.0[env]
     }
 
-    /// The lane a column belongs to.
-    pub fn of_column(&self, column: usize) -> Lane {
+    /// The current episode of the env a column belongs to.
+    pub fn of_column(&self, column: usize) -> Episode {
         self.0[column % self.0.len()]
     }
 
-    /// The column of `field` in `lane`.
-    pub fn column(&self, field: usize, lane: usize) -> usize {
-        field * self.0.len() + lane
+    /// The column of `field` in `env`.
+    pub fn column(&self, field: usize, env: usize) -> usize {
+        field * self.0.len() + env
     }
 
-    /// The columns of `lane` below `len`.
-    pub fn columns_of(&self, lane: usize, len: usize) -> impl Iterator<Item = usize> {
-        (lane..len).step_by(self.0.len())
+    /// The columns of `env` below `len`.
+    pub fn columns_of(&self, env: usize, len: usize) -> impl Iterator<Item = usize> {
+        (env..len).step_by(self.0.len())
     }
 
-    /// Starts a new episode in `lane` at `step`.
-    pub fn restart(&mut self, lane: usize, step: u64) {
-        self.0[lane] = Lane::new(step);
+    /// Starts a new episode in `env` at `step`.
+    pub fn restart(&mut self, env: usize, step: u64) {
+        self.0[env] = Episode::new(step);
     }
 
-    /// Starts a new episode in every lane at `step`.
+    /// Starts a new episode in every env at `step`.
     pub fn restart_all(&mut self, step: u64) {
-        for lane in 0..self.0.len() {
-            self.restart(lane, step);
+        for env in 0..self.0.len() {
+            self.restart(env, step);
         }
     }
 
-    /// Each lane's episode start.
+    /// Each env's episode start.
     pub fn starts(&self) -> Vec<u64> {
-        self.0.iter().map(|l| l.start).collect()
+        self.0.iter().map(|e| e.start).collect()
     }
 }
 
-/// Which episode steps of each lane an item column takes (Python's indexing, relative to
-/// the lane's episode so far).
+/// Which episode steps of each env an item column takes (Python's indexing, relative to
+/// the env's episode so far).
 #[derive(Debug, Clone)]
 pub enum Steps {
     /// One step (negative counts from the end); the column is squeezed.
@@ -91,7 +91,7 @@ pub enum Steps {
 }
 
 impl Steps {
-    /// Episode steps of a lane with `len` steps, or an error naming what is out of range.
+    /// Episode steps of an env with `len` steps, or an error naming what is out of range.
     fn resolve(&self, len: i64) -> std::result::Result<Vec<i64>, String> {
         let one = |i: i64| {
             let j = if i < 0 { i + len } else { i };
@@ -144,57 +144,57 @@ impl Steps {
 }
 
 impl TrajectoryWriter {
-    /// A writer of `lanes` parallel episodes, one per environment of a vectorised
-    /// environment: each lane has its own episode, and every `append_lanes` adds one step to
-    /// each. Its columns are fields: `column_spec`, `configure` and the lane calls take a
-    /// field index (the writer keeps a column per field and lane).
-    pub fn with_lanes(client: Client, options: WriterOptions, lanes: usize) -> Result<Self> {
-        if lanes < 1 {
+    /// A writer of `envs` parallel episodes, one per environment of a vectorised
+    /// environment: each env has its own episode, and every `append_envs` adds one step to
+    /// each. Its columns are fields: `column_spec`, `configure` and the env calls take a
+    /// field index (the writer keeps a column per field and env).
+    pub fn with_envs(client: Client, options: WriterOptions, envs: usize) -> Result<Self> {
+        if envs < 1 {
             return Err(ClientError::invalid(format!(
-                "num_envs ({lanes}) must be >= 1"
+                "num_envs ({envs}) must be >= 1"
             )));
         }
         let mut writer = Self::new(client, options)?;
-        writer.lanes = Lanes::new(lanes);
+        writer.envs = Envs::new(envs);
         Ok(writer)
     }
 
     /// Number of parallel episodes.
-    pub fn num_lanes(&self) -> usize {
-        self.lanes.len()
+    pub fn num_envs(&self) -> usize {
+        self.envs.len()
     }
 
-    /// Steps appended in each lane's episode.
-    pub fn lane_steps(&self) -> Vec<u64> {
-        self.lanes.starts().iter().map(|s| self.step - s).collect()
+    /// Steps appended in each env's episode.
+    pub fn env_steps(&self) -> Vec<u64> {
+        self.envs.starts().iter().map(|s| self.step - s).collect()
     }
 
-    /// Writer-wide step of each lane's first episode step (cells are addressed by it).
-    pub fn lane_starts(&self) -> Vec<u64> {
-        self.lanes.starts()
+    /// Writer-wide step of each env's first episode step (cells are addressed by it).
+    pub fn env_starts(&self) -> Vec<u64> {
+        self.envs.starts()
     }
 
-    /// The cells of `field` at `steps` of `lane`'s episode (`None` for expired ones), or the
+    /// The cells of `field` at `steps` of `env`'s episode (`None` for expired ones), or the
     /// reason `steps` is out of range there.
-    pub fn lane_cells(
+    pub fn env_cells(
         &self,
         field: usize,
-        lane: usize,
+        env: usize,
         steps: &Steps,
     ) -> Result<std::result::Result<Vec<Option<Tensor>>, String>> {
-        let n = self.lanes.len();
-        if lane >= n {
+        let n = self.envs.len();
+        if env >= n {
             return Err(ClientError::invalid(format!(
-                "env index {lane} out of range for num_envs {n}"
+                "env index {env} out of range for num_envs {n}"
             )));
         }
-        let Lane { start, .. } = self.lanes.get(lane);
+        let Episode { start, .. } = self.envs.get(env);
         let len = (self.step - start) as i64;
         let resolved = match steps.resolve(len) {
             Ok(r) => r,
-            Err(e) => return Ok(Err(format!("{e} (env {lane}'s episode of {len} steps)"))),
+            Err(e) => return Ok(Err(format!("{e} (env {env}'s episode of {len} steps)"))),
         };
-        let column = self.lanes.column(field, lane);
+        let column = self.envs.column(field, env);
         let cells = resolved
             .into_iter()
             .map(|s| self.columns.read_cell(column, start + s as u64))
@@ -202,15 +202,15 @@ impl TrajectoryWriter {
         Ok(Ok(cells))
     }
 
-    /// Appends one step to every lane: each value `(field, tensor)` has a leading dimension
-    /// of `num_lanes()`, row `l` going to lane `l`. Errors name the field; a failed call
+    /// Appends one step to every env: each value `(field, tensor)` has a leading dimension
+    /// of `num_envs()`, row `l` going to env `l`. Errors name the field; a failed call
     /// changes nothing.
-    pub fn append_lanes(
+    pub fn append_envs(
         &mut self,
         values: Vec<(usize, Tensor)>,
     ) -> std::result::Result<(), AppendError> {
         self.check_error().map_err(AppendError::Other)?;
-        let n = self.lanes.len();
+        let n = self.envs.len();
         if let Some((field, value)) = values
             .iter()
             .find(|(_, v)| v.shape.first().copied() != Some(n as i64))
@@ -222,7 +222,7 @@ impl TrajectoryWriter {
         }
         let rows = values.iter().map(|(field, value)| Row {
             name: *field,
-            column: self.lanes.column(*field, 0),
+            column: self.envs.column(*field, 0),
             dtype: value.dtype,
             shape: &value.shape[1..],
         });
@@ -230,10 +230,10 @@ impl TrajectoryWriter {
         let step = self.step;
         for (field, value) in &values {
             let row_bytes = value.row_bytes();
-            for lane in 0..n {
-                let row = &value.data[lane * row_bytes..(lane + 1) * row_bytes];
-                let column = self.lanes.column(*field, lane);
-                let episode = self.lanes.get(lane);
+            for env in 0..n {
+                let row = &value.data[env * row_bytes..(env + 1) * row_bytes];
+                let column = self.envs.column(*field, env);
+                let episode = self.envs.get(env);
                 self.columns
                     .push_row(column, step, value.dtype, &value.shape[1..], row, episode);
             }
@@ -242,73 +242,73 @@ impl TrajectoryWriter {
         Ok(())
     }
 
-    /// Ends the episodes of `lanes`: finalizes their chunks (so their items can leave) and
+    /// Ends the episodes of `envs`: finalizes their chunks (so their items can leave) and
     /// starts new episodes there; `clear_buffers` drops their history. Does not wait for
     /// confirmations (`flush` does).
-    pub fn end_lanes(&mut self, lanes: &[usize], clear_buffers: bool) -> Result<()> {
+    pub fn end_envs(&mut self, envs: &[usize], clear_buffers: bool) -> Result<()> {
         self.check_error()?;
-        let n = self.lanes.len();
-        if let Some(bad) = lanes.iter().find(|&&l| l >= n) {
+        let n = self.envs.len();
+        if let Some(bad) = envs.iter().find(|&&l| l >= n) {
             return Err(ClientError::invalid(format!(
                 "env index {bad} out of range for num_envs {n}"
             )));
         }
-        for &lane in lanes {
-            let episode = self.lanes.get(lane);
-            let columns: Vec<usize> = self.lanes.columns_of(lane, self.columns.len()).collect();
+        for &env in envs {
+            let episode = self.envs.get(env);
+            let columns: Vec<usize> = self.envs.columns_of(env, self.columns.len()).collect();
             for column in columns {
                 self.columns.finalize(column, episode);
                 if clear_buffers {
                     self.columns.clear_cells(column);
                 }
             }
-            self.lanes.restart(lane, self.step);
+            self.envs.restart(env, self.step);
         }
         self.pump(Some(Instant::now())).map(|_| ())
     }
 
-    /// Creates one item in `table` per lane of `lanes`, each from that lane's episode:
-    /// `columns` are `(field, steps, squeeze)`. `priorities` has one value per lane, or one for
+    /// Creates one item in `table` per env of `envs`, each from that env's episode:
+    /// `columns` are `(field, steps, squeeze)`. `priorities` has one value per env, or one for
     /// all. Checks every item before queuing any. Returns false if it stopped waiting for room
     /// in the in-flight window at `deadline` (the items are queued regardless).
-    pub fn create_lane_items(
+    pub fn create_env_items(
         &mut self,
         table: &str,
         priorities: &[f64],
-        lanes: &[usize],
+        envs: &[usize],
         columns: &[(usize, Steps, bool)],
         deadline: Option<Instant>,
     ) -> Result<bool> {
         self.check_error()?;
-        let n = self.lanes.len();
-        if priorities.len() != 1 && priorities.len() != lanes.len() {
+        let n = self.envs.len();
+        if priorities.len() != 1 && priorities.len() != envs.len() {
             return Err(ClientError::invalid(format!(
                 "Got {} priorities for {} envs (give one, or one per env)",
                 priorities.len(),
-                lanes.len()
+                envs.len()
             )));
         }
-        let mut items = Vec::with_capacity(lanes.len());
-        for &lane in lanes {
-            if lane >= n {
+        let mut items = Vec::with_capacity(envs.len());
+        for &env in envs {
+            if env >= n {
                 return Err(ClientError::invalid(format!(
-                    "env index {lane} out of range for num_envs {n}"
+                    "env index {env} out of range for num_envs {n}"
                 )));
             }
-            let Lane { start, .. } = self.lanes.get(lane);
+            let Episode { start, .. } = self.envs.get(env);
             let len = (self.step - start) as i64;
             let mut item = Vec::with_capacity(columns.len());
             for (i, (field, steps, squeeze)) in columns.iter().enumerate() {
-                let column = self.lanes.column(*field, lane);
+                let column = self.envs.column(*field, env);
                 let refs = steps
                     .resolve(len)
-                    .map_err(|e| ClientError::invalid(format!("Column {i}, env {lane}: {e}")))?
+                    .map_err(|e| ClientError::invalid(format!("Column {i}, env {env}: {e}")))?
                     .into_iter()
                     .map(|s| (column, start + s as u64))
                     .collect::<Vec<_>>();
                 if refs.is_empty() || (*squeeze && refs.len() != 1) {
                     return Err(ClientError::invalid(format!(
-                        "Column {i}, env {lane}: selects {} steps of {len}{}",
+                        "Column {i}, env {env}: selects {} steps of {len}{}",
                         refs.len(),
                         if *squeeze {
                             " (a squeezed column needs exactly 1)"
@@ -321,7 +321,7 @@ impl TrajectoryWriter {
                     refs.iter().find(|&&(c, s)| !self.columns.alive(c, &[s])[0])
                 {
                     return Err(ClientError::invalid(format!(
-                        "Column {i}, env {lane}: episode step {} has expired (increase \
+                        "Column {i}, env {env}: episode step {} has expired (increase \
                          num_keep_alive_refs) or was never written",
                         step - start
                     )));
