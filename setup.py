@@ -9,8 +9,9 @@ from setuptools import setup
 
 def cargo_version() -> str:
     text = (pathlib.Path(__file__).parent / "Cargo.toml").read_text()
-    section = text.split("[workspace.package]", 1)[1].split("\n[", 1)[0]
-    match = re.search(r'^version\s*=\s*"([^"]+)"', section, re.MULTILINE)
+    _, found, rest = text.partition("[workspace.package]")
+    section = rest.split("\n[", 1)[0]
+    match = re.search(r'^version\s*=\s*"([^"]+)"', section, re.MULTILINE) if found else None
     if match is None:
         raise RuntimeError("no version in Cargo.toml's [workspace.package]")
     return match.group(1)

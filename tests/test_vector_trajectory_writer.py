@@ -189,3 +189,5 @@ def test_history_numpy_reads_each_envs_own_episode(client) -> None:
             obs[0].numpy(env=0)  # step 0: older than num_keep_alive_refs
         with pytest.raises(ValueError, match="out of range"):
             obs[-1].numpy(env=3)
+        with pytest.raises(ValueError, match="step cannot be zero"):
+            obs[::0].numpy()

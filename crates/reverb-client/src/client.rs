@@ -423,11 +423,16 @@ impl Client {
             }
         }
         drop(tx);
-        let samples = samples
-            .into_iter()
-            .map(|(info, chunks)| assemble(info, &chunks))
-            .collect::<Result<Vec<Sample>>>()?;
-        Ok((samples, failure))
+        // Every sample that decodes is returned (they left the table), with the first error.
+        let mut decoded = Vec::with_capacity(samples.len());
+        let mut undecodable = None;
+        for (info, chunks) in samples {
+            match assemble(info, &chunks) {
+                Ok(sample) => decoded.push(sample),
+                Err(e) => undecodable = undecodable.or(Some(e)),
+            }
+        }
+        Ok((decoded, undecodable.or(failure)))
     }
 
     /// [`Client::sample_partial`] from a server of this process: batches until `num_samples`
@@ -456,12 +461,16 @@ impl Client {
             };
             match got {
                 Ok(batch) => {
+                    // (Samples taken from the table are all returned, with the first error.)
+                    let mut failure = None;
                     for s in batch {
-                        // (Samples taken from the table are returned with the error.)
                         match plan(s.info, &s.chunks).and_then(|p| p.assemble()) {
                             Ok(sample) => samples.push(sample),
-                            Err(e) => return Ok((samples, Some(e))),
+                            Err(e) => failure = failure.or(Some(e)),
                         }
+                    }
+                    if failure.is_some() {
+                        return Ok((samples, failure));
                     }
                 }
                 Err(status) => return Ok((samples, Some(self.inproc_status(status)))),

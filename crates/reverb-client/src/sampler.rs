@@ -296,6 +296,10 @@ impl InProc {
     }
 }
 
+/// How long an in-process worker keeps looking for its stopped server (backoff doubling from
+/// 1 ms while below this: about twice this in all).
+const INPROC_RETRY: Duration = Duration::from_secs(2);
+
 /// A worker for a server in this process: takes what is ready (up to
 /// `max_in_flight_samples_per_worker`) in one call at a time.
 async fn inproc_worker(
@@ -328,11 +332,14 @@ async fn inproc_worker(
                 if e.code == Code::DeadlineExceeded && options.rate_limiter_timeout.is_some() {
                     return Exit::TimedOut;
                 }
-                // A stopped server may be restarted on its port: look it up again for about
-                // as long as `worker` reconnects.
+                // A stopped server may be restarted on its port: look it up again for a few
+                // seconds (a stop itself may take a second).
                 let registered = matches!(inproc, InProc::Registered(_));
-                if registered && e.code == Code::Unavailable && backoff < Duration::from_secs(1) {
-                    tokio::time::sleep(backoff).await;
+                if registered && e.code == Code::Unavailable && backoff < INPROC_RETRY {
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tx.closed() => return Exit::Finished,
+                    }
                     backoff *= 2;
                     if let Some(server) = client.inproc() {
                         inproc = InProc::Registered(server);

@@ -32,9 +32,39 @@ pub(crate) fn slices<T: Send>(
     }
 }
 
-/// Runs `fut` to completion on this thread (driven by the client runtime), without the GIL.
-/// A signal drops it, cancelling whatever it was doing.
-pub(crate) fn run<T: Send>(
+/// Runs `fut` to completion on the client runtime's workers, waiting without the GIL. A
+/// signal aborts it, cancelling whatever it was doing. Network calls must run there: driven
+/// from a Python thread (`run_here`), tonic/h2 calls on one connection failed with
+/// ENHANCE_YOUR_CALM after a few thousand calls.
+pub(crate) fn run<T: Send + 'static>(
+    py: Python<'_>,
+    fut: impl Future<Output = reverb_client::Result<T>> + Send + 'static,
+) -> PyResult<T> {
+    let handle = runtime().spawn(fut);
+    let abort = handle.abort_handle();
+    let joined = run_here(py, async move {
+        handle.await.unwrap_or_else(|e| {
+            let why = if e.is_panic() {
+                "panicked"
+            } else {
+                "was cancelled"
+            };
+            Err(ClientError::new(
+                Code::Internal,
+                format!("reverb client call {why}"),
+            ))
+        })
+    });
+    if joined.is_err() {
+        abort.abort();
+    }
+    joined
+}
+
+/// Runs `fut` to completion on this thread (timers and I/O driven by the client runtime),
+/// without the GIL: one thread hop less than [`run`], for calls that stay in this process. A
+/// signal drops it, cancelling whatever it was doing.
+pub(crate) fn run_here<T: Send>(
     py: Python<'_>,
     fut: impl Future<Output = reverb_client::Result<T>> + Send,
 ) -> PyResult<T> {
@@ -45,10 +75,15 @@ pub(crate) fn run<T: Send>(
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             runtime().block_on(async { tokio::time::timeout_at(until, fut.as_mut()).await.ok() })
         }))
-        .unwrap_or_else(|_| {
+        .unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
             Some(Err(ClientError::new(
                 Code::Internal,
-                "reverb client call panicked",
+                format!("reverb client call panicked: {why}"),
             )))
         })
     })?;

@@ -1,7 +1,7 @@
 //! `reverb._native.Client`: unary calls and `Client.sample` (over gRPC, or straight to a
 //! server of this process: `reverb_client` decides per call).
 
-use crate::blocking::{run, seconds};
+use crate::blocking::{run, run_here, seconds};
 use crate::errors::{client_error, IntoPyResult};
 use crate::numpy::column_out;
 use prost::Message;
@@ -10,6 +10,10 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList};
 use reverb_client::{Client, Sample};
+
+/// A client call's future, owning what it needs.
+type BoxFuture<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = reverb_client::Result<T>> + Send>>;
 
 /// Whether calls may skip gRPC for servers of this process: unless `REVERB_NO_INPROC` is set
 /// (tests cover both paths). Read when clients, writers and samplers are made, with the GIL
@@ -29,6 +33,21 @@ pub(crate) struct PyClient {
 }
 
 impl PyClient {
+    /// Runs a call of the client: on this thread when it reaches a server of this process,
+    /// else on the client runtime (see `blocking`).
+    fn call<T: Send + 'static>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(Client) -> BoxFuture<T>,
+    ) -> PyResult<T> {
+        let c = self.inner.clone();
+        if c.inproc().is_some() {
+            run_here(py, f(c))
+        } else {
+            run(py, f(c))
+        }
+    }
+
     /// The client, with in-process calls allowed as the environment says now.
     pub(crate) fn fresh(&self, py: Python<'_>) -> Client {
         self.inner.clone().with_inproc(inproc_allowed(py))
@@ -123,7 +142,9 @@ impl PyClient {
         timeout: Option<f64>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let timeout = seconds(timeout)?;
-        let infos = run(py, self.inner.server_info(timeout))?;
+        let infos = self.call(py, |c| {
+            Box::pin(async move { c.server_info(timeout).await })
+        })?;
         Ok(infos
             .iter()
             .map(|i| PyBytes::new(py, &i.encode_to_vec()))
@@ -141,25 +162,25 @@ impl PyClient {
         timeout: Option<f64>,
     ) -> PyResult<()> {
         let timeout = seconds(timeout)?;
-        run(
-            py,
-            self.inner
-                .mutate_priorities(&table, updates, deletes, timeout),
-        )
+        self.call(py, |c| {
+            Box::pin(async move { c.mutate_priorities(&table, updates, deletes, timeout).await })
+        })
     }
 
     /// Empties a table.
     #[pyo3(signature = (table, timeout=None))]
     fn reset(&self, py: Python<'_>, table: String, timeout: Option<f64>) -> PyResult<()> {
         let timeout = seconds(timeout)?;
-        run(py, self.inner.reset(&table, timeout))
+        self.call(py, |c| {
+            Box::pin(async move { c.reset(&table, timeout).await })
+        })
     }
 
     /// Asks the server to checkpoint; returns the path.
     #[pyo3(signature = (timeout=None))]
     fn checkpoint(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<String> {
         let timeout = seconds(timeout)?;
-        run(py, self.inner.checkpoint(timeout))
+        self.call(py, |c| Box::pin(async move { c.checkpoint(timeout).await }))
     }
 
     /// Samples `num_samples` items. Returns `(samples, error)`: a list of
@@ -176,11 +197,12 @@ impl PyClient {
     ) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>)> {
         let timeout = seconds(timeout)?;
         let rl_timeout = seconds(rate_limiter_timeout)?;
-        let (samples, failure) = run(
-            py,
-            self.inner
-                .sample_partial(&table, num_samples, rl_timeout, timeout),
-        )?;
+        let (samples, failure) = self.call(py, |c| {
+            Box::pin(async move {
+                c.sample_partial(&table, num_samples, rl_timeout, timeout)
+                    .await
+            })
+        })?;
         let out = samples_out(py, samples)?;
         let failure = match failure {
             Some(e) => client_error(e).into_value(py).into_bound(py).into_any(),

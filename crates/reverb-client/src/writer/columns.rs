@@ -223,19 +223,22 @@ impl Columns {
         if self.columns.len() <= column {
             self.columns.resize_with(column + 1, || None);
         }
-        let (keep_alive, max_chunk_length) = self
-            .overrides
-            .iter()
-            .find(|o| o.0 == column)
-            .map_or((self.keep_alive, self.max_chunk_length), |o| (o.1, o.2));
-        let col = self.columns[column].get_or_insert_with(|| Column {
-            dtype,
-            row_shape: shape.to_vec(),
-            row_bytes: data.len(),
-            keep_alive,
-            max_chunk_length,
-            cells: VecDeque::new(),
-            open: None,
+        let (defaults, overrides) = ((self.keep_alive, self.max_chunk_length), &self.overrides);
+        let col = self.columns[column].get_or_insert_with(|| {
+            // (Looked up once, when the column first appears.)
+            let (keep_alive, max_chunk_length) = overrides
+                .iter()
+                .find(|o| o.0 == column)
+                .map_or(defaults, |o| (o.1, o.2));
+            Column {
+                dtype,
+                row_shape: shape.to_vec(),
+                row_bytes: data.len(),
+                keep_alive,
+                max_chunk_length,
+                cells: VecDeque::new(),
+                open: None,
+            }
         });
         // Room for the whole chunk up front: no reallocation (and page faults) while it fills.
         let capacity = col.chunk_length() * col.row_bytes;

@@ -188,6 +188,10 @@ impl TrajectoryWriter {
                 "env index {env} out of range for num_envs {n}"
             )));
         }
+        if let Steps::Slice(_, _, Some(0)) = steps {
+            // (Python's own error for a zero step, as `create_env_items` gives it.)
+            return Err(ClientError::invalid("slice step cannot be zero"));
+        }
         let Episode { start, .. } = self.envs.get(env);
         let len = (self.step - start) as i64;
         let resolved = match steps.resolve(len) {
