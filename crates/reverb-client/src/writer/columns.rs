@@ -2,7 +2,7 @@
 //! rows into an open chunk, which is finalized (snappy-encoded, optionally delta-encoded) when
 //! it holds its chunk length of rows, when a flush needs it, or at the end of an episode.
 
-use super::envs::Episode;
+use super::envs::{Envs, Episode};
 use super::AppendError;
 use crate::tensor::{decode_chunk, dtype_size, encode_chunk_with, Tensor};
 use crate::{ClientError, Result};
@@ -210,7 +210,9 @@ impl Columns {
         Ok(())
     }
 
-    /// Appends a row (checked by `check_rows`) to a column at `step` of `env`'s episode.
+    /// Appends a row (checked by `check_rows`) to a column at `step`; a full chunk is
+    /// finalized in the current episode of the column's env (looked up only then: this is
+    /// the per-row hot path).
     pub fn push_row(
         &mut self,
         column: usize,
@@ -218,7 +220,7 @@ impl Columns {
         dtype: i32,
         shape: &[i64],
         data: &[u8],
-        env: Episode,
+        envs: &Envs,
     ) {
         if self.columns.len() <= column {
             self.columns.resize_with(column + 1, || None);
@@ -264,7 +266,7 @@ impl Columns {
             col.cells.pop_front();
         }
         if open.rows >= col.chunk_length() {
-            self.finalize(column, env);
+            self.finalize(column, envs.of_column(column));
         }
     }
 

@@ -47,7 +47,10 @@ impl Envs {
 
     /// The current episode of the env a column belongs to.
     pub fn of_column(&self, column: usize) -> Episode {
-        self.0[column % self.0.len()]
+        match self.0.len() {
+            1 => self.0[0],
+            n => self.0[column % n],
+        }
     }
 
     /// The column of `field` in `env`.
@@ -237,9 +240,14 @@ impl TrajectoryWriter {
             for env in 0..n {
                 let row = &value.data[env * row_bytes..(env + 1) * row_bytes];
                 let column = self.envs.column(*field, env);
-                let episode = self.envs.get(env);
-                self.columns
-                    .push_row(column, step, value.dtype, &value.shape[1..], row, episode);
+                self.columns.push_row(
+                    column,
+                    step,
+                    value.dtype,
+                    &value.shape[1..],
+                    row,
+                    &self.envs,
+                );
             }
         }
         self.step += 1;

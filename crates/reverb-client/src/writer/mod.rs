@@ -201,9 +201,14 @@ impl TrajectoryWriter {
             .check_rows(rows, self.step_open.then_some(self.step))?;
         let step = self.step;
         for (column, value) in values {
-            let env = self.envs.of_column(column);
-            self.columns
-                .push_row(column, step, value.dtype, &value.shape, &value.data, env);
+            self.columns.push_row(
+                column,
+                step,
+                value.dtype,
+                &value.shape,
+                &value.data,
+                &self.envs,
+            );
         }
         if partial {
             self.step_open = true;
@@ -249,9 +254,14 @@ impl TrajectoryWriter {
             for (column, value) in &values {
                 let row_bytes = value.row_bytes();
                 let row = &value.data[t * row_bytes..(t + 1) * row_bytes];
-                let env = self.envs.of_column(*column);
-                self.columns
-                    .push_row(*column, step, value.dtype, &value.shape[1..], row, env);
+                self.columns.push_row(
+                    *column,
+                    step,
+                    value.dtype,
+                    &value.shape[1..],
+                    row,
+                    &self.envs,
+                );
             }
             self.step += 1;
         }
