@@ -14,8 +14,10 @@ from reverb import (
     rate_limiters,
     replay_sample,
     reverb_types,
+    structured_writer,
 )
 from reverb import item_selectors as selectors
+from reverb import structured_writer as structured
 from reverb._native import __version__
 from reverb.client import Client
 from reverb.errors import DeadlineExceededError, ReverbError
@@ -72,4 +74,6 @@ __all__ = [
     "replay_sample",
     "reverb_types",
     "selectors",
+    "structured",
+    "structured_writer",
 ]

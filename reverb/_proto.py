@@ -29,3 +29,13 @@ PrioritizedItem = _message("deepmind.reverb.PrioritizedItem")
 FlatTrajectory = _message("deepmind.reverb.FlatTrajectory")
 ChunkData = _message("deepmind.reverb.ChunkData")
 SampleInfo = _message("deepmind.reverb.SampleInfo")
+
+# StructuredWriter configs (`reverb.cc.patterns_pb2`).
+PatternNode = _message("deepmind.reverb.PatternNode")
+Condition = _message("deepmind.reverb.Condition")
+Priority = _message("deepmind.reverb.Priority")
+StructuredWriterConfig = _message("deepmind.reverb.StructuredWriterConfig")
+
+# TensorFlow's structure messages (the subset in proto/tensorflow/struct.proto).
+StructuredValue = _message("tensorflow.StructuredValue")
+TensorSpecProto = _message("tensorflow.TensorSpecProto")

@@ -4,7 +4,11 @@ use std::path::PathBuf;
 
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = ["reverb/reverb_service.proto", "reverb/checkpoint.proto"];
+    let files = [
+        "reverb/reverb_service.proto",
+        "reverb/checkpoint.proto",
+        "reverb/patterns.proto",
+    ];
     println!("cargo:rerun-if-changed={}", root.display());
     let fds = protox::compile(files, [&root]).expect("compiling proto/ failed");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
