@@ -313,3 +313,24 @@ def test_checkpoint_while_writers_and_samplers_run(tmp_path: pathlib.Path) -> No
         assert size > 0
         for s in c.sample("t", 50, emit_timesteps=False, timeout=T):
             assert s.data[0][1][0] == s.data[0][0][0] + 1
+
+
+def test_the_references_checkpointer_paths_restore_a_checkpoint(tmp_path: pathlib.Path) -> None:
+    # As code written for Reverb 0.14 (e.g. TF-Agents' examples) restores: through
+    # reverb.platform.checkpointers_lib, from the parent of a checkpoint's path.
+    from reverb.platform import checkpointers_lib
+    from reverb.platform.default import checkpointers as default_checkpointers
+
+    assert reverb.checkpointers.DefaultCheckpointer is checkpointers_lib.DefaultCheckpointer
+    assert default_checkpointers.CheckpointerBase is checkpointers.CheckpointerBase
+    assert isinstance(
+        default_checkpointers.default_checkpointer(), checkpointers_lib.CheckpointerBase
+    )
+    first = checkpointers_lib.DefaultCheckpointer(path=str(tmp_path / "replay"))
+    with reverb.Server(tables(), checkpointer=first) as server:
+        fill(server.localhost_client())
+        checkpoint_path = server.localhost_client().checkpoint()
+        saved = contents(server.localhost_client())  # (sampling changes the tables)
+    again = checkpointers_lib.DefaultCheckpointer(path=checkpoint_path.rsplit("/", 1)[0])
+    with reverb.Server(tables(), checkpointer=again) as server:
+        assert contents(server.localhost_client()) == saved

@@ -1,0 +1,1 @@
+"""The default platform's modules (`reverb.platform.default.checkpointers`)."""
