@@ -53,13 +53,18 @@ _NESTED = (collections.abc.Mapping, list, tuple)
 
 
 def flatten_with_path(structure: Any) -> list[tuple[tuple, Any]]:
-    """(path, leaf) pairs; a path is the tuple of keys/indices leading to the leaf."""
+    """(path, leaf) pairs; a path is the tuple of keys (dict keys, named tuple field names) and
+    indices (lists, tuples) leading to the leaf."""
     out: list[tuple[tuple, Any]] = []
 
     def walk(x: Any, path: tuple) -> None:
         if isinstance(x, collections.abc.Mapping):
             for k in _sorted_keys(x):
                 walk(x[k], path + (k,))
+        elif _is_namedtuple(x):
+            # (Named tuples are keyed by field name, as dm-tree does.)
+            for k, child in zip(type(x)._fields, x):
+                walk(child, path + (k,))
         elif isinstance(x, (list, tuple)):
             for i, child in enumerate(x):
                 walk(child, path + (i,))

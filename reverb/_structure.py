@@ -77,6 +77,9 @@ def _tensor_spec(value: Any) -> Any:
 def decode(value: Any) -> Any:
     """The nest a StructuredValue holds (TensorSpecs need TensorFlow)."""
     kind = value.WhichOneof("kind")
+    if kind is None and value.ByteSize():
+        # (A kind this schema does not hold, e.g. a TypeSpec: refuse rather than lose it.)
+        raise ValueError("Cannot decode a StructuredValue of a kind this package does not know")
     if kind == "none_value" or kind is None:
         return None
     if kind in ("bool_value", "int64_value", "float64_value", "string_value"):

@@ -195,7 +195,7 @@ class _ConditionBuilder:
 
     def __eq__(self, value: int) -> patterns_pb2.Condition:  # type: ignore[override]
         condition = copy.deepcopy(self._incomplete)
-        if condition.HasField("mod_eq"):
+        if condition.mod_eq.mod:
             condition.mod_eq.eq = value
         else:
             condition.eq = value

@@ -182,6 +182,13 @@ def test_infer_signature() -> None:
         "extras": {"td": np.float32(0), "count": np.int64(0)},
     }
     assert sw.infer_signature([config(3)], arrays)["obs"].shape.as_list() == [3, 3]
+    # Named tuple columns are named by field, as dm-tree names their paths.
+    transition = sw.create_config(
+        Transition(observation=ref["obs"][-2], action=ref["action"][-2], next=ref["obs"][-1]),
+        "replay",
+    )
+    names = [s.name for s in sw.infer_signature([transition], step_spec)]
+    assert names == ["observation", "action", "next"]
     with pytest.raises(ValueError, match="At least one config"):
         sw.infer_signature([], step_spec)
     with pytest.raises(ValueError, match="same table"):
