@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
+from _no_tensorflow import run_without_tensorflow
 
 
 def test_reverb_works_without_tensorflow() -> None:
-    script = textwrap.dedent(
+    result = run_without_tensorflow(
         """
         import sys
-
-        class BlockTensorFlow:
-            def find_spec(self, name, path=None, target=None):
-                if name == "tensorflow" or name.startswith("tensorflow."):
-                    raise ImportError("tensorflow is blocked for this test")
-                return None
-
-        sys.meta_path.insert(0, BlockTensorFlow())
 
         import numpy as np
         import reverb
@@ -34,9 +24,6 @@ def test_reverb_works_without_tensorflow() -> None:
         server.stop()
         print("ok")
         """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

@@ -5,12 +5,10 @@ conditions with every operator, priorities, and `infer_signature`."""
 from __future__ import annotations
 
 import collections
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
+from _no_tensorflow import run_without_tensorflow
 
 import reverb
 from reverb import structured_writer as sw
@@ -202,17 +200,9 @@ def test_infer_signature() -> None:
 
 
 def test_helpers_work_without_tensorflow() -> None:
-    script = textwrap.dedent(
+    result = run_without_tensorflow(
         """
         import sys
-
-        class BlockTensorFlow:
-            def find_spec(self, name, path=None, target=None):
-                if name == "tensorflow" or name.startswith("tensorflow."):
-                    raise ImportError("tensorflow is blocked for this test")
-                return None
-
-        sys.meta_path.insert(0, BlockTensorFlow())
 
         from reverb import structured_writer as sw
         from reverb.cc import patterns_pb2
@@ -230,9 +220,6 @@ def test_helpers_work_without_tensorflow() -> None:
         assert "tensorflow" not in sys.modules
         print("ok")
         """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

@@ -186,16 +186,16 @@ impl Columns {
         Ok(())
     }
 
-    /// Overrides keep-alive and chunk length of one column (before or after it first
-    /// appears; an existing open chunk is finalized first, in `env`'s episode).
+    /// Overrides keep-alive and chunk length (checked by `check_lengths`) of one column, before
+    /// or after it first appears; an existing open chunk is finalized first, in `env`'s
+    /// episode.
     pub fn configure(
         &mut self,
         column: usize,
         keep_alive: usize,
         max_chunk_length: Option<usize>,
         env: Episode,
-    ) -> Result<()> {
-        check_lengths(keep_alive, max_chunk_length)?;
+    ) {
         if self.get(column).is_some() {
             self.finalize(column, env);
             let col = self.columns[column].as_mut().expect("checked");
@@ -207,7 +207,6 @@ impl Columns {
         }
         self.overrides.retain(|o| o.0 != column);
         self.overrides.push((column, keep_alive, max_chunk_length));
-        Ok(())
     }
 
     /// Appends a row (checked by `check_rows`) to a column at `step`; a full chunk is

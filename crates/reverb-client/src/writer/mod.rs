@@ -171,7 +171,7 @@ impl TrajectoryWriter {
                 num_keep_alive_refs,
                 max_chunk_length,
                 episode,
-            )?;
+            );
         }
         Ok(())
     }
