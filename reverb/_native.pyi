@@ -14,6 +14,7 @@ __all__ = [
     "Sampler",
     "Selector",
     "Server",
+    "StructuredWriter",
     "Table",
     "TrajectoryWriter",
     "__version__",
@@ -197,6 +198,26 @@ class TrajectoryWriter:
         envs: Sequence[int],
         columns: Sequence[Tuple[int, _Steps, bool]],
     ) -> None: ...
+
+@final
+class StructuredWriter:
+    """The native half of `StructuredWriter`: evaluates its configs after every append."""
+
+    def __new__(
+        cls,
+        client: Client,
+        configs: Sequence[bytes],
+        *,
+        max_in_flight_items: int = 1024,
+        reconnect_timeout: float = 60.0,
+    ) -> StructuredWriter: ...
+    def append(self, values: Sequence[object], partial: bool = False) -> Optional[AppendError]: ...
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None: ...
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None: ...
+    @property
+    def step_is_open(self) -> bool: ...
+    def unconfirmed(self) -> int: ...
+    def close(self) -> None: ...
 
 @final
 class Sampler:

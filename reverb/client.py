@@ -14,6 +14,7 @@ from reverb import (
     errors,
     replay_sample,
     reverb_types,
+    structured_writer,
     trajectory_writer,
     vector_trajectory_writer,
 )
@@ -233,6 +234,30 @@ class Client:
             delta_encode=delta_encode,
         )
         return trajectory_writer.TrajectoryWriter(native, self, validate_items)
+
+    def structured_writer(
+        self, configs: List[structured_writer.Config], *, max_in_flight_items: int = 1024
+    ) -> structured_writer.StructuredWriter:
+        """A `StructuredWriter` inserting items as `configs` (`structured_writer.Config`s,
+        e.g. from `structured_writer.create_config`) say. ValueError if there are none or one
+        is malformed (the error names it); items that disagree with their table's signature
+        are refused at the `append` that would make them."""
+        if not configs:
+            raise ValueError("At least one config must be provided.")
+        if max_in_flight_items < 1:
+            raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
+        serialized = []
+        for i, config in enumerate(configs):
+            if not hasattr(config, "SerializeToString"):
+                raise ValueError(
+                    f"Invalid configuration at position {i}: expected a StructuredWriterConfig, "
+                    f"got {type(config).__name__}"
+                )
+            serialized.append(config.SerializeToString())
+        native = _native.StructuredWriter(
+            self._client, serialized, max_in_flight_items=max_in_flight_items
+        )
+        return structured_writer.StructuredWriter(native)
 
     def vector_trajectory_writer(
         self,

@@ -1,13 +1,14 @@
-"""Patterns and conditions for structured writing (`reverb.structured_writer`, also
-`reverb.structured`): configs that say which slices of the step history become an item of
-which table, and when.
+"""Structured writing (`reverb.structured_writer`, also `reverb.structured`): a
+`StructuredWriter` (`Client.structured_writer(configs)`) appends steps and inserts items as
+static configs say, which slices of the step history become an item of which table, and when.
 
 A *pattern* is a nest of `PatternNode`s, each taking a leaf of the appended steps (by its
 index in the flattened step) at positions counted back from the newest step: build them by
 indexing a reference step (`create_reference_step(step)["obs"][-3:]`). A *config*
 (`StructuredWriterConfig`) adds the table, a priority and conditions (`Condition`), which
-must all hold after a step for the config to apply. Everything here works without
-TensorFlow except `infer_signature`, which returns `tf.TensorSpec`s.
+must all hold after a step for the config to apply. The writer evaluates configs natively
+after every append. Everything here works without TensorFlow except `infer_signature`, which
+returns `tf.TensorSpec`s.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, List, NewType, Optional, Sequence
 
-from reverb import _nest, _structure
+from reverb import _dtypes, _native, _nest, _structure
 from reverb.cc import patterns_pb2
 
 Config = patterns_pb2.StructuredWriterConfig
@@ -24,6 +25,104 @@ ConditionProto = patterns_pb2.Condition
 Pattern = Any  # a nest of patterns_pb2.PatternNode
 ReferenceStep = NewType("ReferenceStep", object)
 PatternTransform = Callable[[ReferenceStep], Pattern]
+
+
+class StructuredWriter:
+    """Appends steps and inserts the items its configs make from them. Build it with
+    `Client.structured_writer(configs)`.
+
+    Every step must flatten to the same number of leaves; a leaf may be `None` (no value in
+    that step: patterns taking that step of that leaf do not apply). After each `append` (and
+    in `end_episode`) every config whose conditions all hold inserts its pattern, at most once
+    per step. Calls from several threads are serialized.
+    """
+
+    def __init__(self, internal_writer: _native.StructuredWriter) -> None:
+        self._writer = internal_writer
+        self._structure: Any = None
+        self._length: Optional[int] = None
+        # Fast path for flat dicts: the keys in insertion order, then in flattening order.
+        self._keys: Optional[tuple] = None
+        self._sorted_keys: List[Any] = []
+
+    def _flatten(self, data: Any) -> List[Any]:
+        if type(data) is dict and self._keys is not None and tuple(data) == self._keys:
+            return [data[k] for k in self._sorted_keys]
+        pairs = _nest.flatten_with_path(data)
+        flat = [value for _, value in pairs]
+        if self._length is None:
+            self._length = len(flat)
+            self._structure = _nest.map_structure(lambda _: None, data)
+            if type(data) is dict and all(len(path) == 1 for path, _ in pairs):
+                self._keys = tuple(data)
+                self._sorted_keys = [path[0] for path, _ in pairs]
+        if len(flat) != self._length:
+            raise ValueError(
+                f"Flattened data has an unexpected length, got {len(flat)} but wanted "
+                f"{self._length}."
+            )
+        return flat
+
+    def _path(self, index: int) -> Any:
+        return _nest.flatten_with_path(self._structure)[index][0]
+
+    def append(self, data: Any, *, partial_step: bool = False) -> None:
+        """Appends a step: a nest of array-likes (or `None`s) with the structure of every
+        other step. With `partial_step` the step stays open and a later call fills in the
+        leaves this one left `None` (each leaf at most once per step). ValueError if the
+        flattened length changes or a leaf's dtype or shape does."""
+        error = self._writer.append(self._flatten(data), partial_step)
+        if error is None:
+            return
+        path = self._path(error.column)
+        if error.already_set:
+            raise ValueError(
+                f"A value for column {error.column} (path={path}) has already been set in the "
+                "active step by a previous (partial) append call."
+            )
+        want = (_dtypes.numpy_dtype(error.expected[0]), list(error.expected[1]))
+        got = (_dtypes.numpy_dtype(error.got[0]), list(error.got[1]))
+        if want[0] != got[0]:
+            raise ValueError(
+                f"Tensor of wrong dtype provided for column {error.column} (path={path}). Got "
+                f"{got[0]} but expected {want[0]}."
+            )
+        raise ValueError(
+            f"Tensor of incompatible shape provided for column {error.column} (path={path}). "
+            f"Got {got[1]} but expected {want[1]}."
+        )
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
+        """Sends every inserted item and blocks until at most `block_until_num_items` are
+        unconfirmed by the server. DeadlineExceededError after `timeout_ms` (the items are
+        still sent)."""
+        if block_until_num_items < 0:
+            raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
+        self._writer.flush(block_until_num_items, timeout_ms)
+
+    def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:
+        """Applies the configs that hold at the end of an episode (`Condition.is_end_episode`),
+        starts a new episode and waits until every item is confirmed. `clear_buffers=False`
+        keeps the history, for items that span episodes. DeadlineExceededError after
+        `timeout_ms` (the new episode has begun all the same)."""
+        self._writer.end_episode(clear_buffers, timeout_ms)
+
+    @property
+    def step_is_open(self) -> bool:
+        """True if the last `append` had `partial_step` set."""
+        return bool(self._writer.step_is_open)
+
+    def close(self) -> None:
+        """Stops the writer. Items that were not flushed may be lost."""
+        self._writer.close()
+
+    def __enter__(self) -> StructuredWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.flush()
+        self.close()
 
 
 class _RefNode:

@@ -398,10 +398,13 @@ class TrajectoryWriter:
         """Ends the episode: sends everything and waits for confirmation, then starts a new
         episode. With `clear_buffers` the history is dropped."""
         self._check_open()
-        self._writer.end_episode(clear_buffers, timeout_ms)
-        self._steps = 0
-        self._step_open = False
-        self._episode_start = self._writer.episode_start
+        try:
+            self._writer.end_episode(clear_buffers, timeout_ms)
+        finally:
+            # The new episode begins even when waiting for confirmations timed out.
+            self._steps = 0
+            self._step_open = False
+            self._episode_start = self._writer.episode_start
 
     def close(self) -> None:
         """Stops the writer. Items that were not flushed may be lost."""

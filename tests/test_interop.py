@@ -149,3 +149,61 @@ def test_structured_writer_configs_are_the_references_messages() -> None:
     assert list(theirs.conditions) == conditions
     assert list(theirs.flat) == list(ours.flat) and theirs.table == ours.table
     assert theirs.priority == ours.priority  # constant 1.0 by default, in both
+
+
+def test_structured_writer_scenarios_insert_what_the_reference_inserts() -> None:
+    """Every scenario of tests/_structured_scenarios.py, run by dm-reverb's StructuredWriter on
+    its server, inserts exactly the items ours does."""
+    import json
+    import pathlib
+
+    from _structured_scenarios import SCENARIOS, run
+
+    script = pathlib.Path(__file__).with_name("_structured_scenarios.py")
+    out = subprocess.run(
+        [REFERENCE, str(script)], capture_output=True, text=True, timeout=300, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
+    theirs = json.loads(line[len("RESULTS") :])
+    assert sorted(theirs) == sorted(SCENARIOS)
+    for name, scenario in SCENARIOS.items():
+        assert run(*scenario) == theirs[name], name
+
+
+def test_reference_reads_what_our_structured_writer_wrote(make_server) -> None:
+    """Items from our StructuredWriter (an N-step transition pattern, table with the signature
+    infer_signature gives) read by dm-reverb's client and its TrajectoryDataset."""
+    import tensorflow as tf
+
+    from reverb import structured_writer as sw
+
+    step = {"obs": np.zeros(3, np.float32), "reward": np.float32(0)}
+    ref = sw.create_reference_step(step)
+    pattern = {"obs": ref["obs"][-3], "next": ref["obs"][-1], "rewards": ref["reward"][-3:-1]}
+    configs = [sw.create_config(pattern, "t", [sw.Condition.step_index() >= 2])]
+    spec = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape, x.dtype), step)
+    signature = sw.infer_signature(configs, spec)
+    server = make_server([reverb.Table.queue("t", 100, signature=signature)])
+    with server.localhost_client().structured_writer(configs) as writer:
+        for i in range(6):
+            writer.append({"obs": np.full(3, i, np.float32), "reward": np.float32(i / 2)})
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, reverb
+        c = reverb.Client("localhost:{server.port}")
+        assert c.server_info(timeout=10)["t"].current_size == 4
+        ds = reverb.TrajectoryDataset.from_table_signature(
+            f"localhost:{server.port}", "t", max_in_flight_samples_per_worker=1)
+        for i, s in enumerate(ds.take(4)):
+            np.testing.assert_array_equal(s.data["obs"], np.full(3, i, np.float32))
+            np.testing.assert_array_equal(s.data["next"], np.full(3, i + 2, np.float32))
+            np.testing.assert_allclose(s.data["rewards"], [i / 2, (i + 1) / 2])
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [REFERENCE, "-c", script], capture_output=True, text=True, timeout=120, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "ok"

@@ -10,6 +10,7 @@ mod client;
 mod error;
 pub mod sample;
 pub mod sampler;
+pub mod signature;
 pub mod tensor;
 pub mod transport;
 pub mod writer;

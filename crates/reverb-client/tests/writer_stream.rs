@@ -72,7 +72,8 @@ fn items_arrive_in_order_with_their_rows_and_shared_chunks() {
                 );
             }
         }
-        assert!(w.end_episode(true, soon()).unwrap(), "{transport}");
+        w.end_episode(true);
+        assert!(w.flush(0, soon()).unwrap(), "{transport}");
         assert_eq!(w.unconfirmed(), 0, "{transport}");
         assert_eq!(q.size(), 19, "{transport}");
         // Items of overlapping steps share the chunk that holds the common step.

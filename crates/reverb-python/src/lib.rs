@@ -3,7 +3,8 @@
 //! Python never sees gRPC: it hands numpy buffers in and gets numpy buffers back. Every
 //! blocking call releases the GIL and wakes every 100 ms to let Ctrl-C through (`blocking`).
 //! One module per concern: `errors` (client errors as `reverb.errors` classes), `numpy`
-//! (arrays in and out), `server` (tables and servers), `client`, `writer`, `sampler`, and
+//! (arrays in and out), `server` (tables and servers), `client`, `writer`,
+//! `structured_writer`, `sampler`, and
 //! `inproc_abi` (the C ABI the TensorFlow kernels sample this process's servers through).
 
 mod blocking;
@@ -13,6 +14,7 @@ mod inproc_abi;
 mod numpy;
 mod sampler;
 mod server;
+mod structured_writer;
 mod writer;
 
 use pyo3::prelude::*;
@@ -39,6 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<writer::PyTrajectoryWriter>()?;
     m.add_class::<writer::PyAppendError>()?;
+    m.add_class::<structured_writer::PyStructuredWriter>()?;
     m.add_class::<sampler::PySampler>()?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(inproc_abi::inproc_port, m)?)?;

@@ -28,7 +28,7 @@ pub(crate) struct PyAppendError {
 }
 
 /// An append's outcome for Python: None, an [`PyAppendError`], or a raised error.
-fn append_error(py: Python<'_>, e: AppendError) -> PyResult<Option<Py<PyAppendError>>> {
+pub(crate) fn append_error(py: Python<'_>, e: AppendError) -> PyResult<Option<Py<PyAppendError>>> {
     let error = match e {
         AppendError::AlreadySet(column) => PyAppendError {
             column,
@@ -68,6 +68,41 @@ pub(crate) struct PyTrajectoryWriter {
     inner: Mutex<TrajectoryWriter>,
 }
 
+/// Runs `f` on a locked writer: directly if the lock is free, otherwise without the GIL.
+pub(crate) fn locked<W: Send, T: Send>(
+    py: Python<'_>,
+    lock: &Mutex<W>,
+    f: impl FnOnce(&mut W) -> T + Send,
+) -> T {
+    if let Ok(mut w) = lock.try_lock() {
+        return f(&mut w);
+    }
+    py.detach(|| f(&mut lock.lock().unwrap()))
+}
+
+/// Repeats a bounded wait on a locked writer (`step` until a time; true when done) until
+/// done or `deadline`; DeadlineExceededError naming `what` after it.
+pub(crate) fn wait_locked<W: Send>(
+    py: Python<'_>,
+    lock: &Mutex<W>,
+    deadline: Option<Instant>,
+    what: &str,
+    mut step: impl FnMut(&mut W, Option<Instant>) -> reverb_client::Result<bool> + Send,
+) -> PyResult<()> {
+    let done = slices(py, deadline, |until| {
+        match step(&mut lock.lock().unwrap(), Some(until)) {
+            Ok(false) => None,
+            done => Some(done),
+        }
+    })?;
+    match done {
+        Some(done) => done.py().map(|_| ()),
+        None => Err(client_error(ClientError::deadline(format!(
+            "Timeout exceeded: {what} did not complete in time"
+        )))),
+    }
+}
+
 impl PyTrajectoryWriter {
     /// Runs `f` on the writer: directly if the lock is free, otherwise without the GIL.
     fn with<T: Send>(
@@ -75,10 +110,7 @@ impl PyTrajectoryWriter {
         py: Python<'_>,
         f: impl FnOnce(&mut TrajectoryWriter) -> T + Send,
     ) -> T {
-        if let Ok(mut w) = self.inner.try_lock() {
-            return f(&mut w);
-        }
-        py.detach(|| f(&mut self.inner.lock().unwrap()))
+        locked(py, &self.inner, f)
     }
 
     /// Converts `values` (for `columns`) and appends them with `append`; returns None, or a
@@ -102,27 +134,15 @@ impl PyTrajectoryWriter {
         }
     }
 
-    /// Repeats a bounded wait (`step` until a time; true when done) until done or `deadline`.
+    /// Waits as [`wait_locked`] on this writer.
     fn wait_until(
         &self,
         py: Python<'_>,
         deadline: Option<Instant>,
         what: &str,
-        mut step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool>
-            + Send,
+        step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool> + Send,
     ) -> PyResult<()> {
-        let done = slices(py, deadline, |until| {
-            match step(&mut self.inner.lock().unwrap(), Some(until)) {
-                Ok(false) => None,
-                done => Some(done),
-            }
-        })?;
-        match done {
-            Some(done) => done.py().map(|_| ()),
-            None => Err(client_error(ClientError::deadline(format!(
-                "Timeout exceeded: {what} did not complete in time"
-            )))),
-        }
+        wait_locked(py, &self.inner, deadline, what, step)
     }
 }
 
@@ -223,7 +243,8 @@ impl PyTrajectoryWriter {
         })
     }
 
-    /// Ends the episode (see `TrajectoryWriter::end_episode`).
+    /// Ends the episode (see `TrajectoryWriter::end_episode`), then waits until every item is
+    /// confirmed; on a timeout the new episode has begun all the same.
     #[pyo3(signature = (clear_buffers=true, timeout_ms=None))]
     fn end_episode(
         &self,
@@ -232,9 +253,8 @@ impl PyTrajectoryWriter {
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
         let deadline = deadline_ms(timeout_ms)?;
-        self.wait_until(py, deadline, "end_episode", |w, until| {
-            w.end_episode(clear_buffers, until)
-        })
+        self.with(py, |w| w.end_episode(clear_buffers));
+        self.wait_until(py, deadline, "end_episode", |w, until| w.flush(0, until))
     }
 
     /// Whether the insert stream has failed for good.

@@ -2,17 +2,21 @@
 //! from column history and queued until their chunks are finalized (`pending.rs`), vectorised
 //! writers' envs (`envs.rs`), and a background insert stream with confirmations and
 //! back-pressure (`stream.rs`). Every writer of the Python API (`TrajectoryWriter`,
-//! `VectorTrajectoryWriter`, `Client.insert`) is this one.
+//! `VectorTrajectoryWriter`, `Client.insert`) is this one; the structured writer
+//! (`structured.rs`) drives one with the configs of `patterns.rs`.
 //!
 //! Every column keeps its last `num_keep_alive_refs` cells alive. An item is sent once every
 //! chunk it references is finalized; items leave in creation order.
 
 mod columns;
 mod envs;
+pub mod patterns;
 mod pending;
 mod stream;
+mod structured;
 
 pub use envs::Steps;
+pub use structured::StructuredWriter;
 
 use crate::tensor::Tensor;
 use crate::{runtime, Client, ClientError, Result};
@@ -407,15 +411,13 @@ impl TrajectoryWriter {
         }
     }
 
-    /// Ends the episode: finalizes every chunk, flushes (waiting up to `deadline`), and starts
-    /// a new episode. `clear_buffers` drops the history (all refs expire).
-    pub fn end_episode(&mut self, clear_buffers: bool, deadline: Option<Instant>) -> Result<bool> {
+    /// Ends the episode: finalizes every chunk (so every item can be sent) and starts a new
+    /// episode; `clear_buffers` drops the history (all refs expire). Does not wait: `flush`
+    /// waits for the items.
+    pub fn end_episode(&mut self, clear_buffers: bool) {
         for column in 0..self.columns.len() {
             let env = self.envs.of_column(column);
             self.columns.finalize(column, env);
-        }
-        if !self.flush(0, deadline)? {
-            return Ok(false);
         }
         if self.step_open {
             self.step += 1;
@@ -427,7 +429,6 @@ impl TrajectoryWriter {
                 self.columns.clear_cells(column);
             }
         }
-        Ok(true)
     }
 
     /// Stops the insert stream (after sending what is queued and ready). Items waiting for

@@ -1,0 +1,252 @@
+//! Nests as TensorFlow encodes them (`StructuredValue`): table signatures and the structure of
+//! structured-writer patterns, flattened in `tf.nest` order (dict keys sorted, named tuples in
+//! field order) with each leaf's path, so the native writers check items against a table's
+//! signature without TensorFlow.
+
+use crate::tensor::dtype_name;
+use crate::{ClientError, Result};
+use prost::Message;
+use reverb_proto::tensorflow::structured_value::Kind;
+use reverb_proto::tensorflow::{StructuredValue, TensorShapeProto};
+
+/// One key of a leaf's path: a dict key or field name, or a sequence index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathKey {
+    /// A dict key or named-tuple field.
+    Name(String),
+    /// A list or tuple index.
+    Index(usize),
+}
+
+/// A leaf's path as Python prints it (`('obs', 0)`; `()` for a bare leaf).
+pub fn path_string(path: &[PathKey]) -> String {
+    let keys: Vec<String> = path
+        .iter()
+        .map(|k| match k {
+            PathKey::Name(n) => format!("'{n}'"),
+            PathKey::Index(i) => i.to_string(),
+        })
+        .collect();
+    match keys.len() {
+        1 => format!("({},)", keys[0]),
+        _ => format!("({})", keys.join(", ")),
+    }
+}
+
+/// The leaves of `value` in `tf.nest` order, with their paths.
+pub fn flatten(value: &StructuredValue) -> Vec<(Vec<PathKey>, &StructuredValue)> {
+    fn walk<'a>(
+        value: &'a StructuredValue,
+        path: &mut Vec<PathKey>,
+        out: &mut Vec<(Vec<PathKey>, &'a StructuredValue)>,
+    ) {
+        let mut each = |key: PathKey, child: &'a StructuredValue, out: &mut Vec<_>| {
+            path.push(key);
+            walk(child, path, out);
+            path.pop();
+        };
+        match &value.kind {
+            Some(Kind::ListValue(l)) => {
+                for (i, v) in l.values.iter().enumerate() {
+                    each(PathKey::Index(i), v, out);
+                }
+            }
+            Some(Kind::TupleValue(t)) => {
+                for (i, v) in t.values.iter().enumerate() {
+                    each(PathKey::Index(i), v, out);
+                }
+            }
+            Some(Kind::DictValue(d)) => {
+                let mut keys: Vec<&String> = d.fields.keys().collect();
+                keys.sort();
+                for k in keys {
+                    each(PathKey::Name(k.clone()), &d.fields[k], out);
+                }
+            }
+            Some(Kind::NamedTupleValue(t)) => {
+                for pair in &t.values {
+                    if let Some(v) = &pair.value {
+                        each(PathKey::Name(pair.key.clone()), v, out);
+                    }
+                }
+            }
+            _ => out.push((path.clone(), value)),
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, &mut Vec::new(), &mut out);
+    out
+}
+
+/// One leaf of a table signature: dtype and shape (`None`: unknown rank; `-1`: unknown size).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    /// Where the leaf sits in the signature.
+    pub path: String,
+    /// TensorFlow `DataType`.
+    pub dtype: i32,
+    /// Dimensions, `None` when the rank is unknown.
+    pub shape: Option<Vec<i64>>,
+}
+
+fn shape_of(shape: Option<&TensorShapeProto>) -> Option<Vec<i64>> {
+    match shape {
+        None => Some(Vec::new()),
+        Some(s) if s.unknown_rank => None,
+        Some(s) => Some(s.dim.iter().map(|d| d.size).collect()),
+    }
+}
+
+impl Spec {
+    /// Whether rows of `dtype` and `shape` fit this spec.
+    pub fn accepts(&self, dtype: i32, shape: &[i64]) -> bool {
+        self.dtype == dtype
+            && self.shape.as_ref().is_none_or(|want| {
+                want.len() == shape.len() && want.iter().zip(shape).all(|(&w, &g)| w < 0 || w == g)
+            })
+    }
+
+    /// `float32[3, ?]`, as errors print a spec.
+    pub fn describe(&self) -> String {
+        match &self.shape {
+            None => format!("{}[<unknown rank>]", dtype_name(self.dtype)),
+            Some(dims) => describe(self.dtype, &dims.to_vec()),
+        }
+    }
+}
+
+/// `int32[2, 3]` (`?` for unknown sizes).
+pub fn describe(dtype: i32, shape: &[i64]) -> String {
+    let dims: Vec<String> = shape
+        .iter()
+        .map(|&d| if d < 0 { "?".into() } else { d.to_string() })
+        .collect();
+    format!("{}[{}]", dtype_name(dtype), dims.join(", "))
+}
+
+/// The flat specs of a serialized signature (`TableInfo.signature`); `None` when the table has
+/// none.
+pub fn decode_signature(bytes: &[u8]) -> Result<Option<Vec<Spec>>> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let value = StructuredValue::decode(bytes)
+        .map_err(|e| ClientError::data_loss(format!("Undecodable table signature: {e}")))?;
+    let mut specs = Vec::new();
+    for (path, leaf) in flatten(&value) {
+        let (dtype, shape) = match &leaf.kind {
+            Some(Kind::TensorSpecValue(s)) => (s.dtype, shape_of(s.shape.as_ref())),
+            Some(Kind::BoundedTensorSpecValue(s)) => (s.dtype, shape_of(s.shape.as_ref())),
+            other => {
+                return Err(ClientError::invalid(format!(
+                    "The table signature has a leaf at {} that is not a tensor spec ({other:?})",
+                    path_string(&path)
+                )))
+            }
+        };
+        specs.push(Spec {
+            path: path_string(&path),
+            dtype,
+            shape,
+        });
+    }
+    Ok(Some(specs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reverb_proto::tensorflow::{
+        tensor_shape_proto::Dim, DictValue, ListValue, NamedTupleValue, NoneValue, PairValue,
+        TensorSpecProto,
+    };
+
+    fn spec(dtype: i32, dims: &[i64]) -> StructuredValue {
+        StructuredValue {
+            kind: Some(Kind::TensorSpecValue(TensorSpecProto {
+                name: String::new(),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&size| Dim {
+                            size,
+                            name: String::new(),
+                        })
+                        .collect(),
+                    unknown_rank: false,
+                }),
+                dtype,
+            })),
+        }
+    }
+
+    fn none() -> StructuredValue {
+        StructuredValue {
+            kind: Some(Kind::NoneValue(NoneValue {})),
+        }
+    }
+
+    #[test]
+    fn flattens_in_tf_nest_order_with_paths() {
+        let dict = StructuredValue {
+            kind: Some(Kind::DictValue(DictValue {
+                fields: [
+                    ("b".to_string(), none()),
+                    (
+                        "a".to_string(),
+                        StructuredValue {
+                            kind: Some(Kind::ListValue(ListValue {
+                                values: vec![none(), none()],
+                            })),
+                        },
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+            })),
+        };
+        let named = StructuredValue {
+            kind: Some(Kind::NamedTupleValue(NamedTupleValue {
+                name: "T".into(),
+                values: vec![
+                    PairValue {
+                        key: "z".into(),
+                        value: Some(dict),
+                    },
+                    PairValue {
+                        key: "y".into(),
+                        value: Some(none()),
+                    },
+                ],
+            })),
+        };
+        let paths: Vec<String> = flatten(&named)
+            .iter()
+            .map(|(p, _)| path_string(p))
+            .collect();
+        assert_eq!(
+            paths,
+            ["('z', 'a', 0)", "('z', 'a', 1)", "('z', 'b')", "('y',)"]
+        );
+        assert_eq!(path_string(&flatten(&none())[0].0), "()");
+    }
+
+    #[test]
+    fn decodes_and_checks_specs() {
+        let sig = StructuredValue {
+            kind: Some(Kind::ListValue(ListValue {
+                values: vec![spec(1, &[3, -1]), spec(3, &[])],
+            })),
+        };
+        let specs = decode_signature(&sig.encode_to_vec()).unwrap().unwrap();
+        assert_eq!(specs.len(), 2);
+        assert!(specs[0].accepts(1, &[3, 7]));
+        assert!(!specs[0].accepts(1, &[4, 7]));
+        assert!(!specs[0].accepts(1, &[3]));
+        assert!(!specs[0].accepts(2, &[3, 7]));
+        assert!(specs[1].accepts(3, &[]));
+        assert_eq!(specs[0].describe(), "float32[3, ?]");
+        assert_eq!(decode_signature(&[]).unwrap(), None);
+        assert!(decode_signature(&none().encode_to_vec()).is_err());
+    }
+}

@@ -1,0 +1,526 @@
+//! The structured writer: a [`TrajectoryWriter`] driven by static configs (`patterns.rs`).
+//! After every append (and in `end_episode`) each config's conditions are evaluated against
+//! the step history, and every config whose conditions all hold makes an item of its pattern,
+//! at most once per step. Only leaves some config reads are kept: pattern leaves become
+//! writer columns keeping as many steps as the longest pattern reaches back; leaves only
+//! conditions or TD-error priorities read are kept as numbers.
+
+use super::patterns::{Check, Pattern, Priority, Subject};
+use super::{AppendError, ItemColumn, TrajectoryWriter};
+use crate::signature::{decode_signature, describe, Spec};
+use crate::tensor::Tensor;
+use crate::{ClientError, Result};
+use reverb_proto::tensorflow::DataType;
+use reverb_proto::{StructuredWriterConfig, TableInfo};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// `(episode, index in the episode)` of a step.
+type StepId = (u64, u64);
+
+/// A config and what it remembers between steps.
+#[derive(Debug)]
+struct Applied {
+    pattern: Pattern,
+    last_applied: Option<StepId>,
+    last_checked: Option<StepId>,
+    steps_since_applied: i64,
+    /// Whether its item shapes were checked against the table signature.
+    checked: bool,
+}
+
+/// What a leaf of the step is used for.
+#[derive(Debug, Clone, Default)]
+struct Leaf {
+    /// Steps of history patterns take from it (0: it is no writer column).
+    history: usize,
+    /// Its values matter as numbers (data conditions, TD errors).
+    numeric: bool,
+    /// A data condition reads it (scalar integers or bools only).
+    condition: bool,
+    /// A TD-error priority reads it (scalars only).
+    td: bool,
+}
+
+/// One leaf's held history: the writer-wide step of each held row (`None`: no value in that
+/// step), and for numeric leaves the values.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    rows: VecDeque<Option<u64>>,
+    values: VecDeque<Option<f64>>,
+    /// The newest value and its writer-wide step (for conditions).
+    newest: Option<(u64, i64)>,
+}
+
+/// Writes steps and makes items from them as its configs say. Not `Sync`.
+pub struct StructuredWriter {
+    writer: TrajectoryWriter,
+    configs: Vec<Applied>,
+    leaves: Vec<Leaf>,
+    held: Vec<Held>,
+    /// Rows held since the buffers were last cleared (capped at the longest history).
+    buffer_length: usize,
+    max_history: usize,
+    /// Leaves per step, fixed by the first append.
+    width: Option<usize>,
+    episode: u64,
+    /// The newest step, if any leaf some config reads has a value in it.
+    current: Option<StepId>,
+    /// Writer-wide step of the newest row.
+    newest: u64,
+    /// Signatures of the configs' tables (`None`: the table has none), once known.
+    signatures: Option<HashMap<String, Option<Vec<Spec>>>>,
+}
+
+impl StructuredWriter {
+    /// A writer applying `configs` (refused, naming the config, if any is malformed). Its
+    /// columns keep as many cells as its patterns reach back; `writer` must be fresh.
+    pub fn new(mut writer: TrajectoryWriter, configs: &[StructuredWriterConfig]) -> Result<Self> {
+        if configs.is_empty() {
+            return Err(ClientError::invalid(
+                "At least one config must be provided.",
+            ));
+        }
+        let patterns = configs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Pattern::new(i, c))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(ClientError::invalid)?;
+        let width = patterns.iter().flat_map(|p| p.leaves()).max().unwrap_or(0) + 1;
+        let mut leaves = vec![Leaf::default(); width];
+        for p in &patterns {
+            for node in &p.nodes {
+                let leaf = &mut leaves[node.column];
+                leaf.history = leaf.history.max(node.max_age());
+            }
+            for check in &p.checks {
+                if let Subject::Data(i) = check.subject {
+                    leaves[i].numeric = true;
+                    leaves[i].condition = true;
+                }
+            }
+            if let Some((_, node)) = p.td_node() {
+                leaves[node.column].numeric = true;
+                leaves[node.column].td = true;
+            }
+        }
+        let max_history = leaves.iter().map(|l| l.history).max().unwrap_or(0).max(1);
+        for (column, leaf) in leaves.iter().enumerate() {
+            if leaf.history > 0 {
+                writer.configure(column, leaf.history, None)?;
+            }
+        }
+        Ok(Self {
+            writer,
+            configs: patterns
+                .into_iter()
+                .map(|pattern| Applied {
+                    pattern,
+                    last_applied: None,
+                    last_checked: None,
+                    steps_since_applied: 0,
+                    checked: false,
+                })
+                .collect(),
+            held: vec![Held::default(); leaves.len()],
+            leaves,
+            buffer_length: 0,
+            max_history,
+            width: None,
+            episode: 0,
+            current: None,
+            newest: 0,
+            signatures: None,
+        })
+    }
+
+    /// The trajectory writer underneath (flush, confirmations, errors).
+    pub fn writer(&mut self) -> &mut TrajectoryWriter {
+        &mut self.writer
+    }
+
+    /// One more than the highest leaf index any config reads (leaves from here on are never
+    /// read).
+    pub fn width(&self) -> usize {
+        self.leaves.len()
+    }
+
+    /// Whether leaf `i` of a step is read by some config (other leaves are dropped unread).
+    pub fn uses(&self, leaf: usize) -> bool {
+        self.leaves
+            .get(leaf)
+            .is_some_and(|l| l.history > 0 || l.numeric)
+    }
+
+    /// Whether a partial step is open.
+    pub fn step_is_open(&self) -> bool {
+        self.writer.step_is_open()
+    }
+
+    /// Whether [`Self::set_tables`] was called (appends need it).
+    pub fn knows_tables(&self) -> bool {
+        self.signatures.is_some()
+    }
+
+    /// Takes the tables' signatures from a `ServerInfo` answer; refuses configs whose table
+    /// the server does not have.
+    pub fn set_tables(&mut self, infos: &[TableInfo], address: &str) -> Result<()> {
+        let mut signatures = HashMap::new();
+        for info in infos {
+            signatures.insert(info.name.clone(), decode_signature(&info.signature)?);
+        }
+        for c in &self.configs {
+            if !signatures.contains_key(&c.pattern.table) {
+                let mut names: Vec<&String> = signatures.keys().collect();
+                names.sort();
+                let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+                return Err(ClientError::invalid(format!(
+                    "Config {} inserts into table '{}', which the server at {address} does not \
+                     have (its tables: [{}])",
+                    c.pattern.index,
+                    c.pattern.table,
+                    names.join(", ")
+                )));
+            }
+        }
+        self.signatures = Some(signatures);
+        Ok(())
+    }
+
+    /// Checks the leaves configs read, once their dtype is known (before anything changes).
+    fn check_values(&self, values: &[Option<Tensor>]) -> Result<()> {
+        for (i, value) in values.iter().enumerate() {
+            let (Some(v), Some(leaf)) = (value, self.leaves.get(i)) else {
+                continue;
+            };
+            let scalar = v.shape.iter().product::<i64>() == 1;
+            if leaf.condition && !(scalar && integral(v.dtype)) {
+                let c = self.reader(|p| p.checks.iter().any(|c| c.subject == Subject::Data(i)));
+                return Err(ClientError::invalid(format!(
+                    "Config {c} has a data condition on leaf {i} of the step, which needs scalar \
+                     integer or bool values but got {}",
+                    describe(v.dtype, &v.shape)
+                )));
+            }
+            if leaf.td && !(scalar && number(v).is_some()) {
+                let c = self.reader(|p| p.td_node().is_some_and(|(_, n)| n.column == i));
+                return Err(ClientError::invalid(format!(
+                    "TD Error expects a scalar tensor: config {c} takes its priority from leaf \
+                     {i} of the step, which got {}",
+                    describe(v.dtype, &v.shape)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the first config for which `reads` holds.
+    fn reader(&self, reads: impl Fn(&Pattern) -> bool) -> usize {
+        self.configs
+            .iter()
+            .find(|c| reads(&c.pattern))
+            .map_or(0, |c| c.pattern.index)
+    }
+
+    /// Appends a step (`values[i]` is leaf `i` of the flattened step, `None` where the step
+    /// has no value), or part of it with `partial`, then makes the items whose configs hold.
+    /// Returns false when items wait for room in the in-flight window (`send_ready` sends
+    /// them). Nothing changes when the values are refused.
+    pub fn append(
+        &mut self,
+        values: Vec<Option<Tensor>>,
+        partial: bool,
+    ) -> std::result::Result<bool, AppendError> {
+        let other = AppendError::Other;
+        if self.signatures.is_none() {
+            return Err(other(ClientError::invalid(
+                "The structured writer needs its tables (set_tables) before the first append",
+            )));
+        }
+        match self.width {
+            None => {
+                let width = values.len();
+                for c in &self.configs {
+                    if let Some(leaf) = c.pattern.leaves().find(|&l| l >= width) {
+                        return Err(other(ClientError::invalid(format!(
+                            "Config {} refers to leaf {leaf} (`flat_source_index`) but the \
+                             appended steps have {width} leaves",
+                            c.pattern.index
+                        ))));
+                    }
+                }
+            }
+            Some(width) if width != values.len() => {
+                return Err(other(ClientError::invalid(format!(
+                    "Flattened data has an unexpected length, got {} but wanted {width}.",
+                    values.len()
+                ))))
+            }
+            Some(_) => {}
+        }
+        self.check_values(&values).map_err(other)?;
+        self.width = Some(values.len());
+        let open = self.writer.step_is_open();
+        let step = self.writer.episode_start() + self.writer.episode_steps();
+        let index = self.writer.episode_steps();
+        // Leaves read only as numbers must not be set twice in a step either.
+        for (i, v) in values.iter().enumerate() {
+            let leaf = self.leaves.get(i);
+            if v.is_some()
+                && open
+                && leaf.is_some_and(|l| l.numeric && l.history == 0)
+                && self.held[i].newest.is_some_and(|(s, _)| s == step)
+            {
+                return Err(AppendError::AlreadySet(i));
+            }
+        }
+        let mut numbers: Vec<(usize, Option<f64>, Option<i64>)> = Vec::new();
+        let mut columns = Vec::new();
+        let mut any = false;
+        for (i, v) in values.into_iter().enumerate() {
+            let Some(leaf) = self.leaves.get(i) else {
+                break;
+            };
+            let Some(v) = v else { continue };
+            if leaf.history == 0 && !leaf.numeric {
+                continue;
+            }
+            any = true;
+            if leaf.numeric {
+                numbers.push((i, number(&v), integer(&v)));
+            }
+            if leaf.history > 0 {
+                columns.push((i, v));
+            }
+        }
+        let had = columns.iter().map(|(i, _)| *i).collect::<Vec<_>>();
+        self.writer.append(columns, partial)?;
+        // The step was written: record it in the history.
+        if !open {
+            for (i, leaf) in self.leaves.iter().enumerate() {
+                let held = &mut self.held[i];
+                if leaf.history > 0 {
+                    held.rows.push_back(None);
+                    held.values.push_back(None);
+                    while held.rows.len() > leaf.history {
+                        held.rows.pop_front();
+                        held.values.pop_front();
+                    }
+                }
+            }
+            self.buffer_length = (self.buffer_length + 1).min(self.max_history);
+        }
+        for i in had {
+            *self.held[i].rows.back_mut().expect("row pushed") = Some(step);
+        }
+        for (i, value, int) in numbers {
+            let held = &mut self.held[i];
+            if let Some(back) = held.values.back_mut() {
+                *back = value;
+            }
+            held.newest = int.map(|v| (step, v));
+        }
+        self.newest = step;
+        let id = (self.episode, index);
+        self.current = (any || (open && self.current == Some(id))).then_some(id);
+        self.apply(false).map_err(other)
+    }
+
+    /// Evaluates every config on the newest step and makes the items of those that hold.
+    fn apply(&mut self, end_of_episode: bool) -> Result<bool> {
+        let Some(current) = self.current else {
+            return Ok(true);
+        };
+        let mut all_sent = true;
+        for c in 0..self.configs.len() {
+            let config = &mut self.configs[c];
+            if config.last_applied == Some(current) {
+                continue;
+            }
+            if config.last_checked != Some(current) {
+                config.steps_since_applied += 1;
+                config.last_checked = Some(current);
+            }
+            let config = &self.configs[c];
+            if !config
+                .pattern
+                .checks
+                .iter()
+                .all(|check| self.holds(check, current, config.steps_since_applied, end_of_episode))
+            {
+                continue;
+            }
+            let Some((columns, priority)) = self.build(&config.pattern) else {
+                continue;
+            };
+            if !config.checked {
+                self.check_signature(&config.pattern, &columns)?;
+            }
+            let table = &self.configs[c].pattern.table;
+            let (_, sent) =
+                self.writer
+                    .create_item(table, priority, &columns, Some(Instant::now()))?;
+            all_sent &= sent;
+            let config = &mut self.configs[c];
+            config.checked = true;
+            config.last_applied = Some(current);
+            config.steps_since_applied = 0;
+        }
+        Ok(all_sent)
+    }
+
+    fn holds(&self, check: &Check, current: StepId, since: i64, end: bool) -> bool {
+        let left = match check.subject {
+            Subject::StepIndex => Some(current.1 as i64),
+            Subject::StepsSinceApplied => Some(since),
+            Subject::BufferLength => Some(self.buffer_length as i64),
+            Subject::IsEndEpisode => Some(end as i64),
+            Subject::Data(i) => self.held[i]
+                .newest
+                .filter(|(step, _)| *step == self.newest)
+                .map(|(_, v)| v),
+        };
+        check.holds(left)
+    }
+
+    /// The item columns and priority of `pattern` on the held history; `None` when the
+    /// history is too short or a step it takes has no value.
+    fn build(&self, pattern: &Pattern) -> Option<(Vec<ItemColumn>, f64)> {
+        let mut columns = Vec::with_capacity(pattern.nodes.len());
+        for node in &pattern.nodes {
+            let rows = &self.held[node.column].rows;
+            let refs = node
+                .positions(rows.len())?
+                .map(|p| rows[p].map(|step| (node.column, step)))
+                .collect::<Option<Vec<_>>>()?;
+            columns.push(ItemColumn {
+                refs,
+                squeeze: node.squeeze(),
+            });
+        }
+        let priority = match pattern.priority {
+            Priority::Constant(v) => v,
+            Priority::TdError { .. } => match pattern.td_node() {
+                None => 0.0,
+                Some((weight, node)) => {
+                    let values = &self.held[node.column].values;
+                    let td: Vec<f64> = node
+                        .positions(values.len())?
+                        .map(|p| values[p].unwrap_or(0.0))
+                        .collect();
+                    Priority::td(weight, &td)
+                }
+            },
+        };
+        Some((columns, priority))
+    }
+
+    /// Checks the shapes of `pattern`'s items against its table's signature.
+    fn check_signature(&self, pattern: &Pattern, columns: &[ItemColumn]) -> Result<()> {
+        let signatures = self.signatures.as_ref().expect("tables known");
+        let Some(Some(specs)) = signatures.get(&pattern.table) else {
+            return Ok(());
+        };
+        let mut problems = Vec::new();
+        if specs.len() != columns.len() {
+            problems.push(format!(
+                "the pattern has {} columns but the signature has {}",
+                columns.len(),
+                specs.len()
+            ));
+        }
+        for ((spec, column), path) in specs.iter().zip(columns).zip(&pattern.paths) {
+            let leaf = column.refs[0].0;
+            let Some((dtype, row)) = self.writer.column_spec(leaf) else {
+                continue;
+            };
+            let shape: Vec<i64> = if column.squeeze {
+                row
+            } else {
+                std::iter::once(column.refs.len() as i64)
+                    .chain(row)
+                    .collect()
+            };
+            if !spec.accepts(dtype, &shape) {
+                problems.push(format!(
+                    "{path} (leaf {leaf} of the step) is {}, the signature's {} is {}",
+                    describe(dtype, &shape),
+                    spec.path,
+                    spec.describe()
+                ));
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(ClientError::invalid(format!(
+            "Unable to create item in table '{}' from config {}: the trajectory is inconsistent \
+             with the table signature: {}.",
+            pattern.table,
+            pattern.index,
+            problems.join("; ")
+        )))
+    }
+
+    /// Applies the configs that hold at the end of an episode, then ends it (without
+    /// waiting: `flush` waits for the items). `clear_buffers` drops the history.
+    pub fn end_episode(&mut self, clear_buffers: bool) -> Result<()> {
+        self.apply(true)?;
+        self.writer.end_episode(clear_buffers);
+        self.episode += 1;
+        if clear_buffers {
+            for held in &mut self.held {
+                *held = Held::default();
+            }
+            self.buffer_length = 0;
+            self.current = None;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `dtype` is an integer or bool type (what data conditions compare).
+fn integral(dtype: i32) -> bool {
+    use DataType::*;
+    [
+        DtInt8, DtInt16, DtInt32, DtInt64, DtUint8, DtUint16, DtUint32, DtUint64, DtBool,
+    ]
+    .iter()
+    .any(|d| *d as i32 == dtype)
+}
+
+/// The value of a one-element tensor as an integer (truncated to 32 bits, as the reference
+/// compares), if it is an integer or bool.
+fn integer(t: &Tensor) -> Option<i64> {
+    use DataType::*;
+    let b = &t.data;
+    let v = match DataType::try_from(t.dtype).ok()? {
+        DtBool => (b[0] != 0) as i64,
+        DtInt8 => b[0] as i8 as i64,
+        DtUint8 => b[0] as i64,
+        DtInt16 => i16::from_le_bytes(b[..2].try_into().ok()?) as i64,
+        DtUint16 => u16::from_le_bytes(b[..2].try_into().ok()?) as i64,
+        DtInt32 => i32::from_le_bytes(b[..4].try_into().ok()?) as i64,
+        DtUint32 => u32::from_le_bytes(b[..4].try_into().ok()?) as i32 as i64,
+        DtInt64 => i64::from_le_bytes(b[..8].try_into().ok()?) as i32 as i64,
+        DtUint64 => u64::from_le_bytes(b[..8].try_into().ok()?) as i32 as i64,
+        _ => return None,
+    };
+    Some(v)
+}
+
+/// The value of a one-element real tensor as a float.
+fn number(t: &Tensor) -> Option<f64> {
+    use DataType::*;
+    let b = &t.data;
+    match DataType::try_from(t.dtype).ok()? {
+        DtFloat => Some(f32::from_le_bytes(b.get(..4)?.try_into().ok()?) as f64),
+        DtDouble => Some(f64::from_le_bytes(b.get(..8)?.try_into().ok()?)),
+        DtInt64 => Some(i64::from_le_bytes(b.get(..8)?.try_into().ok()?) as f64),
+        DtUint64 => Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?) as f64),
+        DtComplex64 | DtComplex128 | DtBfloat16 | DtHalf => None,
+        _ if b.is_empty() => None,
+        _ => integer(t).map(|v| v as f64),
+    }
+}

@@ -1,0 +1,164 @@
+//! `reverb._native.StructuredWriter`: the native half of `reverb.StructuredWriter`. Configs
+//! are evaluated natively after every append; Python only flattens the step.
+
+use crate::blocking::{deadline_ms, run};
+use crate::client::PyClient;
+use crate::errors::IntoPyResult;
+use crate::numpy::to_tensor;
+use crate::writer::{append_error, locked, wait_locked, PyAppendError};
+use prost::Message;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use reverb_client::writer::{StructuredWriter, TrajectoryWriter, WriterOptions};
+use reverb_proto::StructuredWriterConfig;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long the first append may wait for the server to list its tables.
+const TABLES_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Native half of `reverb.StructuredWriter`. Calls from several threads are serialized.
+#[pyclass(name = "StructuredWriter", module = "reverb._native", frozen)]
+pub(crate) struct PyStructuredWriter {
+    inner: Mutex<StructuredWriter>,
+    /// Which leaves of a step some config reads (the others are never converted).
+    used: Vec<bool>,
+}
+
+impl PyStructuredWriter {
+    /// Learns the configs' tables and signatures from the server (once, before the first
+    /// append), waiting without the GIL.
+    fn load_tables(&self, py: Python<'_>) -> PyResult<()> {
+        if locked(py, &self.inner, |w| w.knows_tables()) {
+            return Ok(());
+        }
+        let client = locked(py, &self.inner, |w| w.writer().client().clone());
+        let address = client.address().to_string();
+        let infos = run(
+            py,
+            async move { client.server_info(Some(TABLES_TIMEOUT)).await },
+        )?;
+        locked(py, &self.inner, |w| w.set_tables(&infos, &address)).py()
+    }
+}
+
+#[pymethods]
+impl PyStructuredWriter {
+    /// A writer applying `configs` (serialized `StructuredWriterConfig`s); ValueError naming
+    /// the config when one is malformed.
+    #[new]
+    #[pyo3(signature = (client, configs, *, max_in_flight_items=1024, reconnect_timeout=60.0))]
+    fn new(
+        py: Python<'_>,
+        client: &PyClient,
+        configs: Vec<Vec<u8>>,
+        max_in_flight_items: usize,
+        reconnect_timeout: f64,
+    ) -> PyResult<Self> {
+        if !(reconnect_timeout.is_finite() && reconnect_timeout >= 0.0) {
+            return Err(PyValueError::new_err(
+                "reconnect_timeout must be a number of seconds >= 0",
+            ));
+        }
+        let configs = configs
+            .iter()
+            .enumerate()
+            .map(|(i, bytes)| {
+                StructuredWriterConfig::decode(bytes.as_slice()).map_err(|e| {
+                    PyValueError::new_err(format!(
+                        "Invalid configuration at position {i}: not a StructuredWriterConfig ({e})"
+                    ))
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let options = WriterOptions {
+            max_in_flight_items,
+            reconnect_timeout: Duration::from_secs_f64(reconnect_timeout),
+            ..WriterOptions::default()
+        };
+        let writer = TrajectoryWriter::new(client.fresh(py), options).py()?;
+        let writer = StructuredWriter::new(writer, &configs).py()?;
+        let used = (0..writer.width()).map(|i| writer.uses(i)).collect();
+        Ok(Self {
+            inner: Mutex::new(writer),
+            used,
+        })
+    }
+
+    /// Appends the flattened step `values` (`None` where the step has no value); with
+    /// `partial` the step stays open. Returns None, or an `AppendError` naming the rejected
+    /// leaf.
+    #[pyo3(signature = (values, partial=false))]
+    fn append(
+        &self,
+        py: Python<'_>,
+        values: Vec<Bound<'_, PyAny>>,
+        partial: bool,
+    ) -> PyResult<Option<Py<PyAppendError>>> {
+        self.load_tables(py)?;
+        let tensors = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match self.used.get(i) {
+                Some(true) if !v.is_none() => to_tensor(py, v).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        match locked(py, &self.inner, |w| w.append(tensors, partial)) {
+            Ok(true) => Ok(None),
+            Ok(false) => {
+                wait_locked(py, &self.inner, None, "append", |w, until| {
+                    w.writer().send_ready(until)
+                })?;
+                Ok(None)
+            }
+            Err(e) => append_error(py, e),
+        }
+    }
+
+    /// Sends everything and waits until at most `block_until_num_items` are unconfirmed.
+    #[pyo3(signature = (block_until_num_items=0, timeout_ms=None))]
+    fn flush(
+        &self,
+        py: Python<'_>,
+        block_until_num_items: u64,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let deadline = deadline_ms(timeout_ms)?;
+        wait_locked(py, &self.inner, deadline, "flush", |w, until| {
+            w.writer().flush(block_until_num_items, until)
+        })
+    }
+
+    /// Applies the end-of-episode configs, ends the episode and waits until every item is
+    /// confirmed (on a timeout the new episode has begun all the same).
+    #[pyo3(signature = (clear_buffers=true, timeout_ms=None))]
+    fn end_episode(
+        &self,
+        py: Python<'_>,
+        clear_buffers: bool,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let deadline = deadline_ms(timeout_ms)?;
+        locked(py, &self.inner, |w| w.end_episode(clear_buffers)).py()?;
+        wait_locked(py, &self.inner, deadline, "end_episode", |w, until| {
+            w.writer().flush(0, until)
+        })
+    }
+
+    /// Whether a partial step is open.
+    #[getter]
+    fn step_is_open(&self, py: Python<'_>) -> bool {
+        locked(py, &self.inner, |w| w.step_is_open())
+    }
+
+    /// Items created and not yet confirmed.
+    fn unconfirmed(&self, py: Python<'_>) -> u64 {
+        locked(py, &self.inner, |w| w.writer().unconfirmed())
+    }
+
+    /// Stops the writer's stream.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.inner.lock().unwrap().writer().close());
+    }
+}
