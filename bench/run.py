@@ -25,6 +25,8 @@ WORKLOADS = [
     "writer_frames",
     "writer_batched",
     "writer_vector",
+    "structured_small",
+    "structured_frames",
     "client_sample",
     "prioritized",
     "dataset_small",

@@ -22,8 +22,14 @@ TABLE = "bench"
 PRIORITIZED = "prioritized"
 
 
-def make_tables(max_size: int = 1_000_000) -> list:
-    return [
+def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
+    """The benchmark tables (with `structured`, also the structured-writer workloads')."""
+    extra = []
+    if structured:
+        import structured_workloads
+
+        extra = structured_workloads.tables(max_size)
+    return extra + [
         reverb.Table(
             name=TABLE,
             sampler=reverb.selectors.Uniform(),
@@ -41,8 +47,8 @@ def make_tables(max_size: int = 1_000_000) -> list:
     ]
 
 
-def serve(port_file: str, max_size: int) -> None:
-    server = reverb.Server(make_tables(max_size))
+def serve(port_file: str, max_size: int, structured: bool) -> None:
+    server = reverb.Server(make_tables(max_size, structured))
     with open(port_file + ".tmp", "w") as f:
         f.write(str(server.port))
     os.rename(port_file + ".tmp", port_file)
@@ -52,17 +58,17 @@ def serve(port_file: str, max_size: int) -> None:
 class Setup:
     """A server (here or in a child process) and its address."""
 
-    def __init__(self, mode: str, max_size: int = 1_000_000) -> None:
+    def __init__(self, mode: str, max_size: int = 1_000_000, structured: bool = False) -> None:
         self.child = None
         if mode == "inproc":
-            self.server = reverb.Server(make_tables(max_size))
+            self.server = reverb.Server(make_tables(max_size, structured))
             self.address = f"localhost:{self.server.port}"
             return
         port_file = f"/tmp/reverb-bench-port-{os.getpid()}"
         if os.path.exists(port_file):
             os.remove(port_file)
         self.child = subprocess.Popen(
-            [sys.executable, __file__, "serve", port_file, str(max_size)],
+            [sys.executable, __file__, "serve", port_file, str(max_size), str(int(structured))],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -425,17 +431,24 @@ WORKLOADS = {
     "latency_sample": latency_sample,
 }
 OURS_ONLY = {"writer_batched", "writer_vector"}
+# In bench/structured_workloads.py (imported only for them: it needs TensorFlow).
+STRUCTURED = {"structured_small", "structured_frames"}
 
 
 def main() -> None:
     if sys.argv[1] == "serve":
-        serve(sys.argv[2], int(sys.argv[3]))
+        serve(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
         return
     if sys.argv[1] == "actor":
         _actor(sys.argv[2], float(sys.argv[3]), sys.argv[4])
         os._exit(0)
     workload, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    setup = Setup(mode)
+    structured = workload in STRUCTURED
+    if structured:
+        import structured_workloads
+
+        WORKLOADS.update(structured_workloads.WORKLOADS)
+    setup = Setup(mode, structured=structured)
     try:
         result = WORKLOADS[workload](setup, seconds)
     finally:

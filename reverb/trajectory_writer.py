@@ -395,15 +395,16 @@ class TrajectoryWriter:
         self._writer.flush(block_until_num_items, timeout_ms)
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:
-        """Ends the episode: sends everything and waits for confirmation, then starts a new
-        episode. With `clear_buffers` the history is dropped."""
+        """Ends the episode and starts a new one (with `clear_buffers` the history is
+        dropped), then sends everything and waits for confirmation. On a timeout
+        (DeadlineExceededError) the new episode has begun all the same."""
         self._check_open()
         try:
             self._writer.end_episode(clear_buffers, timeout_ms)
         finally:
-            # The new episode begins even when waiting for confirmations timed out.
-            self._steps = 0
-            self._step_open = False
+            # Whatever happened, mirror the native episode position.
+            self._steps = self._writer.episode_steps
+            self._step_open = self._writer.step_is_open
             self._episode_start = self._writer.episode_start
 
     def close(self) -> None:

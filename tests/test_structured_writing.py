@@ -257,7 +257,7 @@ def _config(draw: Any) -> patterns_pb2.StructuredWriterConfig:
 def _script(draw: Any) -> List[Any]:
     ops: List[Any] = []
     for _ in range(draw(st.integers(1, 14))):
-        kind = draw(st.sampled_from(["append", "append", "append", "partial", "end"]))
+        kind = draw(st.sampled_from(["append", "append", "append", "partial", "open", "end"]))
         if kind == "end":
             ops.append(("end", draw(st.booleans())))
             continue
@@ -269,10 +269,12 @@ def _script(draw: Any) -> List[Any]:
                 np.bool_(draw(st.booleans())),
             )
         ]
+        first = [v if i == 0 else None for i, v in enumerate(values)]
+        rest = [None if i == 0 else v for i, v in enumerate(values)]
         if kind == "partial":
-            first = [v if i == 0 else None for i, v in enumerate(values)]
-            rest = [None if i == 0 else v for i, v in enumerate(values)]
             ops += [("append", first, True), ("append", rest, False)]
+        elif kind == "open":  # a partial step still open when the episode ends
+            ops += [("append", first, True), ("end", draw(st.booleans()))]
         else:
             ops.append(("append", values, False))
     return ops
@@ -374,6 +376,16 @@ def test_malformed_conditions_are_refused_when_the_writer_is_made(
     with pytest.raises(ValueError, match="Invalid configuration at position 0: ") as info:
         client.structured_writer([sw.create_config(R["a"][-1], "q", [condition])])
     assert message in str(info.value)
+
+
+def test_leaf_indices_are_bounded(make_server) -> None:
+    client = _queue_server(make_server)
+    huge = patterns_pb2.PatternNode(flat_source_index=2**31 - 1, stop=-1)
+    with pytest.raises(ValueError, match="must be < 65536"):
+        client.structured_writer([sw.create_config(huge, "q")])
+    condition = patterns_pb2.Condition(flat_source_index=2**31 - 1, eq=1)
+    with pytest.raises(ValueError, match="must be < 65536"):
+        client.structured_writer([sw.create_config(R["a"][-1], "q", [condition])])
 
 
 def test_configs_without_table_nodes_or_priority_are_refused(make_server) -> None:
@@ -479,6 +491,29 @@ def test_items_must_match_the_table_signature(make_server) -> None:
     act, obs = sample.data  # flattened as the signature: act, obs
     assert act == 1
     np.testing.assert_array_equal(obs, [[0, 0, 0], [1, 1, 1]])
+
+
+def test_a_config_that_cannot_make_its_item_stops_no_other(make_server) -> None:
+    tf = pytest.importorskip("tensorflow")
+    client = _queue_server(
+        make_server,
+        reverb.Table.queue("q", 100, signature=tf.TensorSpec([], tf.float32)),
+        reverb.Table.queue("r", 100),
+    )
+    configs = [
+        sw.create_config(R["a"][-1], "q", [C.is_end_episode()]),  # int32 into a float32 table
+        sw.create_config(R["a"][-1], "r", [C.step_index() == 0]),
+    ]
+    writer = client.structured_writer(configs)
+    for episode in range(3):
+        writer.append({"a": np.int32(episode)})
+        with pytest.raises(ValueError, match="config 0: .*The step itself was appended"):
+            writer.end_episode(timeout_ms=10_000)
+    writer.flush(timeout_ms=10_000)
+    # Every episode ended (step_index 0 came three times) and the other config inserted.
+    assert _size(client, "r") == 3 and _size(client, "q") == 0
+    got = [int(s.data[0]) for s in client.sample("r", 3, emit_timesteps=False, timeout=10)]
+    assert got == [0, 1, 2]
 
 
 def test_flush_and_end_episode_time_out_on_a_full_table(make_server) -> None:

@@ -496,3 +496,18 @@ def test_client_insert_to_a_stopped_server_fails_within_seconds(make_server) -> 
         client.insert({"v": np.int64(2)}, {"a": 1.0}, timeout=T)
     # The kept stream fails, then one retry on a fresh connection fails at once.
     assert time.monotonic() - start < 5
+
+
+def test_a_refused_end_episode_leaves_the_episode_as_it_was(make_server) -> None:
+    server = make_server([reverb.Table.queue("q", 10)])
+    writer = server.localhost_client().trajectory_writer(1)
+    for t in range(3):
+        writer.append({"x": np.int64(t)})
+    with pytest.raises(ValueError):
+        writer.end_episode(timeout_ms=-1)
+    assert writer.episode_steps == 3
+    writer.append({"x": np.int64(100)})
+    writer.create_item("q", 1.0, writer.history["x"][-1])
+    writer.flush(timeout_ms=TMS)
+    (sample,) = server.localhost_client().sample("q", 1, emit_timesteps=False, timeout=T)
+    assert int(sample.data[0]) == 100

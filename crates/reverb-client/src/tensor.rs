@@ -90,6 +90,47 @@ impl Tensor {
     }
 }
 
+/// A tensor's dtype, shape and bytes, borrowed: what the writers copy appended values from
+/// (an owned [`Tensor`], or an array of the caller's, without an extra copy).
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    /// TensorFlow `DataType` value.
+    pub dtype: i32,
+    /// Dimensions.
+    pub shape: &'a [i64],
+    /// Row-major element bytes.
+    pub data: &'a [u8],
+}
+
+impl TensorView<'_> {
+    /// Bytes of one row (everything but the leading dimension).
+    pub fn row_bytes(&self) -> usize {
+        self.shape.iter().skip(1).product::<i64>() as usize * dtype_size(self.dtype).unwrap_or(0)
+    }
+}
+
+/// Values the writers take: owned tensors or borrowed views.
+pub trait AsView {
+    /// The value as a view.
+    fn view(&self) -> TensorView<'_>;
+}
+
+impl AsView for Tensor {
+    fn view(&self) -> TensorView<'_> {
+        TensorView {
+            dtype: self.dtype,
+            shape: &self.shape,
+            data: &self.data,
+        }
+    }
+}
+
+impl AsView for TensorView<'_> {
+    fn view(&self) -> TensorView<'_> {
+        *self
+    }
+}
+
 fn shape_proto(shape: &[i64]) -> TensorShapeProto {
     TensorShapeProto {
         dim: shape

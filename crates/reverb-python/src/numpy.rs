@@ -1,4 +1,5 @@
-//! numpy arrays in and out: any array-like becomes a [`Tensor`] (one copy of its bytes), and
+//! numpy arrays in and out: any array-like becomes an [`Array`] the writers read in place, or a
+//! [`Tensor`] (one copy of its bytes), and
 //! tensors go back as `(dtype, shape, uint8 array)` triples that Python views with its dtype.
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -6,6 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
+use reverb_client::tensor::TensorView;
 use reverb_client::tensor::DTYPES;
 use reverb_client::Tensor;
 
@@ -29,8 +31,9 @@ fn tf_dtype_of_numpy(kind: u8, itemsize: usize) -> Option<i32> {
         .map(|(d, _, _)| *d as i32)
 }
 
-/// Converts any numpy-convertible value to a tensor (one copy of its bytes).
-pub(crate) fn to_tensor(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+/// Any numpy-convertible value as a C-contiguous, native-order array (no copy when it is one
+/// already), with its TensorFlow dtype and shape.
+pub(crate) fn to_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Array<'py>> {
     let array = match value.downcast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         // Scalars and sequences: numpy decides the dtype, as in the reference.
@@ -65,17 +68,53 @@ pub(crate) fn to_tensor(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Te
     })?;
     let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
     let nbytes = array.len() * descr.itemsize();
-    // SAFETY: the array is C-contiguous, holds `len * itemsize` bytes at `data`, and stays
-    // alive and unmodified while we copy: we hold a reference to it and the GIL.
-    let data = unsafe {
-        let ptr = (*array.as_array_ptr()).data as *const u8;
-        if nbytes == 0 {
-            Vec::new()
+    Ok(Array {
+        array,
+        dtype,
+        shape,
+        nbytes,
+    })
+}
+
+/// A contiguous numpy array held for a call (see [`to_array`]).
+pub(crate) struct Array<'py> {
+    array: Bound<'py, PyUntypedArray>,
+    dtype: i32,
+    shape: Vec<i64>,
+    nbytes: usize,
+}
+
+impl Array<'_> {
+    /// The array's bytes, borrowed. Callers read them only while they hold the GIL (no
+    /// Python code can change the array meanwhile), or copy them first (`to_tensor`).
+    pub(crate) fn view(&self) -> TensorView<'_> {
+        let data = if self.nbytes == 0 {
+            &[][..]
         } else {
-            std::slice::from_raw_parts(ptr, nbytes).to_vec()
+            // SAFETY: the array is C-contiguous and holds `nbytes` bytes at `data`; `self`
+            // keeps a strong reference to it (so the buffer cannot be freed or resized: numpy
+            // refuses to resize a referenced array) for the borrow's lifetime.
+            unsafe {
+                let ptr = (*self.array.as_array_ptr()).data as *const u8;
+                std::slice::from_raw_parts(ptr, self.nbytes)
+            }
+        };
+        TensorView {
+            dtype: self.dtype,
+            shape: &self.shape,
+            data,
         }
-    };
-    Ok(Tensor { dtype, shape, data })
+    }
+
+    /// An owned copy of the array.
+    pub(crate) fn to_tensor(&self) -> Tensor {
+        let view = self.view();
+        Tensor {
+            dtype: view.dtype,
+            shape: view.shape.to_vec(),
+            data: view.data.to_vec(),
+        }
+    }
 }
 
 fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {

@@ -4,8 +4,8 @@
 use crate::blocking::{deadline_ms, run};
 use crate::client::PyClient;
 use crate::errors::IntoPyResult;
-use crate::numpy::to_tensor;
-use crate::writer::{append_error, locked, wait_locked, PyAppendError};
+use crate::numpy::{to_array, Array};
+use crate::writer::{append_error, locked, wait_locked, with_views, PyAppendError};
 use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -96,15 +96,26 @@ impl PyStructuredWriter {
         partial: bool,
     ) -> PyResult<Option<Py<PyAppendError>>> {
         self.load_tables(py)?;
-        let tensors = values
+        let arrays = values
             .iter()
             .enumerate()
             .map(|(i, v)| match self.used.get(i) {
-                Some(true) if !v.is_none() => to_tensor(py, v).map(Some),
+                Some(true) if !v.is_none() => to_array(py, v).map(Some),
                 _ => Ok(None),
             })
             .collect::<PyResult<Vec<_>>>()?;
-        match locked(py, &self.inner, |w| w.append(tensors, partial)) {
+        // The leaves with values, in order; `present` says which leaf each one is.
+        let present: Vec<bool> = arrays.iter().map(Option::is_some).collect();
+        let given: Vec<Array<'_>> = arrays.into_iter().flatten().collect();
+        let appended = with_views(py, &self.inner, &given, |w, views| {
+            let mut views = views.iter().copied();
+            let values = present
+                .iter()
+                .map(|&p| if p { views.next() } else { None })
+                .collect();
+            w.append(values, partial)
+        });
+        match appended {
             Ok(true) => Ok(None),
             Ok(false) => {
                 wait_locked(py, &self.inner, None, "append", |w, until| {

@@ -4,10 +4,11 @@
 use crate::blocking::{deadline_ms, slices};
 use crate::client::PyClient;
 use crate::errors::{client_error, IntoPyResult};
-use crate::numpy::{column_out, to_tensor};
+use crate::numpy::{column_out, to_array, Array};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use reverb_client::tensor::{AsView, TensorView};
 use reverb_client::writer::{AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions};
 use reverb_client::{ClientError, Tensor};
 use std::sync::Mutex;
@@ -80,6 +81,25 @@ pub(crate) fn locked<W: Send, T: Send>(
     py.detach(|| f(&mut lock.lock().unwrap()))
 }
 
+/// Runs `f` on a locked writer with views of `arrays`: read in place while the GIL is held
+/// when the lock is free, else copied first (the wait for the lock releases the GIL).
+pub(crate) fn with_views<W: Send, T: Send>(
+    py: Python<'_>,
+    lock: &Mutex<W>,
+    arrays: &[Array<'_>],
+    f: impl for<'a> FnOnce(&mut W, &[TensorView<'a>]) -> T + Send,
+) -> T {
+    if let Ok(mut w) = lock.try_lock() {
+        let views: Vec<TensorView<'_>> = arrays.iter().map(Array::view).collect();
+        return f(&mut w, &views);
+    }
+    let owned: Vec<Tensor> = arrays.iter().map(Array::to_tensor).collect();
+    py.detach(|| {
+        let views: Vec<TensorView<'_>> = owned.iter().map(AsView::view).collect();
+        f(&mut lock.lock().unwrap(), &views)
+    })
+}
+
 /// Repeats a bounded wait on a locked writer (`step` until a time; true when done) until
 /// done or `deadline`; DeadlineExceededError naming `what` after it.
 pub(crate) fn wait_locked<W: Send>(
@@ -120,15 +140,20 @@ impl PyTrajectoryWriter {
         py: Python<'_>,
         columns: Vec<usize>,
         values: Vec<Bound<'_, PyAny>>,
-        append: impl FnOnce(&mut TrajectoryWriter, Vec<(usize, Tensor)>) -> Result<(), AppendError>
+        append: impl for<'a> FnOnce(
+                &mut TrajectoryWriter,
+                Vec<(usize, TensorView<'a>)>,
+            ) -> Result<(), AppendError>
             + Send,
     ) -> PyResult<Option<Py<PyAppendError>>> {
-        let tensors = values
+        let arrays = values
             .iter()
-            .map(|v| to_tensor(py, v))
+            .map(|v| to_array(py, v))
             .collect::<PyResult<Vec<_>>>()?;
-        let values: Vec<(usize, Tensor)> = columns.into_iter().zip(tensors).collect();
-        match self.with(py, |w| append(w, values)) {
+        let result = with_views(py, &self.inner, &arrays, |w, views| {
+            append(w, columns.into_iter().zip(views.iter().copied()).collect())
+        });
+        match result {
             Ok(()) => Ok(None),
             Err(e) => append_error(py, e),
         }

@@ -5,6 +5,7 @@
 
 use super::columns::Row;
 use super::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
+use crate::tensor::AsView;
 use crate::{Client, ClientError, Result, Tensor};
 use std::time::Instant;
 
@@ -212,11 +213,12 @@ impl TrajectoryWriter {
     /// Appends one step to every env: each value `(field, tensor)` has a leading dimension
     /// of `num_envs()`, row `l` going to env `l`. Errors name the field; a failed call
     /// changes nothing.
-    pub fn append_envs(
+    pub fn append_envs<V: AsView>(
         &mut self,
-        values: Vec<(usize, Tensor)>,
+        values: Vec<(usize, V)>,
     ) -> std::result::Result<(), AppendError> {
         self.check_error().map_err(AppendError::Other)?;
+        let values = super::views(&values);
         let n = self.envs.len();
         if let Some((field, value)) = values
             .iter()

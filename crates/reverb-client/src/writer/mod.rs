@@ -18,7 +18,7 @@ mod structured;
 pub use envs::Steps;
 pub use structured::StructuredWriter;
 
-use crate::tensor::Tensor;
+use crate::tensor::{AsView, Tensor, TensorView};
 use crate::{runtime, Client, ClientError, Result};
 use columns::{check_lengths, Columns, Row};
 use envs::Envs;
@@ -189,17 +189,18 @@ impl TrajectoryWriter {
 
     /// Appends values `(column, row)` to the open step; closes the step unless `partial`.
     /// Checks everything first: a failed append changes nothing.
-    pub fn append(
+    pub fn append<V: AsView>(
         &mut self,
-        values: Vec<(usize, Tensor)>,
+        values: Vec<(usize, V)>,
         partial: bool,
     ) -> std::result::Result<(), AppendError> {
         self.check_error().map_err(AppendError::Other)?;
+        let values = views(&values);
         let rows = values.iter().map(|(column, value)| Row {
             name: *column,
             column: *column,
             dtype: value.dtype,
-            shape: &value.shape,
+            shape: value.shape,
         });
         self.columns
             .check_rows(rows, self.step_open.then_some(self.step))?;
@@ -209,8 +210,8 @@ impl TrajectoryWriter {
                 column,
                 step,
                 value.dtype,
-                &value.shape,
-                &value.data,
+                value.shape,
+                value.data,
                 &self.envs,
             );
         }
@@ -224,10 +225,11 @@ impl TrajectoryWriter {
     }
 
     /// Appends `n` full steps at once: each value has a leading dimension of `n`.
-    pub fn append_steps(
+    pub fn append_steps<V: AsView>(
         &mut self,
-        values: Vec<(usize, Tensor)>,
+        values: Vec<(usize, V)>,
     ) -> std::result::Result<u64, AppendError> {
+        let values = views(&values);
         if self.step_open {
             return Err(AppendError::Other(ClientError::invalid(
                 "append_steps needs a closed step; finish the partial step first",
@@ -458,6 +460,11 @@ impl TrajectoryWriter {
     pub fn client(&self) -> &Client {
         &self.client
     }
+}
+
+/// The views of appended values.
+fn views<V: AsView>(values: &[(usize, V)]) -> Vec<(usize, TensorView<'_>)> {
+    values.iter().map(|(c, v)| (*c, v.view())).collect()
 }
 
 impl Drop for TrajectoryWriter {

@@ -145,16 +145,27 @@ pub struct Pattern {
     pub priority: Priority,
 }
 
+/// Most leaves a step may have (bounds what configs make the writer allocate).
+pub const MAX_LEAVES: usize = 1 << 16;
+
+/// Checks a `flat_source_index` (`what` names the field).
+fn leaf_of(index: i32, what: &str) -> Result<usize, String> {
+    if index < 0 {
+        return Err(format!("`{what}` must be >= 0 but got {index}."));
+    }
+    if index as usize >= MAX_LEAVES {
+        return Err(format!(
+            "`{what}` must be < {MAX_LEAVES} (leaves per step) but got {index}."
+        ));
+    }
+    Ok(index as usize)
+}
+
 fn node_of(node: &PatternNode) -> Result<Node, String> {
     let start = node.start_or_none.as_ref().map(|StartOrNone::Start(s)| *s);
     let stop = node.stop_or_none.as_ref().map(|StopOrNone::Stop(s)| *s);
     let step = node.step_or_none.as_ref().map(|StepOrNone::Step(s)| *s);
-    if node.flat_source_index < 0 {
-        return Err(format!(
-            "`flat_source_index` must be >= 0 but got {}.",
-            node.flat_source_index
-        ));
-    }
+    let column = leaf_of(node.flat_source_index, "flat_source_index")?;
     if start.is_none() && stop.is_none() {
         return Err("At least one of `start` and `stop` must be specified.".into());
     }
@@ -181,7 +192,7 @@ fn node_of(node: &PatternNode) -> Result<Node, String> {
         return Err(format!("`step` must be > 0 but got {s}."));
     }
     Ok(Node {
-        column: node.flat_source_index as usize,
+        column,
         start,
         stop: stop.unwrap_or(0),
         step: step.unwrap_or(1) as usize,
@@ -195,10 +206,7 @@ fn check_of(condition: &Condition) -> Result<Check, String> {
         Some(Left::StepsSinceApplied(_)) => Subject::StepsSinceApplied,
         Some(Left::BufferLength(_)) => Subject::BufferLength,
         Some(Left::IsEndEpisode(_)) => Subject::IsEndEpisode,
-        Some(Left::FlatSourceIndex(i)) if i < 0 => {
-            return Err(format!("flat_source_index must be >= 0 but got {i}."))
-        }
-        Some(Left::FlatSourceIndex(i)) => Subject::Data(i as usize),
+        Some(Left::FlatSourceIndex(i)) => Subject::Data(leaf_of(i, "flat_source_index")?),
     };
     let compare = match &condition.cmp {
         None => return Err("Conditions must specify a value for `cmp`.".into()),
@@ -255,15 +263,9 @@ impl Pattern {
                 ))
             }
             Some(PriorityFn::ConstantFn(c)) => Priority::Constant(c.value),
-            Some(PriorityFn::TdError(t)) if t.flat_source_index < 0 => {
-                return Err(fail(format!(
-                    "`td_error.flat_source_index` must be >= 0 but got {}.",
-                    t.flat_source_index
-                )))
-            }
             Some(PriorityFn::TdError(t)) => Priority::TdError {
                 weight: t.max_priority_weight,
-                column: t.flat_source_index as usize,
+                column: leaf_of(t.flat_source_index, "td_error.flat_source_index").map_err(fail)?,
             },
         };
         let paths: Vec<String> = match &config.pattern_structure {
@@ -290,17 +292,14 @@ impl Pattern {
         })
     }
 
-    /// Every leaf index the config reads (its columns, data conditions and TD-error leaf).
+    /// Every leaf index the config reads (its columns and data conditions; a TD-error leaf
+    /// is read only where a column holds it).
     pub fn leaves(&self) -> impl Iterator<Item = usize> + '_ {
         let data = self.checks.iter().filter_map(|c| match c.subject {
             Subject::Data(i) => Some(i),
             _ => None,
         });
-        let td = match self.priority {
-            Priority::TdError { column, .. } => Some(column),
-            Priority::Constant(_) => None,
-        };
-        self.nodes.iter().map(|n| n.column).chain(data).chain(td)
+        self.nodes.iter().map(|n| n.column).chain(data)
     }
 
     /// The node the TD error is taken from (the last one of that leaf), if any.

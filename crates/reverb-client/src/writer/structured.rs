@@ -8,7 +8,7 @@
 use super::patterns::{Check, Pattern, Priority, Subject};
 use super::{AppendError, ItemColumn, TrajectoryWriter};
 use crate::signature::{decode_signature, describe, Spec};
-use crate::tensor::Tensor;
+use crate::tensor::{AsView, TensorView};
 use crate::{ClientError, Result};
 use reverb_proto::tensorflow::DataType;
 use reverb_proto::{StructuredWriterConfig, TableInfo};
@@ -167,29 +167,29 @@ impl StructuredWriter {
     /// the server does not have.
     pub fn set_tables(&mut self, infos: &[TableInfo], address: &str) -> Result<()> {
         let mut signatures = HashMap::new();
-        for info in infos {
-            signatures.insert(info.name.clone(), decode_signature(&info.signature)?);
-        }
         for c in &self.configs {
-            if !signatures.contains_key(&c.pattern.table) {
-                let mut names: Vec<&String> = signatures.keys().collect();
+            let table = &c.pattern.table;
+            if signatures.contains_key(table) {
+                continue;
+            }
+            let Some(info) = infos.iter().find(|i| &i.name == table) else {
+                let mut names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
                 names.sort();
-                let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
                 return Err(ClientError::invalid(format!(
-                    "Config {} inserts into table '{}', which the server at {address} does not \
-                     have (its tables: [{}])",
+                    "Config {} inserts into table '{table}', which the server at {address} does \
+                     not have (its tables: [{}])",
                     c.pattern.index,
-                    c.pattern.table,
                     names.join(", ")
                 )));
-            }
+            };
+            signatures.insert(table.clone(), decode_signature(&info.signature)?);
         }
         self.signatures = Some(signatures);
         Ok(())
     }
 
     /// Checks the leaves configs read, once their dtype is known (before anything changes).
-    fn check_values(&self, values: &[Option<Tensor>]) -> Result<()> {
+    fn check_values(&self, values: &[Option<TensorView<'_>>]) -> Result<()> {
         for (i, value) in values.iter().enumerate() {
             let (Some(v), Some(leaf)) = (value, self.leaves.get(i)) else {
                 continue;
@@ -200,7 +200,7 @@ impl StructuredWriter {
                 return Err(ClientError::invalid(format!(
                     "Config {c} has a data condition on leaf {i} of the step, which needs scalar \
                      integer or bool values but got {}",
-                    describe(v.dtype, &v.shape)
+                    describe(v.dtype, v.shape)
                 )));
             }
             if leaf.td && !(scalar && number(v).is_some()) {
@@ -208,7 +208,7 @@ impl StructuredWriter {
                 return Err(ClientError::invalid(format!(
                     "TD Error expects a scalar tensor: config {c} takes its priority from leaf \
                      {i} of the step, which got {}",
-                    describe(v.dtype, &v.shape)
+                    describe(v.dtype, v.shape)
                 )));
             }
         }
@@ -227,9 +227,9 @@ impl StructuredWriter {
     /// has no value), or part of it with `partial`, then makes the items whose configs hold.
     /// Returns false when items wait for room in the in-flight window (`send_ready` sends
     /// them). Nothing changes when the values are refused.
-    pub fn append(
+    pub fn append<V: AsView>(
         &mut self,
-        values: Vec<Option<Tensor>>,
+        values: Vec<Option<V>>,
         partial: bool,
     ) -> std::result::Result<bool, AppendError> {
         let other = AppendError::Other;
@@ -259,8 +259,12 @@ impl StructuredWriter {
             }
             Some(_) => {}
         }
-        self.check_values(&values).map_err(other)?;
-        self.width = Some(values.len());
+        let views: Vec<Option<TensorView<'_>>> = values
+            .iter()
+            .map(|v| v.as_ref().map(AsView::view))
+            .collect();
+        self.check_values(&views).map_err(other)?;
+        let width = values.len();
         let open = self.writer.step_is_open();
         let step = self.writer.episode_start() + self.writer.episode_steps();
         let index = self.writer.episode_steps();
@@ -288,7 +292,7 @@ impl StructuredWriter {
             }
             any = true;
             if leaf.numeric {
-                numbers.push((i, number(&v), integer(&v)));
+                numbers.push((i, number(&v.view()), integer(&v.view())));
             }
             if leaf.history > 0 {
                 columns.push((i, v));
@@ -296,6 +300,7 @@ impl StructuredWriter {
         }
         let had = columns.iter().map(|(i, _)| *i).collect::<Vec<_>>();
         self.writer.append(columns, partial)?;
+        self.width = Some(width);
         // The step was written: record it in the history.
         if !open {
             for (i, leaf) in self.leaves.iter().enumerate() {
@@ -328,11 +333,14 @@ impl StructuredWriter {
     }
 
     /// Evaluates every config on the newest step and makes the items of those that hold.
+    /// A config whose item cannot be made (e.g. it disagrees with the table signature) does
+    /// not stop the others; the first such error is returned after all were evaluated.
     fn apply(&mut self, end_of_episode: bool) -> Result<bool> {
         let Some(current) = self.current else {
             return Ok(true);
         };
-        let mut all_sent = true;
+        let mut queued_any = false;
+        let mut first_error = None;
         for c in 0..self.configs.len() {
             let config = &mut self.configs[c];
             if config.last_applied == Some(current) {
@@ -354,20 +362,36 @@ impl StructuredWriter {
             let Some((columns, priority)) = self.build(&config.pattern) else {
                 continue;
             };
-            if !config.checked {
-                self.check_signature(&config.pattern, &columns)?;
-            }
+            let checked = if config.checked {
+                Ok(())
+            } else {
+                self.check_signature(&config.pattern, &columns)
+            };
             let table = &self.configs[c].pattern.table;
-            let (_, sent) =
-                self.writer
-                    .create_item(table, priority, &columns, Some(Instant::now()))?;
-            all_sent &= sent;
-            let config = &mut self.configs[c];
-            config.checked = true;
-            config.last_applied = Some(current);
-            config.steps_since_applied = 0;
+            // Queued here, sent together below.
+            let queued = checked.and_then(|()| self.writer.queue_item(table, priority, &columns));
+            match queued {
+                Ok(_) => {
+                    queued_any = true;
+                    let config = &mut self.configs[c];
+                    config.checked = true;
+                    config.last_applied = Some(current);
+                    config.steps_since_applied = 0;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
         }
-        Ok(all_sent)
+        let all_sent = !queued_any || self.writer.send_ready(Some(Instant::now()))?;
+        match first_error {
+            None => Ok(all_sent),
+            Some(mut e) => {
+                e.message
+                    .push_str(" (The step itself was appended; other configs were applied.)");
+                Err(e)
+            }
+        }
     }
 
     fn holds(&self, check: &Check, current: StepId, since: i64, end: bool) -> bool {
@@ -466,7 +490,8 @@ impl StructuredWriter {
     /// Applies the configs that hold at the end of an episode, then ends it (without
     /// waiting: `flush` waits for the items). `clear_buffers` drops the history.
     pub fn end_episode(&mut self, clear_buffers: bool) -> Result<()> {
-        self.apply(true)?;
+        // The episode ends even when a config's item could not be made.
+        let applied = self.apply(true);
         self.writer.end_episode(clear_buffers);
         self.episode += 1;
         if clear_buffers {
@@ -476,7 +501,7 @@ impl StructuredWriter {
             self.buffer_length = 0;
             self.current = None;
         }
-        Ok(())
+        applied.map(|_| ())
     }
 }
 
@@ -490,37 +515,79 @@ fn integral(dtype: i32) -> bool {
     .any(|d| *d as i32 == dtype)
 }
 
+/// The first element's bytes of `t`, if it has `n` of them.
+fn first<const N: usize>(t: &TensorView<'_>) -> Option<[u8; N]> {
+    t.data.get(..N)?.try_into().ok()
+}
+
 /// The value of a one-element tensor as an integer (truncated to 32 bits, as the reference
 /// compares), if it is an integer or bool.
-fn integer(t: &Tensor) -> Option<i64> {
+fn integer(t: &TensorView<'_>) -> Option<i64> {
     use DataType::*;
-    let b = &t.data;
     let v = match DataType::try_from(t.dtype).ok()? {
-        DtBool => (b[0] != 0) as i64,
-        DtInt8 => b[0] as i8 as i64,
-        DtUint8 => b[0] as i64,
-        DtInt16 => i16::from_le_bytes(b[..2].try_into().ok()?) as i64,
-        DtUint16 => u16::from_le_bytes(b[..2].try_into().ok()?) as i64,
-        DtInt32 => i32::from_le_bytes(b[..4].try_into().ok()?) as i64,
-        DtUint32 => u32::from_le_bytes(b[..4].try_into().ok()?) as i32 as i64,
-        DtInt64 => i64::from_le_bytes(b[..8].try_into().ok()?) as i32 as i64,
-        DtUint64 => u64::from_le_bytes(b[..8].try_into().ok()?) as i32 as i64,
+        DtBool => (first::<1>(t)?[0] != 0) as i64,
+        DtInt8 => i8::from_le_bytes(first(t)?) as i64,
+        DtUint8 => u8::from_le_bytes(first(t)?) as i64,
+        DtInt16 => i16::from_le_bytes(first(t)?) as i64,
+        DtUint16 => u16::from_le_bytes(first(t)?) as i64,
+        DtInt32 => i32::from_le_bytes(first(t)?) as i64,
+        DtUint32 => u32::from_le_bytes(first(t)?) as i32 as i64,
+        DtInt64 => i64::from_le_bytes(first(t)?) as i32 as i64,
+        DtUint64 => u64::from_le_bytes(first(t)?) as i32 as i64,
         _ => return None,
     };
     Some(v)
 }
 
-/// The value of a one-element real tensor as a float.
-fn number(t: &Tensor) -> Option<f64> {
+/// The value of a one-element real (or integer, or bool) tensor as a float.
+fn number(t: &TensorView<'_>) -> Option<f64> {
     use DataType::*;
-    let b = &t.data;
-    match DataType::try_from(t.dtype).ok()? {
-        DtFloat => Some(f32::from_le_bytes(b.get(..4)?.try_into().ok()?) as f64),
-        DtDouble => Some(f64::from_le_bytes(b.get(..8)?.try_into().ok()?)),
-        DtInt64 => Some(i64::from_le_bytes(b.get(..8)?.try_into().ok()?) as f64),
-        DtUint64 => Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?) as f64),
-        DtComplex64 | DtComplex128 | DtBfloat16 | DtHalf => None,
-        _ if b.is_empty() => None,
-        _ => integer(t).map(|v| v as f64),
+    let v = match DataType::try_from(t.dtype).ok()? {
+        DtFloat => f32::from_le_bytes(first(t)?) as f64,
+        DtDouble => f64::from_le_bytes(first(t)?),
+        DtBool => (first::<1>(t)?[0] != 0) as i64 as f64,
+        DtInt8 => i8::from_le_bytes(first(t)?) as f64,
+        DtUint8 => u8::from_le_bytes(first(t)?) as f64,
+        DtInt16 => i16::from_le_bytes(first(t)?) as f64,
+        DtUint16 => u16::from_le_bytes(first(t)?) as f64,
+        DtInt32 => i32::from_le_bytes(first(t)?) as f64,
+        DtUint32 => u32::from_le_bytes(first(t)?) as f64,
+        DtInt64 => i64::from_le_bytes(first(t)?) as f64,
+        DtUint64 => u64::from_le_bytes(first(t)?) as f64,
+        _ => return None,
+    };
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::Tensor;
+
+    #[test]
+    fn scalars_read_as_the_reference_reads_them() {
+        let t = |dtype: DataType, data: Vec<u8>| Tensor {
+            dtype: dtype as i32,
+            shape: vec![],
+            data,
+        };
+        let number = |t: &Tensor| number(&t.view());
+        let integer = |t: &Tensor| integer(&t.view());
+        let big = t(DataType::DtUint32, 3_000_000_000u32.to_le_bytes().to_vec());
+        assert_eq!(number(&big), Some(3e9));
+        assert_eq!(integer(&big), Some(3_000_000_000u32 as i32 as i64));
+        assert_eq!(integer(&t(DataType::DtBool, vec![1])), Some(1));
+        assert_eq!(
+            number(&t(DataType::DtFloat, 2.5f32.to_le_bytes().to_vec())),
+            Some(2.5)
+        );
+        assert_eq!(
+            integer(&t(DataType::DtFloat, 2.5f32.to_le_bytes().to_vec())),
+            None
+        );
+        // Malformed tensors (too few bytes) are no value, not a panic.
+        assert_eq!(integer(&t(DataType::DtBool, vec![])), None);
+        assert_eq!(number(&t(DataType::DtInt64, vec![1, 2])), None);
     }
 }
