@@ -55,7 +55,10 @@ def sequence_configs() -> list:
     ref = sw.create_reference_step(step_spec(False))
     C = sw.Condition
     pattern = {k: ref[k][-SEQUENCE:] for k in ("observation", "action", "reward", "discount")}
-    conditions = [C.step_index() >= SEQUENCE - 1, C.step_index() % PERIOD == (SEQUENCE - 1) % PERIOD]
+    conditions = [
+        C.step_index() >= SEQUENCE - 1,
+        C.step_index() % PERIOD == (SEQUENCE - 1) % PERIOD,
+    ]
     return [sw.create_config(pattern, "sequence", conditions)]
 
 
