@@ -33,6 +33,10 @@ def _has_tensorflow() -> bool:
             "dataset_small",
             marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
         ),
+        pytest.param(
+            "structured_small",
+            marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
+        ),
     ],
 )
 def test_workload_runs_and_reports(workload: str) -> None:
