@@ -1,7 +1,7 @@
 """Reverb: a replay store for reinforcement learning, API-compatible with DeepMind Reverb 0.14.
 
 `import reverb` needs only numpy and protobuf. The TensorFlow parts (`TrajectoryDataset`,
-`TimestepDataset`, `TFClient`) import TensorFlow when first used.
+`TimestepDataset`, `PatternDataset`, `TFClient`) import TensorFlow when first used.
 """
 
 import importlib
@@ -29,11 +29,13 @@ from reverb.vector_trajectory_writer import VectorTrajectoryWriter
 
 # Names whose modules import TensorFlow (or PyTorch): loaded on first access (PEP 562).
 _LAZY = {
+    "PatternDataset": "reverb.pattern_dataset",
     "TFClient": "reverb.tf_client",
     "TorchDataset": "reverb.torch_dataset",
     "TimestepDataset": "reverb.timestep_dataset",
     "TrajectoryDataset": "reverb.trajectory_dataset",
     "tf_client": "reverb.tf_client",
+    "pattern_dataset": "reverb.pattern_dataset",
     "timestep_dataset": "reverb.timestep_dataset",
     "trajectory_dataset": "reverb.trajectory_dataset",
     "torch_dataset": "reverb.torch_dataset",
@@ -52,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Client",
+    "PatternDataset",
     "DeadlineExceededError",
     "ReplaySample",
     "ReverbError",

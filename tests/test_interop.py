@@ -207,3 +207,24 @@ def test_reference_reads_what_our_structured_writer_wrote(make_server) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-1] == "ok"
+
+
+def test_pattern_dataset_scenarios_give_what_the_references_gives() -> None:
+    """Every scenario of tests/_pattern_scenarios.py through dm-reverb's PatternDataset gives
+    exactly the trajectories ours gives."""
+    import json
+    import pathlib
+
+    pytest.importorskip("tensorflow")
+    from _pattern_scenarios import SCENARIOS, run
+
+    script = pathlib.Path(__file__).with_name("_pattern_scenarios.py")
+    out = subprocess.run(
+        [REFERENCE, str(script)], capture_output=True, text=True, timeout=300, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
+    theirs = json.loads(line[len("RESULTS") :])
+    assert sorted(theirs) == sorted(SCENARIOS)
+    for name, scenario in SCENARIOS.items():
+        assert run(*scenario) == theirs[name], name

@@ -85,7 +85,7 @@ def test_tf_tests_pass_under_tensorflow_2_15(rerun_under) -> None:
     version, _ = rerun_under(
         "REVERB_REFERENCE_PYTHON",
         "import tensorflow as tf, pytest, pytest_timeout; print(tf.__version__)",
-        ["tests/test_tf_dataset.py", "tests/test_tf_client.py"],
+        ["tests/test_tf_dataset.py", "tests/test_tf_client.py", "tests/test_pattern_dataset.py"],
         probe_timeout=120,
         TF_CPP_MIN_LOG_LEVEL="2",
     )

@@ -1,0 +1,133 @@
+"""`PatternDataset` and `pattern_dataset_with_info`: configs applied to a `tf.data` stream of
+steps, with and without episode boundaries, in eager mode, in a `tf.function` and in a TF1
+graph; bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from _pattern_scenarios import SCENARIOS, R, run, steps  # noqa: E402
+
+import reverb  # noqa: E402
+from reverb import structured_writer as sw  # noqa: E402
+
+# What each scenario must give, worked out by hand from the semantics (and what dm-reverb
+# 0.14 gives: tests/test_interop.py). Steps: a = i, b = [i, -i]; data is flattened.
+EXPECTED = {
+    # Episodes 0-3, 4-7, 8-10: a[-3:] needs three steps of the episode.
+    "slices_respecting_episodes": [
+        [[0, 1, 2], [2.0, -2.0]],
+        [[1, 2, 3], [3.0, -3.0]],
+        [[4, 5, 6], [6.0, -6.0]],
+        [[5, 6, 7], [7.0, -7.0]],
+        [[8, 9, 10], [10.0, -10.0]],
+    ],
+    "slices_across_episodes": [[[i - 2, i - 1, i], [float(i), -float(i)]] for i in range(2, 11)],
+    # Transitions (next, observation, rewards): 3-step ones while the episode runs, then the
+    # 1- and 2-step ones at its end (configs in order).
+    "n_step_transitions": [
+        [3, 0, [[0.0, -0.0], [1.0, -1.0], [2.0, -2.0]]],
+        [4, 1, [[1.0, -1.0], [2.0, -2.0], [3.0, -3.0]]],
+        [5, 2, [[2.0, -2.0], [3.0, -3.0], [4.0, -4.0]]],
+        [5, 4, [[4.0, -4.0]]],
+        [5, 3, [[3.0, -3.0], [4.0, -4.0]]],
+        [9, 6, [[6.0, -6.0], [7.0, -7.0], [8.0, -8.0]]],
+        [10, 7, [[7.0, -7.0], [8.0, -8.0], [9.0, -9.0]]],
+        [11, 8, [[8.0, -8.0], [9.0, -9.0], [10.0, -10.0]]],
+        [11, 10, [[10.0, -10.0]]],
+        [11, 9, [[9.0, -9.0], [10.0, -10.0]]],
+    ],
+    "conditions": [0, 0, 2, 2, 2, 3, 3, 4, 5, 5, 5, 6, 6, 7, 8, 8, 9, 9, 9, 10, 11, 11],
+    # The second config also needs six steps held: the reference makes every config require
+    # the longest history of the configs before it.
+    "strided_and_end_of_episode": [
+        [0, 2, 4],
+        [1, 3],
+        [1, 3, 5],
+        [5, 6],
+        [7, 9, 11],
+        [8, 10],
+        [8, 10, 12],
+        [12, 13],
+        [14, 16, 18],
+        [15, 17],
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenarios_give_exactly_the_expected_trajectories(name) -> None:
+    assert run(*SCENARIOS[name]) == EXPECTED[name]
+
+
+def _transitions() -> list:
+    configs, _, _, _ = SCENARIOS["n_step_transitions"]
+    return configs
+
+
+def _is_end(step) -> tf.Tensor:
+    return tf.equal(step["a"] % 6, 5)
+
+
+def test_element_spec_is_the_inferred_signature_and_configs_are_not_changed() -> None:
+    configs = _transitions()
+    before = [c.SerializeToString() for c in configs]
+    dataset = reverb.PatternDataset(steps(14), configs, True, _is_end)
+    assert tf.nest.map_structure(lambda s: (s.shape, s.dtype), dataset.element_spec) == {
+        "n": (tf.TensorShape([]), tf.int32),
+        "o": (tf.TensorShape([]), tf.int32),
+        "r": (tf.TensorShape([None, 2]), tf.float32),
+    }
+    assert [c.SerializeToString() for c in configs] == before
+    assert isinstance(dataset, tf.data.Dataset)
+    assert reverb.pattern_dataset.PatternDataset is reverb.PatternDataset
+
+
+def test_runs_in_a_tf_function_and_batches() -> None:
+    dataset = reverb.PatternDataset(steps(14), _transitions(), True, _is_end)
+
+    @tf.function
+    def total() -> tf.Tensor:
+        return dataset.reduce(tf.constant(0), lambda acc, x: acc + x["n"])
+
+    assert int(total()) == sum(t[0] for t in EXPECTED["n_step_transitions"])
+    first = next(iter(dataset.filter(lambda x: tf.shape(x["r"])[0] == 3).batch(2)))
+    assert first["o"].numpy().tolist() == [0, 1]
+
+
+def test_runs_in_a_tf1_graph() -> None:
+    with tf.Graph().as_default():
+        dataset = reverb.PatternDataset(steps(14), _transitions(), True, _is_end)
+        next_element = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        with tf.compat.v1.Session() as session:
+            got = [session.run(next_element)["o"] for _ in range(3)]
+    assert [int(x) for x in got] == [0, 1, 2]
+
+
+def test_pattern_dataset_with_info_adds_zero_infos() -> None:
+    dataset = reverb.pattern_dataset.pattern_dataset_with_info(
+        steps(14), _transitions(), True, _is_end
+    )
+    sample = next(iter(dataset))
+    assert isinstance(sample, reverb.ReplaySample)
+    assert int(sample.info.key) == 0 and float(sample.info.probability) == 0.0
+    assert int(sample.data["o"]) == 0
+
+
+def test_is_end_of_episode_must_return_a_bool_scalar() -> None:
+    config = sw.create_config(R["a"][-1], "t")
+    with pytest.raises(ValueError, match="Invalid `is_end_of_episode`.*must return `bool`"):
+        reverb.PatternDataset(steps(4), [config], True, lambda step: step["a"])
+
+
+def test_bad_configs_are_refused() -> None:
+    with pytest.raises(ValueError, match="At least one config"):
+        reverb.PatternDataset(steps(4), [], True, _is_end)
+    other = sw.create_config({"x": R["a"][-1]}, "t")
+    with pytest.raises(ValueError, match="same pattern_structure"):
+        reverb.PatternDataset(steps(4), [sw.create_config(R["a"][-1], "t"), other], True, _is_end)
+    node = sw.patterns_pb2.PatternNode(flat_source_index=7, stop=-1)
+    with pytest.raises(ValueError, match="leaf 7"):
+        reverb.PatternDataset(steps(4), [sw.create_config(node, "t")], True, _is_end)
