@@ -98,6 +98,8 @@ def main() -> None:
         "writer_frames": "MB/s",
         "writer_batched": "steps/s",
         "writer_vector": "steps/s",
+        "structured_small": "steps/s",
+        "structured_frames": "steps/s",
         "client_sample": "samples/s",
         "prioritized": "samples/s",
         "actors2": "steps/s",
