@@ -92,10 +92,14 @@ impl Inserter {
 }
 
 /// A chunk as stored: the shared-memory fields only mean something on the way to one sampling
-/// client, so whatever a writer put there is dropped.
+/// client, so whatever a writer put there is dropped. The payload gets an allocation of its
+/// own: as received it is a slice of a larger buffer (the request's, or a compressor's output
+/// with spare capacity), all of which it would otherwise keep alive for as long as the chunk
+/// is stored.
 fn stored(mut data: ChunkData) -> ChunkData {
     data.shm_position = 0;
     data.shm_length = 0;
+    data.data = bytes::Bytes::copy_from_slice(&data.data);
     data
 }
 
