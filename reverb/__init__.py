@@ -19,7 +19,7 @@ from reverb import (
 from reverb import item_selectors as selectors
 from reverb import structured_writer as structured
 from reverb._native import __version__
-from reverb.client import Client
+from reverb.client import Client, Writer
 from reverb.errors import DeadlineExceededError, ReverbError
 from reverb.replay_sample import ReplaySample, SampleInfo
 from reverb.server import Server, Table
@@ -69,6 +69,7 @@ __all__ = [
     "TrajectoryIterator",
     "TrajectoryWriter",
     "VectorTrajectoryWriter",
+    "Writer",
     "__version__",
     "checkpointers",
     "errors",

@@ -12,12 +12,16 @@ from reverb import (
     _native,
     _nest,
     errors,
+    legacy_writer,
     replay_sample,
     reverb_types,
     structured_writer,
     trajectory_writer,
     vector_trajectory_writer,
 )
+
+
+Writer = legacy_writer.Writer
 
 
 class Client:
@@ -234,6 +238,50 @@ class Client:
             delta_encode=delta_encode,
         )
         return trajectory_writer.TrajectoryWriter(native, self, validate_items)
+
+    def writer(
+        self,
+        max_sequence_length: int,
+        delta_encoded: bool = False,
+        chunk_length: Optional[int] = None,
+        max_in_flight_items: Optional[int] = 25,
+    ) -> legacy_writer.Writer:
+        """The legacy `Writer` (prefer `trajectory_writer`): items reference the newest
+        `num_timesteps <= max_sequence_length` steps. `chunk_length` (default
+        `min(10, max_sequence_length)`) steps are compressed together, delta-encoded with
+        `delta_encoded`; at most `max_in_flight_items` items (None: no limit) await
+        confirmation."""
+        if max_sequence_length < 1:
+            raise ValueError(
+                f"max_sequence_length ({max_sequence_length}) must be a positive integer"
+            )
+        if chunk_length is None:
+            chunk_length = min(10, max_sequence_length)
+        if chunk_length < 1 or chunk_length > max_sequence_length:
+            raise ValueError(
+                f"chunk_length ({chunk_length}) must be a positive integer le to "
+                f"max_sequence_length ({max_sequence_length})"
+            )
+        if max_in_flight_items is None:
+            max_in_flight_items = 1_000_000
+        if max_in_flight_items < 1:
+            raise ValueError(
+                f"max_in_flight_items ({max_in_flight_items}) must be a positive integer"
+            )
+        native = _native.TrajectoryWriter(
+            self._client,
+            num_keep_alive_refs=max_sequence_length,
+            max_chunk_length=chunk_length,
+            max_in_flight_items=max_in_flight_items,
+            delta_encode=delta_encoded,
+        )
+        return legacy_writer.Writer(
+            trajectory_writer.TrajectoryWriter(native, self, validate_items=True),
+            max_sequence_length=max_sequence_length,
+            chunk_length=chunk_length,
+            delta_encoded=delta_encoded,
+            max_in_flight_items=max_in_flight_items,
+        )
 
     def structured_writer(
         self, configs: List[structured_writer.Config], *, max_in_flight_items: int = 1024

@@ -228,3 +228,33 @@ def test_pattern_dataset_scenarios_give_what_the_references_gives() -> None:
     assert sorted(theirs) == sorted(SCENARIOS)
     for name, scenario in SCENARIOS.items():
         assert run(*scenario) == theirs[name], name
+
+
+def test_legacy_writers_both_ways(make_server) -> None:
+    """dm-reverb's legacy Writer into our server, and ours read by dm-reverb's client."""
+    server = make_server([_fifo("theirs"), _fifo("ours")])
+    with server.localhost_client().writer(3) as writer:
+        for i in range(3):
+            writer.append({"x": np.full(2, i, np.int32)})
+        writer.create_item("ours", 3, 1.5)
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, reverb
+        c = reverb.Client("localhost:{server.port}")
+        with c.writer(2) as w:
+            w.append([np.float32(1)])
+            w.append([np.float32(2)])
+            w.create_item("theirs", 2, 1.0)
+        (s,) = c.sample("ours", 1, emit_timesteps=False)
+        np.testing.assert_array_equal(s.data[0], [[0, 0], [1, 1], [2, 2]])
+        assert s.info.priority == 1.5
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [REFERENCE, "-c", script], capture_output=True, text=True, timeout=120, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "ok"
+    (sample,) = server.localhost_client().sample("theirs", 1, emit_timesteps=False, timeout=10)
+    np.testing.assert_array_equal(sample.data[0], [1, 2])

@@ -1,0 +1,110 @@
+"""The legacy `Writer` (`Client.writer(max_sequence_length)`, Reverb's first writer API):
+dense steps, and items of the last `num_timesteps` steps of every leaf. Built on the
+trajectory writer, so it shares its chunking, insert stream and signature checks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from reverb import _nest, errors, trajectory_writer
+
+
+class Writer:
+    """Appends dense steps and creates items from the newest ones. Build it with
+    `Client.writer(max_sequence_length, ...)`; close it (or use it as a context manager)."""
+
+    def __init__(
+        self,
+        writer: trajectory_writer.TrajectoryWriter,
+        *,
+        max_sequence_length: int,
+        chunk_length: int,
+        delta_encoded: bool,
+        max_in_flight_items: int,
+    ) -> None:
+        self._writer = writer
+        self._max_sequence_length = max_sequence_length
+        self._chunk_length = chunk_length
+        self._delta_encoded = delta_encoded
+        self._max_in_flight_items = max_in_flight_items
+        self._width: Optional[int] = None
+        self._closed = False
+
+    def __enter__(self) -> Writer:
+        if self._closed:
+            raise ValueError("Cannot reuse already closed Writer")
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.flush()
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            logging.warning("Writer-object deleted without calling .close explicitly.")
+            self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Writer(chunk_length={self._chunk_length}, "
+            f"max_timesteps={self._max_sequence_length}, "
+            f"delta_encoded={int(self._delta_encoded)}, "
+            f"max_in_flight_items={self._max_in_flight_items}, "
+            f"index_within_episode={self._writer.episode_steps}, closed={int(self._closed)}), "
+            f"closed: {self._closed}"
+        )
+
+    def _check_width(self, data: Any) -> None:
+        width = len(_nest.flatten(data))
+        if self._width is None:
+            self._width = width
+        elif width != self._width:
+            raise ValueError(
+                "Number of tensors per timestep was inconsistent. Previously it was "
+                f"{self._width}, but is now {width}."
+            )
+
+    def append(self, data: Any) -> None:
+        """Appends one step (a nest of array-likes, the same structure every time). Nothing
+        is sent until an item references it."""
+        self._check_width(data)
+        self._writer.append(data)
+
+    def append_sequence(self, sequence: Any) -> None:
+        """Appends `T` steps at once: every leaf has the leading dimension `T`."""
+        self._check_width(sequence)
+        self._writer.append_steps(sequence)
+
+    def create_item(self, table: str, num_timesteps: int, priority: float) -> None:
+        """Creates an item in `table` of the newest `num_timesteps` steps (every leaf, with
+        a leading time dimension). ValueError if `num_timesteps` < 1 or more than the steps
+        buffered, or if the item disagrees with the table's signature."""
+        if num_timesteps < 1:
+            raise ValueError(f"num_timesteps ({num_timesteps}) must be a positive integer")
+        buffered = min(self._writer.episode_steps, self._max_sequence_length)
+        if num_timesteps > buffered:
+            raise ValueError("Argument `num_timesteps` is larger than number of buffered timesteps.")
+        trajectory = _nest.map_structure(lambda h: h[-num_timesteps:], self._writer.history)
+        try:
+            self._writer.create_item(table, priority, trajectory)
+        except errors.NotFoundError as e:
+            # The reference's legacy writer refuses unknown tables with a ValueError.
+            raise ValueError(str(e)) from e
+
+    def flush(self) -> None:
+        """Sends every created item and waits until the server confirmed them."""
+        self._writer.flush()
+
+    def close(self, retry_on_unavailable: bool = True) -> None:
+        """Sends every created item, waits for the server's confirmation and stops the writer.
+        ValueError if it was closed already. (`retry_on_unavailable` is accepted: the writer
+        always reconnects, within its reconnect timeout.)"""
+        del retry_on_unavailable
+        if self._closed:
+            raise ValueError("close() has already been called on Writer.")
+        self._closed = True
+        try:
+            self._writer.flush()
+        finally:
+            self._writer.close()
