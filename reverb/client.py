@@ -20,7 +20,6 @@ from reverb import (
     vector_trajectory_writer,
 )
 
-
 Writer = legacy_writer.Writer
 
 

@@ -84,7 +84,9 @@ class Writer:
             raise ValueError(f"num_timesteps ({num_timesteps}) must be a positive integer")
         buffered = min(self._writer.episode_steps, self._max_sequence_length)
         if num_timesteps > buffered:
-            raise ValueError("Argument `num_timesteps` is larger than number of buffered timesteps.")
+            raise ValueError(
+                "Argument `num_timesteps` is larger than number of buffered timesteps."
+            )
         trajectory = _nest.map_structure(lambda h: h[-num_timesteps:], self._writer.history)
         try:
             self._writer.create_item(table, priority, trajectory)
