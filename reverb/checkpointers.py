@@ -12,15 +12,18 @@ from __future__ import annotations
 import abc
 import os
 import tempfile
-from typing import Optional, Tuple
+from typing import Optional
+
+from reverb import pybind
 
 
 class CheckpointerBase(metaclass=abc.ABCMeta):
     """Base class of checkpointers."""
 
     @abc.abstractmethod
-    def internal_checkpointer(self) -> Tuple[str, Optional[str], int]:
-        """`(root directory, fallback checkpoint path or None, checkpoints to keep)`."""
+    def internal_checkpointer(self) -> pybind.Checkpointer:
+        """Where the server saves and what it restores (`reverb.pybind.Checkpointer`, as
+        `reverb.pybind.create_default_checkpointer` makes one)."""
 
 
 class DefaultCheckpointer(CheckpointerBase):
@@ -42,8 +45,8 @@ class DefaultCheckpointer(CheckpointerBase):
         self.fallback_checkpoint_path = fallback_checkpoint_path
         self.keep_latest = keep_latest
 
-    def internal_checkpointer(self) -> Tuple[str, Optional[str], int]:
-        return self.path, self.fallback_checkpoint_path, self.keep_latest
+    def internal_checkpointer(self) -> pybind.Checkpointer:
+        return pybind.Checkpointer(self.path, self.fallback_checkpoint_path, self.keep_latest)
 
     def __repr__(self) -> str:
         return (

@@ -76,21 +76,23 @@ class Lifo(ItemSelector):
     _kind = "lifo"
 
 
-class _Heap(ItemSelector):
+class HeapSelector(ItemSelector):
+    """The class of `MinHeap()` and `MaxHeap()` (the reference's `pybind.HeapSelector`)."""
+
     _sign = 1
 
     def __repr__(self) -> str:
         return f"HeapSelector(sign={self._sign})"
 
 
-class MinHeap(_Heap):
+class MinHeap(HeapSelector):
     """Selects the item with the lowest priority."""
 
     _kind = "min_heap"
     _sign = 1
 
 
-class MaxHeap(_Heap):
+class MaxHeap(HeapSelector):
     """Selects the item with the highest priority."""
 
     _kind = "max_heap"

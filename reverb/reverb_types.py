@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from reverb import _proto, _signature
+from reverb import _proto, _signature, item_selectors
+
+# The selector classes, by the reference's names.
+Fifo = item_selectors.Fifo
+Heap = item_selectors.HeapSelector
+Lifo = item_selectors.Lifo
+Prioritized = item_selectors.Prioritized
+Uniform = item_selectors.Uniform
+SelectorType = Union[Fifo, Heap, Lifo, Prioritized, Uniform]
 
 SpecNest = Any
 Priority = float

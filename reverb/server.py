@@ -10,6 +10,7 @@ from reverb import (
     _signature,
     checkpointers,
     item_selectors,
+    pybind,
     rate_limiters,
     reverb_types,
 )
@@ -200,7 +201,17 @@ class Server:
             checkpointer = checkpointers.default_checkpointer()
         if not isinstance(checkpointer, checkpointers.CheckpointerBase):
             raise TypeError(f"checkpointer must be a CheckpointerBase, got {checkpointer!r}")
-        root, fallback, keep_latest = checkpointer.internal_checkpointer()
+        internal = checkpointer.internal_checkpointer()
+        if not isinstance(internal, pybind.Checkpointer):
+            raise TypeError(
+                f"{type(checkpointer).__name__}.internal_checkpointer() must return a "
+                f"reverb.pybind.Checkpointer, got {internal!r}"
+            )
+        root, fallback, keep_latest = (
+            internal.path,
+            internal.fallback_checkpoint_path,
+            internal.keep_latest,
+        )
         if port is not None and not 0 <= int(port) < 65536:
             raise ValueError(f"port ({port}) must be in [0, 65535]")
         self._tables = list(tables)
