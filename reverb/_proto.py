@@ -31,6 +31,9 @@ ChunkData = _message("deepmind.reverb.ChunkData")
 SampleInfo = _message("deepmind.reverb.SampleInfo")
 
 # StructuredWriter configs (`reverb.cc.patterns_pb2`).
+RateLimiterCheckpoint = _message("deepmind.reverb.RateLimiterCheckpoint")
+PriorityTableCheckpoint = _message("deepmind.reverb.PriorityTableCheckpoint")
+ReverbServerConfig = _message("deepmind.reverb.ReverbServerConfig")
 PatternNode = _message("deepmind.reverb.PatternNode")
 Condition = _message("deepmind.reverb.Condition")
 Priority = _message("deepmind.reverb.Priority")

@@ -1,6 +1,8 @@
 """`reverb_server --config FILE`: a standalone Reverb server for any process manager.
 
-The config is JSON (or TOML on Python >= 3.11, by file extension):
+The config is the reference's `ReverbServerConfig` in protobuf text format (the text itself,
+as the reference's server takes it, or a `.textproto` / `.pbtxt` file), or JSON (or TOML on
+Python >= 3.11, by file extension), which also configures checkpoints:
 
     {
       "port": 8000,
@@ -28,9 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import reverb
 from reverb import checkpointers, item_selectors, rate_limiters
@@ -133,15 +136,60 @@ def load_config(path: str) -> Dict[str, Any]:
         raise ConfigError(f"{path}: not valid JSON: {e}") from None
 
 
+_TEXTPROTO_SUFFIXES = (".textproto", ".pbtxt", ".txtpb", ".prototxt")
+
+
+def _textproto(arg: str) -> Optional[str]:
+    """The config text if `arg` is (or names a file of) a textproto `ReverbServerConfig`."""
+    if os.path.isfile(arg):
+        if not arg.endswith(_TEXTPROTO_SUFFIXES):
+            return None
+        with open(arg) as f:
+            return f.read()
+    if arg.endswith((".json", ".toml") + _TEXTPROTO_SUFFIXES):
+        return None  # a missing file: load_config says so
+    return arg
+
+
+def read_config(arg: str) -> Tuple[Dict[str, Any], List[reverb.Table]]:
+    """The config `--config` names and its tables: a textproto `ReverbServerConfig` (text
+    or file), or a JSON/TOML file."""
+    text = _textproto(arg)
+    if text is None:
+        config = load_config(arg)
+        return config, tables_from_config(config)
+    from google.protobuf import text_format
+
+    from reverb.server_executable import reverb_config_pb2, server_from_proto
+
+    proto = reverb_config_pb2.ReverbServerConfig()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as e:
+        raise ConfigError(
+            f"--config: not a ReverbServerConfig textproto (nor a file): {e}"
+        ) from None
+    if not proto.tables:
+        raise ConfigError("--config: the ReverbServerConfig has no tables")
+    try:
+        tables = server_from_proto.tables_from_proto(proto.tables)
+    except (NotImplementedError, ValueError) as e:
+        raise ConfigError(f"--config: {e}") from None
+    return {"port": proto.port or None}, tables
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="reverb_server", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="JSON (or TOML) config file")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="ReverbServerConfig textproto (text or .textproto file), or JSON/TOML file",
+    )
     parser.add_argument("--port", type=int, help="overrides the config's port")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        config = load_config(args.config)
-        tables = tables_from_config(config)
+        config, tables = read_config(args.config)
         checkpointer = None
         if config.get("checkpoint_dir"):
             checkpointer = checkpointers.DefaultCheckpointer(

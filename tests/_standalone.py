@@ -11,12 +11,15 @@ import sys
 import time
 
 
-def start(config: dict, tmp_path: pathlib.Path) -> tuple:
-    """Starts a server from `config`; returns (process, port, stderr lines so far)."""
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
+def start(config: object, tmp_path: pathlib.Path) -> tuple:
+    """Starts a server from `config` (a dict, written as a JSON file, or the `--config`
+    argument itself); returns (process, port, stderr lines so far)."""
+    if isinstance(config, dict):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        config = str(path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reverb.server_main", "--config", str(path)],
+        [sys.executable, "-m", "reverb.server_main", "--config", str(config)],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -94,3 +94,69 @@ def test_unreadable_config_exits_with_an_error(tmp_path: pathlib.Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "not valid JSON" in out.stderr
+
+
+# The reference's server takes its config as a ReverbServerConfig textproto.
+TEXTPROTO = """
+port: 0
+tables {
+  table_name: "replay"
+  sampler { prioritized { priority_exponent: 0.8 } }
+  remover { fifo: true }
+  max_size: 100
+  rate_limiter { samples_per_insert: 1.0 min_size_to_sample: 1 min_diff: -1e9 max_diff: 1e9 }
+}
+tables {
+  table_name: "heap"
+  sampler { heap { min_heap: true } }
+  remover { lifo: true }
+  max_size: 7
+  max_times_sampled: 3
+  rate_limiter { samples_per_insert: 1.0 min_size_to_sample: 1 min_diff: -1e9 max_diff: 1e9 }
+}
+"""
+
+
+@pytest.mark.parametrize("as_file", [False, True])
+def test_serves_tables_from_a_reference_textproto(tmp_path: pathlib.Path, as_file: bool) -> None:
+    arg = TEXTPROTO
+    if as_file:
+        path = tmp_path / "config.textproto"
+        path.write_text(TEXTPROTO)
+        arg = str(path)
+    proc, port, lines = start(arg, tmp_path)
+    try:
+        infos = reverb.Client(f"localhost:{port}").server_info(timeout=T)
+        assert sorted(infos) == ["heap", "replay"]
+        assert infos["replay"].sampler_options.prioritized.priority_exponent == pytest.approx(0.8)
+        assert infos["heap"].sampler_options.heap.min_heap
+        assert infos["heap"].remover_options.lifo
+        assert infos["heap"].max_size == 7 and infos["heap"].max_times_sampled == 3
+    finally:
+        stop(proc, lines)
+
+
+def test_tables_from_proto_as_the_reference() -> None:
+    from google.protobuf import text_format
+
+    from reverb.server_executable import reverb_config_pb2, server_from_proto
+
+    config = text_format.Parse(TEXTPROTO, reverb_config_pb2.ReverbServerConfig())
+    replay, heap = server_from_proto.tables_from_proto(config.tables)
+    assert replay.name == "replay" and heap.info.max_size == 7
+    selector = server_from_proto.selector_from_proto(config.tables[1].sampler)
+    assert isinstance(selector, reverb.selectors.MinHeap)
+    bad = config.tables[0].remover
+    bad.fifo = False
+    with pytest.raises(ValueError, match="distribution=fifo but the associated boolean"):
+        server_from_proto.selector_from_proto(bad)
+
+
+def test_a_malformed_textproto_exits_with_an_error() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "reverb.server_main", "--config", "tables { nope: 1 }"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "not a ReverbServerConfig textproto" in out.stderr

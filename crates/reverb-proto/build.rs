@@ -8,6 +8,7 @@ fn main() {
         "reverb/reverb_service.proto",
         "reverb/checkpoint.proto",
         "reverb/patterns.proto",
+        "reverb/reverb_config.proto",
     ];
     println!("cargo:rerun-if-changed={}", root.display());
     let fds = protox::compile(files, [&root]).expect("compiling proto/ failed");

@@ -1,0 +1,1 @@
+"""Checkpoint messages, at the reference's import path."""
