@@ -36,6 +36,8 @@ class Client:
         self._server_address = server_address
         self._client = _native.Client(server_address)
         self._signature_cache: Dict[str, Any] = {}
+        # Per table: the signature's leaves as (numpy dtype, shape or None), for inserts.
+        self._flat_specs: Dict[str, list] = {}
         self._max_times_sampled_cache: Dict[str, int] = {}
         self._insert_lock = threading.Lock()
         self._insert_writer: Optional[_native.TrajectoryWriter] = None
@@ -82,6 +84,8 @@ class Client:
         arrays = [np.asarray(leaf) for leaf in leaves]
         for array in arrays:
             _dtypes.tf_enum(array.dtype)  # ValueError for strings and objects
+        for table in priorities:
+            self._check_signature(str(table), arrays)
         pairs = [(str(table), float(priority)) for table, priority in priorities.items()]
         timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
         # The same machinery as the trajectory writer: one persistent insert stream per client,
@@ -100,6 +104,37 @@ class Client:
                         raise
                     self._insert_writer = None
                     self._insert_client = _native.Client(self._server_address)
+
+    def _check_signature(self, table: str, arrays: List[np.ndarray]) -> None:
+        """ValueError (nothing is inserted) when one step of `arrays` does not fit the
+        table's signature. As in the reference, a leaf fits a spec of its own shape or of
+        its shape with a leading time dimension of 1."""
+        specs = self._flat_specs.get(table)
+        if specs is None:
+            signature = self._signature_cache.get(table)
+            specs = [] if signature is None else _flat_specs(signature)
+            self._flat_specs[table] = specs
+        if not specs:
+            return
+        problem = None
+        if len(specs) != len(arrays):
+            problem = f"the data has {len(arrays)} leaves but the signature has {len(specs)}"
+        else:
+            for i, (array, (dtype, shape)) in enumerate(zip(arrays, specs)):
+                if array.dtype != dtype or not (
+                    _fits(array.shape, shape) or _fits((1, *array.shape), shape)
+                ):
+                    want = "?" if shape is None else [("?" if d is None else d) for d in shape]
+                    problem = (
+                        f"leaf {i} is {array.dtype}{list(array.shape)}, the signature expects "
+                        f"{dtype}{want}"
+                    )
+                    break
+        if problem is not None:
+            raise ValueError(
+                f"Unable to insert into table '{table}': the data is inconsistent with the "
+                f"table signature: {problem}."
+            )
 
     def _insert_once(self, arrays: list, pairs: list, timeout_ms: Optional[int]) -> None:
         if self._insert_writer is not None and self._insert_writer.failed:
@@ -197,6 +232,7 @@ class Client:
         ]
         result = {info.name: info for info in infos}
         self._signature_cache = {name: info.signature for name, info in result.items()}
+        self._flat_specs = {}
         self._max_times_sampled_cache = {n: i.max_times_sampled for n, i in result.items()}
         return result
 
@@ -345,6 +381,21 @@ class Client:
                 f"Available tables: [{', '.join(sorted(self._signature_cache))}]"
             )
         return self._signature_cache[table]
+
+
+def _flat_specs(signature: Any) -> list:
+    """The leaves of a signature as (numpy dtype, dims with None for unknown, or None)."""
+    out = []
+    for spec in _nest.flatten(signature):
+        dims = None if spec.shape.rank is None else list(spec.shape.as_list())
+        out.append((np.dtype(spec.dtype.as_numpy_dtype), dims))
+    return out
+
+
+def _fits(shape: tuple, dims: Optional[list]) -> bool:
+    return dims is None or (
+        len(shape) == len(dims) and all(d is None or d == n for n, d in zip(shape, dims))
+    )
 
 
 def _to_sample(

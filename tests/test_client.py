@@ -605,3 +605,25 @@ def test_custom_rate_limited_table_blocks_sampling(make_server):
         list(client.sample("t", 1, timeout=0.2))
     client.insert(np.int8(2), {"t": 1.0}, timeout=T)
     assert len(list(client.sample("t", 5, timeout=T))) == 5
+
+
+def test_insert_refuses_data_that_disagrees_with_the_signature(make_server) -> None:
+    tf = pytest.importorskip("tensorflow")
+    signature = {"obs": tf.TensorSpec([2], tf.float32), "t": tf.TensorSpec([None], tf.int64)}
+    server = make_server(
+        [reverb.Table.queue("t", 10, signature=signature), reverb.Table.queue("free", 10)]
+    )
+    client = server.localhost_client()
+    good = {"obs": np.zeros(2, np.float32), "t": np.int64(3)}  # t: one step of a [None] spec
+    client.insert(good, {"t": 1.0, "free": 1.0}, timeout=10)
+    bad = [
+        ({"obs": np.zeros(3, np.float32), "t": np.int64(3)}, r"leaf 0 is float32\[3\].*\[2\]"),
+        ({"obs": np.zeros(2, np.float64), "t": np.int64(3)}, "leaf 0 is float64"),
+        ({"obs": np.zeros(2, np.float32)}, "the data has 1 leaves but the signature has 2"),
+    ]
+    for data, message in bad:
+        with pytest.raises(ValueError, match="table 't': the data is inconsistent.*" + message):
+            # A bad table refuses the whole insert: nothing lands in "free" either.
+            client.insert(data, {"free": 1.0, "t": 1.0}, timeout=10)
+    infos = client.server_info(timeout=10)
+    assert infos["t"].current_size == 1 and infos["free"].current_size == 1
