@@ -215,9 +215,20 @@ def table_signature(
     return signature
 
 
-class ReverbDatasetBase(tf.data.Dataset):
-    """A `tf.data.Dataset` wrapping the pipeline built by `build` (the reference's dataset
-    classes are `tf.data.Dataset` sources too). Subclasses choose items or steps."""
+def _v1(dataset: tf.data.Dataset) -> Any:
+    """`dataset` as a `tf.compat.v1.data.Dataset` (with `make_initializable_iterator` and
+    `make_one_shot_iterator` for TF1 graphs), as the reference's datasets and their
+    transformations are."""
+    from tensorflow.python.data.ops import dataset_ops
+
+    adapter = getattr(dataset_ops, "DatasetV1Adapter", None)
+    return dataset if adapter is None else adapter(dataset)
+
+
+class ReverbDatasetBase(tf.compat.v1.data.Dataset):
+    """A `tf.compat.v1.data.Dataset` (as the reference's dataset classes are: TF1 graphs can
+    make initializable and one-shot iterators; eager use is the same) wrapping the pipeline
+    built by `build`. Subclasses choose items or steps."""
 
     _timestep = False
 
@@ -246,7 +257,10 @@ class ReverbDatasetBase(tf.data.Dataset):
             timestep=self._timestep,
         )
         self._dataset = build(**self._args)
-        super().__init__(self._dataset._variant_tensor)
+        super().__init__()
+
+    def _as_variant_tensor(self) -> Any:
+        return self._dataset._variant_tensor
 
     def batch(
         self,
@@ -264,7 +278,7 @@ class ReverbDatasetBase(tf.data.Dataset):
             return super().batch(
                 batch_size, drop_remainder, num_parallel_calls, deterministic, name
             )
-        return build(**self._args, batch_size=int(size), drop_remainder=bool(drop))
+        return _v1(build(**self._args, batch_size=int(size), drop_remainder=bool(drop)))
 
     @classmethod
     def from_table_signature(

@@ -188,6 +188,25 @@ def test_tf1_graph_mode_with_initializable_iterator(server) -> None:
     assert got == [1, 2, 3, 4]
 
 
+def test_tf1_iterator_methods_as_on_the_references_datasets(server) -> None:
+    """The datasets are tf.compat.v1.data.Datasets: TF1 code calls the iterator methods on
+    them and on their transformations."""
+    _write(server.localhost_client(), "u", 5)
+    address = _address(server)
+    with tf.Graph().as_default():
+        ds = _dataset(address, "u")
+        assert isinstance(ds, tf.compat.v1.data.Dataset)
+        iterator = ds.make_initializable_iterator()
+        element = iterator.get_next()
+        batched = ds.batch(2).make_one_shot_iterator().get_next()
+        mapped = ds.map(lambda s: s.data["action"]).make_one_shot_iterator().get_next()
+        with tf.compat.v1.Session() as sess:
+            sess.run(iterator.initializer)
+            got = [int(sess.run(element).data["action"]), int(sess.run(mapped))]
+            pair = sess.run(batched).data["action"].tolist()
+    assert len(pair) == 2 and set(got + pair) <= {1, 2, 3, 4}
+
+
 def test_under_tf_distribute(server) -> None:
     _write(server.localhost_client(), "q", 9)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
