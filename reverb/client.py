@@ -311,7 +311,9 @@ class Client:
             delta_encode=delta_encoded,
         )
         return legacy_writer.Writer(
-            trajectory_writer.TrajectoryWriter(native, self, validate_items=True),
+            # The legacy writer checks signatures itself (they may describe one step).
+            trajectory_writer.TrajectoryWriter(native, self, validate_items=False),
+            self,
             max_sequence_length=max_sequence_length,
             chunk_length=chunk_length,
             delta_encoded=delta_encoded,

@@ -77,7 +77,14 @@ class Lifo(ItemSelector):
 
 
 class HeapSelector(ItemSelector):
-    """The class of `MinHeap()` and `MaxHeap()` (the reference's `pybind.HeapSelector`)."""
+    """The class of `MinHeap()` and `MaxHeap()` (the reference's `pybind.HeapSelector`);
+    `HeapSelector(min_heap)` is one of them."""
+
+    def __init__(self, min_heap: bool = True) -> None:
+        if type(self) is HeapSelector:
+            self._kind = "min_heap" if min_heap else "max_heap"
+            self._sign = 1 if min_heap else -1
+        super().__init__()
 
     _sign = 1
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from reverb import _nest, errors, trajectory_writer
+from reverb import _nest, trajectory_writer
 
 
 class Writer:
@@ -17,6 +17,7 @@ class Writer:
     def __init__(
         self,
         writer: trajectory_writer.TrajectoryWriter,
+        client: Any,
         *,
         max_sequence_length: int,
         chunk_length: int,
@@ -24,6 +25,7 @@ class Writer:
         max_in_flight_items: int,
     ) -> None:
         self._writer = writer
+        self._client = client
         self._max_sequence_length = max_sequence_length
         self._chunk_length = chunk_length
         self._delta_encoded = delta_encoded
@@ -88,11 +90,45 @@ class Writer:
                 "Argument `num_timesteps` is larger than number of buffered timesteps."
             )
         trajectory = _nest.map_structure(lambda h: h[-num_timesteps:], self._writer.history)
-        try:
-            self._writer.create_item(table, priority, trajectory)
-        except errors.NotFoundError as e:
-            # The reference's legacy writer refuses unknown tables with a ValueError.
-            raise ValueError(str(e)) from e
+        self._check_signature(table, _nest.flatten(trajectory))
+        self._writer.create_item(table, priority, trajectory)
+
+    def _check_signature(self, table: str, columns: list) -> None:
+        """ValueError unless the table exists and every column fits its signature, as the
+        reference checks: a spec of one step's shape, or of the item's `[T, ...]` shape."""
+        from reverb import client as client_lib
+
+        client = self._client
+        if table not in client._signature_cache:
+            client.server_info()
+        if table not in client._signature_cache:
+            raise ValueError(
+                f"Unable to create item in table '{table}': the server at "
+                f"{client.server_address} has no such table. Available tables: "
+                f"[{', '.join(sorted(client._signature_cache))}]"
+            )
+        signature = client._signature_cache[table]
+        if signature is None:
+            return
+        specs = client_lib._flat_specs(signature)
+        problem = None
+        if len(specs) != len(columns):
+            problem = f"the steps have {len(columns)} leaves but the signature has {len(specs)}"
+        for i, (column, (dtype, dims)) in enumerate(zip(columns, specs)):
+            shape = tuple(column.shape)
+            if column.dtype != dtype or not (
+                client_lib._fits(shape[1:], dims) or client_lib._fits(shape, dims)
+            ):
+                problem = (
+                    f"leaf {i} is {column.dtype}{list(shape[1:])} per step, the signature "
+                    f"expects {dtype}{dims if dims is not None else '?'}"
+                )
+                break
+        if problem is not None:
+            raise ValueError(
+                f"Unable to create item in table '{table}': the steps are inconsistent with "
+                f"the table signature: {problem}."
+            )
 
     def flush(self) -> None:
         """Sends every created item and waits until the server confirmed them."""

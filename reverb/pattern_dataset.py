@@ -57,12 +57,6 @@ class _Program:
     def __init__(self, configs: List[patterns_pb2.StructuredWriterConfig], step_spec: Any):
         self.configs = configs
         self.flat_spec = tf.nest.flatten(step_spec)
-        for i, spec in enumerate(self.flat_spec):
-            if not spec.shape.is_fully_defined():
-                raise ValueError(
-                    f"PatternDataset needs steps of fully defined shapes; leaf {i} of the step "
-                    f"has shape {spec.shape}."
-                )
         # Steps of history each used leaf keeps (data conditions read the newest step only).
         self.history: dict = {}
         for c, config in enumerate(configs):
@@ -93,6 +87,12 @@ class _Program:
                 if k.WhichOneof("left") == "flat_source_index":
                     self.history.setdefault(k.flat_source_index, 1)
         self.max_history = max(max(self.history.values()), 1)
+        for i in self.history:
+            if not self.flat_spec[i].shape.is_fully_defined():
+                raise ValueError(
+                    f"PatternDataset needs fully defined shapes for the leaves configs read; "
+                    f"leaf {i} of the step has shape {self.flat_spec[i].shape}."
+                )
 
     def initial_state(self) -> tuple:
         buffers = {
@@ -118,13 +118,16 @@ class _Program:
         if kind == "is_end_episode":
             return tf.constant(int(end), tf.int64)
         value = buffers[cond.flat_source_index][-1]
-        if value.dtype == tf.bool:
-            return tf.cast(value, tf.int64)
-        if not value.dtype.is_integer or value.shape.num_elements() != 1:
+        if value.shape.num_elements() != 1 or not (
+            value.dtype.is_integer or value.dtype == tf.bool
+        ):
             # The reference's condition on such a leaf is never true.
             return None
+        value = tf.reshape(value, [])
+        if value.dtype == tf.bool:
+            return tf.cast(value, tf.int64)
         # Compared as a 32-bit integer, as the reference does.
-        return tf.cast(tf.cast(tf.reshape(value, []), tf.int32), tf.int64)
+        return tf.cast(tf.cast(value, tf.int32), tf.int64)
 
     def _holds(self, cond: Any, left: Any) -> Any:
         if left is None:
@@ -215,7 +218,11 @@ class PatternDataset(tf.data.Dataset):
         step_structure = input_dataset.element_spec
 
         def is_end(step: Any) -> Any:
-            result = is_end_of_episode(step)
+            # Called as tf.data calls a map function: a tuple step is unpacked.
+            if type(step) is tuple:
+                result = is_end_of_episode(*step)
+            else:
+                result = is_end_of_episode(step)
             result = tf.convert_to_tensor(result)
             if result.dtype != tf.bool or result.shape.rank not in (0, None):
                 raise ValueError(
@@ -241,7 +248,9 @@ class PatternDataset(tf.data.Dataset):
                 out = ds if out is None else out.concatenate(ds)
             return out
 
-        def set_shapes(data: Any) -> Any:
+        def set_shapes(*args: Any) -> Any:
+            # tf.data passes a tuple element's parts as separate arguments.
+            data = args if type(structure) is tuple else args[0]
             flat = tf.nest.flatten(data)
             for t, spec in zip(flat, flat_specs):
                 t.set_shape(spec.shape)
@@ -268,6 +277,10 @@ def pattern_dataset_with_info(
 ) -> tf.data.Dataset:
     """`PatternDataset` whose elements are `ReplaySample`s with an all-zero `SampleInfo`."""
     dataset = PatternDataset(input_dataset, configs, respect_episode_boundaries, is_end_of_episode)
-    return dataset.map(
-        lambda data: replay_sample.ReplaySample(info=replay_sample.SampleInfo.zeros(), data=data)
-    )
+    tuple_elements = type(dataset.element_spec) is tuple
+
+    def with_info(*args: Any) -> replay_sample.ReplaySample:
+        data = args if tuple_elements else args[0]
+        return replay_sample.ReplaySample(info=replay_sample.SampleInfo.zeros(), data=data)
+
+    return dataset.map(with_info)

@@ -102,7 +102,7 @@ def test_items_must_match_the_table_signature(make_server) -> None:
     client = _client(make_server, table)
     writer = client.writer(2)
     writer.append({"x": np.zeros(3, np.float32)})
-    with pytest.raises(ValueError, match="inconsistent with the table signature"):
+    with pytest.raises(ValueError, match="inconsistent with the table signature.*leaf 0"):
         writer.create_item("q", 1, 1.0)
     good = client.writer(2)
     good.append({"x": np.zeros(2, np.float32)})
@@ -110,3 +110,19 @@ def test_items_must_match_the_table_signature(make_server) -> None:
     good.close()
     writer.close()
     assert len(_items(client)) == 1
+
+
+def test_a_signature_of_one_step_accepts_items_of_several(make_server) -> None:
+    tf = pytest.importorskip("tensorflow")
+    table = reverb.Table.queue("q", 10, signature={"x": tf.TensorSpec([2], tf.float32)})
+    client = _client(make_server, table)
+    with client.writer(3) as writer:
+        for i in range(3):
+            writer.append({"x": np.full(2, i, np.float32)})
+        writer.create_item("q", 3, 1.0)
+        writer.create_item("q", 1, 1.0)
+    with client.writer(1) as bad:
+        bad.append({"x": np.zeros(2, np.float64)})
+        with pytest.raises(ValueError, match=r"leaf 0 is float64\[2\] per step.*float32"):
+            bad.create_item("q", 1, 1.0)
+    assert len(_items(client)) == 2

@@ -13,6 +13,9 @@ from _pattern_scenarios import SCENARIOS, R, run, steps  # noqa: E402
 import reverb  # noqa: E402
 from reverb import structured_writer as sw  # noqa: E402
 
+C = sw.Condition
+SPEC_V = {"a": None, "free": None, "v": None}
+
 # What each scenario must give, worked out by hand from the semantics (and what dm-reverb
 # 0.14 gives: tests/test_interop.py). Steps: a = i, b = [i, -i]; data is flattened.
 EXPECTED = {
@@ -131,3 +134,31 @@ def test_bad_configs_are_refused() -> None:
     node = sw.patterns_pb2.PatternNode(flat_source_index=7, stop=-1)
     with pytest.raises(ValueError, match="leaf 7"):
         reverb.PatternDataset(steps(4), [sw.create_config(node, "t")], True, _is_end)
+
+
+def test_tuple_steps_and_tuple_patterns() -> None:
+    """Tuple elements are unpacked for `is_end_of_episode` (as tf.data calls a map function),
+    and a tuple pattern makes tuple elements."""
+    ds = tf.data.Dataset.range(6).map(lambda i: (tf.cast(i, tf.int32), tf.equal(i % 3, 2)))
+    spec_ref = sw.create_reference_step((None, None))
+    config = sw.create_config((spec_ref[0][-1], spec_ref[0][-2:]), "t")
+    dataset = reverb.PatternDataset(ds, [config], True, lambda i, done: done)
+    got = [(int(a), b.numpy().tolist()) for a, b in dataset]
+    assert got == [(1, [0, 1]), (2, [1, 2]), (4, [3, 4]), (5, [4, 5])]
+    with_info = reverb.pattern_dataset.pattern_dataset_with_info(ds, [config], True, lambda i, d: d)
+    assert next(iter(with_info)).data[1].numpy().tolist() == [0, 1]
+
+
+def test_unused_leaves_may_have_any_shape_and_bool_vectors_never_hold() -> None:
+    def step(i):
+        return {
+            "a": tf.cast(i, tf.int32),
+            "free": tf.zeros([i % 2 + 1]),
+            "v": tf.ones([1], tf.bool),
+        }
+
+    ds = tf.data.Dataset.range(4).map(step)
+    ds = ds.map(lambda s: {**s, "free": tf.ensure_shape(s["free"], [None])})
+    configs = [sw.create_config(R["a"][-1], "t", [C.data(SPEC_V)["v"] == 1])]
+    dataset = reverb.PatternDataset(ds, configs, True, lambda s: tf.constant(False))
+    assert [int(x) for x in dataset] == [0, 1, 2, 3]  # bool[1] is compared like a scalar

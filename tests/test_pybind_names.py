@@ -68,3 +68,12 @@ def test_the_names_need_no_tensorflow() -> None:
         """
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_heap_selectors_made_as_in_the_reference() -> None:
+    assert pybind.HeapSelector(True) == selectors.MinHeap()
+    assert pybind.HeapSelector(False) == selectors.MaxHeap()
+    table = reverb.Table(
+        "t", pybind.HeapSelector(False), selectors.Fifo(), 10, reverb.rate_limiters.MinSize(1)
+    )
+    assert table.info.sampler_options.heap.min_heap is False

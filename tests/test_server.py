@@ -433,7 +433,7 @@ def test_a_selector_without_a_kind_is_a_value_error():
     with pytest.raises(ValueError, match="not a selector"):
         reverb.Table(
             "t",
-            sampler=item_selectors.HeapSelector(),
+            sampler=item_selectors.ItemSelector(),
             remover=reverb.selectors.Fifo(),
             max_size=10,
             rate_limiter=reverb.rate_limiters.MinSize(1),

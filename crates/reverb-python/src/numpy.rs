@@ -85,15 +85,18 @@ pub(crate) struct Array<'py> {
 }
 
 impl Array<'_> {
-    /// The array's bytes, borrowed. Callers read them only while they hold the GIL (no
-    /// Python code can change the array meanwhile), or copy them first (`to_tensor`).
-    pub(crate) fn view(&self) -> TensorView<'_> {
+    /// The array's bytes, borrowed.
+    ///
+    /// # Safety
+    /// The caller holds the GIL for as long as it reads the view and runs no Python code
+    /// meanwhile (Python code could resize or free the buffer, e.g. `resize(refcheck=False)`).
+    pub(crate) unsafe fn view(&self) -> TensorView<'_> {
         let data = if self.nbytes == 0 {
             &[][..]
         } else {
             // SAFETY: the array is C-contiguous and holds `nbytes` bytes at `data`; `self`
-            // keeps a strong reference to it (so the buffer cannot be freed or resized: numpy
-            // refuses to resize a referenced array) for the borrow's lifetime.
+            // keeps a strong reference to it, and by this function's contract no Python code
+            // runs while the view is read, so nothing can free or move the buffer.
             unsafe {
                 let ptr = (*self.array.as_array_ptr()).data as *const u8;
                 std::slice::from_raw_parts(ptr, self.nbytes)
@@ -106,9 +109,10 @@ impl Array<'_> {
         }
     }
 
-    /// An owned copy of the array.
-    pub(crate) fn to_tensor(&self) -> Tensor {
-        let view = self.view();
+    /// An owned copy of the array (made with the GIL held).
+    pub(crate) fn to_tensor(&self, _py: Python<'_>) -> Tensor {
+        // SAFETY: `_py` proves the GIL is held, and no Python code runs during the copy.
+        let view = unsafe { self.view() };
         Tensor {
             dtype: view.dtype,
             shape: view.shape.to_vec(),

@@ -90,10 +90,12 @@ pub(crate) fn with_views<W: Send, T: Send>(
     f: impl for<'a> FnOnce(&mut W, &[TensorView<'a>]) -> T + Send,
 ) -> T {
     if let Ok(mut w) = lock.try_lock() {
-        let views: Vec<TensorView<'_>> = arrays.iter().map(Array::view).collect();
+        // SAFETY: the GIL is held for the whole call and `f` (native writer code) runs no
+        // Python code; the views cannot outlive it (`f` is generic over their lifetime).
+        let views: Vec<TensorView<'_>> = arrays.iter().map(|a| unsafe { a.view() }).collect();
         return f(&mut w, &views);
     }
-    let owned: Vec<Tensor> = arrays.iter().map(Array::to_tensor).collect();
+    let owned: Vec<Tensor> = arrays.iter().map(|a| a.to_tensor(py)).collect();
     py.detach(|| {
         let views: Vec<TensorView<'_>> = owned.iter().map(AsView::view).collect();
         f(&mut lock.lock().unwrap(), &views)
