@@ -258,6 +258,10 @@ class PatternDataset(tf.data.Dataset):
 
         ds = input_dataset.scan(program.initial_state(), scan_fn)
         ds = ds.flat_map(emit).map(set_shapes)
+        cardinality = tf.get_static_value(input_dataset.cardinality())
+        if cardinality is not None and cardinality == tf.data.INFINITE_CARDINALITY:
+            # An endless stream of steps makes an endless stream of trajectories.
+            ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
         self._dataset = ds
         super().__init__(ds._variant_tensor)
 

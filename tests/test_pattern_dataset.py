@@ -162,3 +162,9 @@ def test_unused_leaves_may_have_any_shape_and_bool_vectors_never_hold() -> None:
     configs = [sw.create_config(R["a"][-1], "t", [C.data(SPEC_V)["v"] == 1])]
     dataset = reverb.PatternDataset(ds, configs, True, lambda s: tf.constant(False))
     assert [int(x) for x in dataset] == [0, 1, 2, 3]  # bool[1] is compared like a scalar
+
+
+def test_an_endless_input_makes_an_endless_dataset() -> None:
+    dataset = reverb.PatternDataset(steps(3).repeat(), _transitions(), True, _is_end)
+    assert int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
+    assert len(list(dataset.take(4))) == 4
