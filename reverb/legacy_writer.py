@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from reverb import _nest, trajectory_writer
+from reverb import _nest, errors, trajectory_writer
 
 
 class Writer:
@@ -99,15 +99,15 @@ class Writer:
         from reverb import client as client_lib
 
         client = self._client
-        if table not in client._signature_cache:
-            client.server_info()
-        if table not in client._signature_cache:
+        try:
+            signature = client._signature(table, None)
+        except errors.NotFoundError:
+            # The reference's legacy writer refuses unknown tables with a ValueError.
             raise ValueError(
                 f"Unable to create item in table '{table}': the server at "
                 f"{client.server_address} has no such table. Available tables: "
                 f"[{', '.join(sorted(client._signature_cache))}]"
-            )
-        signature = client._signature_cache[table]
+            ) from None
         if signature is None:
             return
         specs = client_lib._flat_specs(signature)

@@ -151,21 +151,27 @@ def test_structured_writer_configs_are_the_references_messages() -> None:
     assert theirs.priority == ours.priority  # constant 1.0 by default, in both
 
 
-def test_structured_writer_scenarios_insert_what_the_reference_inserts() -> None:
-    """Every scenario of tests/_structured_scenarios.py, run by dm-reverb's StructuredWriter on
-    its server, inserts exactly the items ours does."""
+def _reference_results(scenario_file: str) -> dict:
+    """What a scenario file of tests/ prints (its RESULTS JSON) when dm-reverb runs it."""
     import json
     import pathlib
 
-    from _structured_scenarios import SCENARIOS, run
-
-    script = pathlib.Path(__file__).with_name("_structured_scenarios.py")
+    script = pathlib.Path(__file__).with_name(scenario_file)
     out = subprocess.run(
         [REFERENCE, str(script)], capture_output=True, text=True, timeout=300, env=QUIET
     )
     assert out.returncode == 0, out.stderr[-3000:]
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
-    theirs = json.loads(line[len("RESULTS") :])
+    return json.loads(line[len("RESULTS") :])
+
+
+def test_structured_writer_scenarios_insert_what_the_reference_inserts() -> None:
+    """Every scenario of tests/_structured_scenarios.py, run by dm-reverb's StructuredWriter on
+    its server, inserts exactly the items ours does."""
+
+    from _structured_scenarios import SCENARIOS, run
+
+    theirs = _reference_results("_structured_scenarios.py")
     assert sorted(theirs) == sorted(SCENARIOS)
     for name, scenario in SCENARIOS.items():
         assert run(*scenario) == theirs[name], name
@@ -212,19 +218,11 @@ def test_reference_reads_what_our_structured_writer_wrote(make_server) -> None:
 def test_pattern_dataset_scenarios_give_what_the_references_gives() -> None:
     """Every scenario of tests/_pattern_scenarios.py through dm-reverb's PatternDataset gives
     exactly the trajectories ours gives."""
-    import json
-    import pathlib
 
     pytest.importorskip("tensorflow")
     from _pattern_scenarios import SCENARIOS, run
 
-    script = pathlib.Path(__file__).with_name("_pattern_scenarios.py")
-    out = subprocess.run(
-        [REFERENCE, str(script)], capture_output=True, text=True, timeout=300, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
-    theirs = json.loads(line[len("RESULTS") :])
+    theirs = _reference_results("_pattern_scenarios.py")
     assert sorted(theirs) == sorted(SCENARIOS)
     for name, scenario in SCENARIOS.items():
         assert run(*scenario) == theirs[name], name
