@@ -195,7 +195,7 @@ class Client:
         # Samples are fetched in growing batches, except from tables where sampling deletes
         # items (max_times_sampled, e.g. queues): there one at a time, so stopping the
         # iteration early never consumes items that were not yielded.
-        grow = 2 if self._max_times_sampled(table) == 0 else 1
+        grow = 2 if self._max_times_sampled(table, timeout) == 0 else 1
         remaining = num_samples
         batch = 1
         while remaining > 0:
@@ -236,11 +236,14 @@ class Client:
         self._max_times_sampled_cache = {n: i.max_times_sampled for n, i in result.items()}
         return result
 
-    def _max_times_sampled(self, table: str) -> int:
-        """The table's max_times_sampled (cached; 1 if the server cannot tell us)."""
+    def _max_times_sampled(self, table: str, timeout: Optional[float]) -> int:
+        """The table's max_times_sampled (cached; 1 if the server cannot tell us).
+        DeadlineExceededError when the server did not answer within `timeout`."""
         if table not in self._max_times_sampled_cache:
             try:
-                self.server_info()
+                self.server_info(timeout)
+            except errors.DeadlineExceededError:
+                raise
             except errors.ReverbError:
                 return 1
         # Unknown tables fail in the sample call itself, with the server's message.

@@ -130,7 +130,9 @@ def test_update_priorities_shape_check(server) -> None:
         )
 
 
-def test_dead_server_is_an_error_not_a_hang() -> None:
+def test_dead_server_is_an_error_not_a_hang(monkeypatch) -> None:
+    # Ops without a timeout wait for an unreachable server this long, then fail.
+    monkeypatch.setenv("REVERB_CONNECT_WAIT_SECONDS", "1")
     with reverb.Server([reverb.Table.queue("q", 10)]) as s:
         client = reverb.TFClient(f"localhost:{s.port}")
     # TensorFlow reports UNAVAILABLE from a non-communication op as INTERNAL.

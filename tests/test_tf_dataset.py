@@ -280,7 +280,9 @@ def test_unknown_table_is_not_found(server) -> None:
         next(iter(_dataset(_address(server), "nope")))
 
 
-def test_unreachable_server_fails_within_seconds() -> None:
+def test_unreachable_server_fails_within_seconds(monkeypatch) -> None:
+    # A dataset waits for an unreachable server this long, then fails.
+    monkeypatch.setenv("REVERB_CONNECT_WAIT_SECONDS", "2")
     with reverb.Server([_queue()]) as s:
         address = _address(s)
     start = time.monotonic()

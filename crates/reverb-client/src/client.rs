@@ -12,9 +12,11 @@ use reverb_proto::inproc::Service;
 use reverb_proto::reverb_service_client::ReverbServiceClient;
 use reverb_proto::*;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
@@ -29,6 +31,57 @@ pub struct Client {
     /// The port, when `address` names this host and calls may skip gRPC for a server of
     /// this process.
     inproc_port: Option<u16>,
+    /// Whether the server was reached yet (shared by clones).
+    reach: Arc<Reach>,
+}
+
+/// How long calls without a timeout wait, in all, for a server that cannot be reached
+/// (actors and learners are often started before their replay server);
+/// `REVERB_CONNECT_WAIT_SECONDS` overrides it.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(60);
+
+/// Whether the server can be reached, as this client last saw it (shared by clones). Until
+/// the first call, and after a call failed to connect, the next calls first wait for the
+/// server to accept connections, as the reference's (gRPC `wait_for_ready`) do.
+#[derive(Default)]
+struct Reach {
+    up: AtomicBool,
+    /// When waiting began: calls without a timeout share one [`CONNECT_WAIT`] from there.
+    down_since: Mutex<Option<Instant>>,
+}
+
+fn connect_wait() -> Duration {
+    std::env::var("REVERB_CONNECT_WAIT_SECONDS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map_or(CONNECT_WAIT, Duration::from_secs_f64)
+}
+
+/// Whether a status is a connection that could not be made (nothing was sent).
+fn is_connect_failure(status: &tonic::Status) -> bool {
+    use std::error::Error;
+    use std::io::ErrorKind;
+    let mut source = status.source();
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::NotFound
+                    | ErrorKind::AddrNotAvailable
+                    | ErrorKind::TimedOut
+                    | ErrorKind::HostUnreachable
+                    | ErrorKind::NetworkUnreachable
+            );
+        }
+        let text = e.to_string();
+        if text.starts_with("tcp connect error") || text.starts_with("dns error") {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 const MAX_MESSAGE_SIZE: usize = 1 << 30;
@@ -67,7 +120,66 @@ impl Client {
             stub,
             channel,
             inproc_port: inproc::loopback_port(address),
+            reach: Arc::default(),
         })
+    }
+
+    /// Waits until the server accepts a TCP connection, unless this client's last call
+    /// reached it: at most `timeout` (then DEADLINE_EXCEEDED for the call `what`), or without
+    /// one what is left of [`CONNECT_WAIT`] since waiting began (then UNAVAILABLE).
+    pub async fn wait_reachable(&self, what: &str, timeout: Option<Duration>) -> Result<()> {
+        if self.reach.up.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let Some(target) = authority(&self.address) else {
+            self.reach.up.store(true, Ordering::Relaxed);
+            return Ok(());
+        };
+        let start = Instant::now();
+        let until = match timeout {
+            Some(t) => start + t,
+            None => {
+                let since = *self.reach.down_since.lock().unwrap().get_or_insert(start);
+                since + connect_wait()
+            }
+        };
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let attempt = tokio::time::timeout(
+                left.clamp(Duration::from_millis(1), Duration::from_secs(5)),
+                tokio::net::TcpStream::connect(target),
+            );
+            let why = match attempt.await {
+                Ok(Ok(_)) => {
+                    *self.reach.down_since.lock().unwrap() = None;
+                    self.reach.up.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "connecting timed out".to_string(),
+            };
+            let now = Instant::now();
+            if now >= until {
+                return Err(match timeout {
+                    Some(t) => ClientError::deadline(format!(
+                        "{} (the server could not be reached: {why})",
+                        self.expired(what, t).message
+                    )),
+                    None => ClientError::new(
+                        Code::Unavailable,
+                        format!(
+                            "Server at {} is unavailable: it could not be reached within {:.0}s \
+                             ({why})",
+                            self.address,
+                            connect_wait().as_secs_f64()
+                        ),
+                    ),
+                });
+            }
+            tokio::time::sleep(backoff.min(until - now)).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
     }
 
     /// The same client, allowed (the default) or not to reach a server of this process
@@ -105,20 +217,28 @@ impl Client {
         &self.address
     }
 
+    /// A client error from a gRPC status; a connection that could not be made makes the
+    /// next calls wait for the server.
     pub(crate) fn status(&self, status: tonic::Status) -> ClientError {
+        if is_connect_failure(&status) {
+            self.reach.up.store(false, Ordering::Relaxed);
+        }
         ClientError::from_status(status, &self.address)
     }
 
-    /// Awaits `fut`, failing with DEADLINE_EXCEEDED once `timeout` passes.
+    /// Waits for the server (see [`Client::wait_reachable`]), then awaits `fut`, failing with
+    /// DEADLINE_EXCEEDED once `timeout` passes.
     async fn with_deadline<T>(
         &self,
         what: &str,
         timeout: Option<Duration>,
         fut: impl Future<Output = Result<T>>,
     ) -> Result<T> {
+        let start = Instant::now();
+        self.wait_reachable(what, timeout).await?;
         match timeout {
             None => fut.await,
-            Some(t) => tokio::time::timeout(t, fut)
+            Some(t) => tokio::time::timeout_at(start + t, fut)
                 .await
                 .unwrap_or_else(|_| Err(self.expired(what, t))),
         }
@@ -375,8 +495,9 @@ impl Client {
                 .sample_inproc(&*server, table, num_samples, rate_limiter_timeout, timeout)
                 .await;
         }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.wait_reachable("SampleStream", timeout).await?;
         let request = sample_request(table, num_samples, rate_limiter_timeout);
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
         let (tx, rx) = mpsc::channel(1);
         tx.send(request).await.expect("room for one request");
@@ -480,6 +601,15 @@ impl Client {
     }
 }
 
+/// `host:port` of an address (`host:port`, or with a scheme such as `http://`), when it
+/// has a port.
+fn authority(address: &str) -> Option<&str> {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    let authority = rest.split('/').next()?;
+    let (_, port) = authority.rsplit_once(':')?;
+    port.parse::<u16>().ok().map(|_| authority)
+}
+
 /// A `SampleStreamRequest`; `None` waits for the rate limiter forever.
 pub(crate) fn sample_request(
     table: &str,
@@ -493,5 +623,40 @@ pub(crate) fn sample_request(
             milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
         }),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_authority_is_host_and_port_without_scheme_or_path() {
+        assert_eq!(authority("localhost:80"), Some("localhost:80"));
+        assert_eq!(authority("http://[::1]:9000/x"), Some("[::1]:9000"));
+        assert_eq!(authority("localhost"), None);
+        assert_eq!(authority("host:notaport"), None);
+    }
+
+    #[test]
+    fn a_call_to_no_server_waits_until_its_timeout() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = Client::new(&format!("127.0.0.1:{port}")).unwrap();
+        let start = std::time::Instant::now();
+        let e = runtime()
+            .block_on(client.server_info(Some(Duration::from_millis(300))))
+            .unwrap_err();
+        assert_eq!(e.code, Code::DeadlineExceeded, "{}", e.message);
+        assert!(e.message.contains("could not be reached"), "{}", e.message);
+        assert!(start.elapsed() >= Duration::from_millis(290));
+        // A refused connection is recognised as one (the next calls wait again).
+        let status = runtime()
+            .block_on(client.stub.clone().server_info(ServerInfoRequest {}))
+            .unwrap_err();
+        assert!(is_connect_failure(&status), "{status:?}");
     }
 }

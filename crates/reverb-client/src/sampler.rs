@@ -72,10 +72,7 @@ pub struct Batch {
 /// otherwise [`AUTO_WORKERS`].
 async fn auto_workers(client: &Client, table: &str) -> usize {
     use reverb_proto::key_distribution_options::Distribution;
-    let infos = client
-        .server_info(Some(Duration::from_secs(5)))
-        .await
-        .unwrap_or_default();
+    let infos = client.server_info(None).await.unwrap_or_default();
     let ordered = infos.iter().find(|i| i.name == table).is_none_or(|info| {
         matches!(
             info.sampler_options
@@ -401,6 +398,10 @@ async fn stream(
     let mut metadata = tonic::metadata::MetadataMap::new();
     if let Some(offer) = ring.as_ref().and_then(|r| r.offer().parse().ok()) {
         metadata.insert(METADATA_KEY, offer);
+    }
+    if let Err(e) = client.wait_reachable("SampleStream", None).await {
+        give_back(outstanding);
+        return Err(e);
     }
     let mut responses = match client.sample_stream(rx, metadata).await {
         Ok(r) => r,

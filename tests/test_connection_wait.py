@@ -1,0 +1,186 @@
+"""Calls made before their server is up wait for it (as the reference's do): until their
+timeout (then DeadlineExceededError), or without one for REVERB_CONNECT_WAIT_SECONDS (then
+UnavailableError). Actors and learners are routinely started before the replay server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+import pytest
+
+import reverb
+
+LATER = 1.0  # the server starts this long after the call
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _tables() -> List[reverb.Table]:
+    return [reverb.Table.queue("q", 100)]
+
+
+class _LateServer:
+    """A server started on `port` `LATER` seconds from now, in another thread."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.server = None
+        self._thread = threading.Thread(target=self._start, daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        time.sleep(LATER)
+        self.server = reverb.Server(_tables(), port=self.port)
+
+    def stop(self) -> None:
+        self._thread.join(timeout=30)
+        if self.server is not None:
+            self.server.stop()
+
+
+@pytest.fixture
+def late_server():
+    started = _LateServer(_free_port())
+    yield started
+    started.stop()
+
+
+def _one_item(address: str) -> None:
+    reverb.Client(address).insert(np.float32(7.0), {"q": 1.0}, timeout=10)
+
+
+def _writer_flush(address: str) -> None:
+    writer = reverb.Client(address).trajectory_writer(1)
+    writer.append({"x": np.float32(7.0)})
+    writer.create_item("q", 1.0, {"x": writer.history["x"][-1]})
+    writer.flush(timeout_ms=10_000)
+    writer.close()
+
+
+def _sample(address: str) -> None:
+    client = reverb.Client(address)
+    feeder = threading.Thread(target=lambda: (time.sleep(LATER + 0.5), _one_item(address)))
+    feeder.start()
+    [sample] = list(client.sample("q", 1, timeout=10))
+    feeder.join()
+    assert float(sample[0].data[0]) == 7.0
+
+
+def _iterator(address: str) -> None:
+    feeder = threading.Thread(target=lambda: (time.sleep(LATER + 0.5), _one_item(address)))
+    feeder.start()
+    with reverb.TrajectoryIterator(address, "q", rate_limiter_timeout_ms=10_000) as it:
+        sample = next(it)
+    feeder.join()
+    assert np.asarray(sample.data[0]).ravel().tolist() == [7.0]
+
+
+CALLS: Dict[str, Callable[[str], None]] = {
+    "server_info": lambda a: reverb.Client(a).server_info(timeout=10),
+    "insert": _one_item,
+    "mutate_priorities": lambda a: reverb.Client(a).mutate_priorities(
+        "q", updates={1: 1.0}, timeout=10
+    ),
+    "reset": lambda a: reverb.Client(a).reset("q", timeout=10),
+    "checkpoint": lambda a: reverb.Client(a).checkpoint(timeout=10),
+    "sample": _sample,
+    "trajectory_writer": _writer_flush,
+    "trajectory_iterator": _iterator,
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_call_waits_for_a_server_started_later(late_server, call) -> None:
+    address = f"localhost:{late_server.port}"
+    start = time.monotonic()
+    CALLS[call](address)
+    assert time.monotonic() - start >= LATER * 0.9
+
+
+def test_a_dataset_waits_for_a_server_started_later(late_server) -> None:
+    tf = pytest.importorskip("tensorflow")
+    address = f"localhost:{late_server.port}"
+    feeder = threading.Thread(target=lambda: (time.sleep(LATER + 0.5), _one_item(address)))
+    feeder.start()
+    dataset = reverb.TimestepDataset(
+        address,
+        "q",
+        dtypes=(tf.float32,),
+        shapes=(tf.TensorShape([]),),
+        max_in_flight_samples_per_worker=1,
+        rate_limiter_timeout_ms=10_000,
+    )
+    sample = next(iter(dataset))
+    feeder.join()
+    assert float(sample.data[0]) == 7.0
+
+
+def test_a_tf_client_waits_for_a_server_started_later(late_server) -> None:
+    tf = pytest.importorskip("tensorflow")
+    address = f"localhost:{late_server.port}"
+    start = time.monotonic()
+    reverb.TFClient(address).insert(
+        [tf.constant(7.0)], tf.constant(["q"]), tf.constant([1.0], tf.float64)
+    )
+    assert time.monotonic() - start >= LATER * 0.9
+    assert reverb.Client(address).server_info(timeout=10)["q"].current_size == 1
+
+
+@pytest.mark.parametrize("call", ["server_info", "insert", "reset", "sample"])
+def test_a_call_to_no_server_raises_deadline_exceeded_at_its_timeout(call) -> None:
+    address = f"localhost:{_free_port()}"
+    client = reverb.Client(address)
+    calls = {
+        "server_info": lambda: client.server_info(timeout=0.5),
+        "insert": lambda: client.insert(np.float32(1.0), {"q": 1.0}, timeout=0.5),
+        "reset": lambda: client.reset("q", timeout=0.5),
+        "sample": lambda: list(client.sample("q", 1, timeout=0.5)),
+    }
+    start = time.monotonic()
+    with pytest.raises(reverb.errors.DeadlineExceededError, match=address):
+        calls[call]()
+    assert 0.45 <= time.monotonic() - start < 3.0
+
+
+def test_a_call_without_timeout_gives_up_after_the_connect_wait(monkeypatch) -> None:
+    monkeypatch.setenv("REVERB_CONNECT_WAIT_SECONDS", "0.5")
+    address = f"localhost:{_free_port()}"
+    client = reverb.Client(address)
+    start = time.monotonic()
+    with pytest.raises(reverb.errors.UnavailableError, match="could not be reached"):
+        client.server_info()
+    assert 0.45 <= time.monotonic() - start < 3.0
+    # The wait is shared: once it passed, further calls fail at once.
+    start = time.monotonic()
+    with pytest.raises(reverb.errors.UnavailableError):
+        client.reset("q")
+    assert time.monotonic() - start < 0.5
+
+
+def test_a_restarted_server_is_waited_for(make_server) -> None:
+    """After its server went away, a client's calls wait for it to be back (the call that
+    finds the connection broken fails as UNAVAILABLE, as the reference's does)."""
+    port = _free_port()
+    server = reverb.Server(_tables(), port=port)
+    client = reverb.Client(f"localhost:{port}")
+    assert client.server_info(timeout=10)["q"].current_size == 0
+    server.stop()
+    try:
+        client.server_info(timeout=0.5)
+    except (reverb.errors.UnavailableError, reverb.errors.DeadlineExceededError):
+        pass
+    later = _LateServer(port)
+    try:
+        start = time.monotonic()
+        assert client.server_info(timeout=10)["q"].current_size == 0
+        assert time.monotonic() - start >= 0.2
+    finally:
+        later.stop()
