@@ -14,7 +14,7 @@ def _tf() -> Any:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "Table signatures are nests of tf.TensorSpec and need TensorFlow: "
-            "pip install 'reverb-rs[tensorflow]'"
+            "pip install 'tensorflow>=2.15'"
         ) from e
     return tf
 

@@ -22,7 +22,7 @@ def library_path() -> str:
     if not found:
         raise ImportError(
             f"Reverb's TensorFlow kernels (_tf_kernels*.so) are missing from {here}: "
-            "reinstall the package (pip install 'reverb-rs[tensorflow]')"
+            "reinstall the package (pip install '.[tensorflow]' from its source)"
         )
     return found[0]
 

@@ -44,4 +44,4 @@ def test_the_package_version_is_the_crates_version() -> None:
     import reverb
 
     # Declared once, in Cargo.toml (setup.py hands it to the package metadata).
-    assert importlib.metadata.version("reverb-rs") == reverb.__version__
+    assert importlib.metadata.version("dm-reverb") == reverb.__version__
