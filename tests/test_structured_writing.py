@@ -6,6 +6,7 @@ a clear error, nothing stored lost)."""
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -551,3 +552,23 @@ def test_structured_writing_works_without_tensorflow() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "ok"
+
+
+def test_a_table_observed_after_each_step_grows_by_one_item_per_step(make_server) -> None:
+    """Items of a structured writer stepping at an environment's pace reach the server
+    without waiting for later appends."""
+    client = _queue_server(make_server)
+    ref = sw.create_reference_step({"o": np.float32(0)})
+    config = sw.create_config(sw.pattern_from_transform(ref, lambda s: s["o"][-2:]), "q")
+    sizes = []
+    with client.structured_writer([config]) as writer:
+        for step in range(5):
+            writer.append({"o": np.float32(step)})
+            deadline = time.monotonic() + 2
+            while True:
+                size = client.server_info(timeout=10)["q"].current_size
+                if size == step or time.monotonic() > deadline:
+                    break
+                time.sleep(0.002)
+            sizes.append(size)
+    assert sizes == [0, 1, 2, 3, 4]

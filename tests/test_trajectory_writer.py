@@ -511,3 +511,46 @@ def test_a_refused_end_episode_leaves_the_episode_as_it_was(make_server) -> None
     writer.flush(timeout_ms=TMS)
     (sample,) = server.localhost_client().sample("q", 1, emit_timesteps=False, timeout=T)
     assert int(sample.data[0]) == 100
+
+
+def _size_reaches(client: reverb.Client, table: str, size: int, within: float = 2.0) -> int:
+    """The table's size once it is `size`, or what it is after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        now = client.server_info(timeout=T)[table].current_size
+        if now == size or time.monotonic() > deadline:
+            return now
+        time.sleep(0.002)
+
+
+def test_a_table_observed_after_each_step_grows_by_one_item_per_step(served) -> None:
+    """An item reaches the server without waiting for later appends (TF-Agents' observers
+    watch table sizes after each step): with steps at an environment's pace, the automatic
+    chunking sends each 2-step item at once."""
+    _, client = served
+    writer = client.trajectory_writer(2)
+    sizes = []
+    for step in range(6):
+        writer.append({"o": np.float32(step), "a": np.int32(step)})
+        if step >= 1:
+            writer.create_item("a", 1.0, {"o": writer.history["o"][-2:]})
+        sizes.append(_size_reaches(client, "a", step))
+    assert sizes == [0, 1, 2, 3, 4, 5]
+    # Same items as ever: each holds its two steps.
+    got = [s.data[0].tolist() for s in client.sample("a", 5, emit_timesteps=False, timeout=T)]
+    assert got == [[0.0, 1.0], [1.0, 2.0], [2.0, 3.0], [3.0, 4.0], [4.0, 5.0]]
+    writer.close()
+
+
+def test_an_explicit_chunk_length_is_kept_by_slow_writers(served) -> None:
+    """A column configured with a chunk length keeps it: its items wait for the chunk."""
+    _, client = served
+    writer = client.trajectory_writer(2)
+    writer.append({"o": np.float32(0.0)})
+    writer.configure(("o",), num_keep_alive_refs=2, max_chunk_length=2)
+    writer.append({"o": np.float32(1.0)})
+    writer.create_item("a", 1.0, {"o": writer.history["o"][-1:]})
+    assert _size_reaches(client, "a", 1, within=0.3) == 0
+    writer.flush(timeout_ms=TMS)
+    assert client.server_info(timeout=T)["a"].current_size == 1
+    writer.close()

@@ -305,6 +305,12 @@ impl Columns {
             .collect()
     }
 
+    /// Whether a column's chunk length is chosen automatically (no `max_chunk_length`).
+    pub fn auto_length(&self, column: usize) -> bool {
+        self.get(column)
+            .is_some_and(|c| c.max_chunk_length.is_none())
+    }
+
     /// Drops a column's history (every cell expires).
     pub fn clear_cells(&mut self, column: usize) {
         if let Some(Some(col)) = self.columns.get_mut(column) {

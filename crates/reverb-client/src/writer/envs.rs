@@ -253,6 +253,7 @@ impl TrajectoryWriter {
             }
         }
         self.step += 1;
+        self.steps_closed(1);
         Ok(())
     }
 
@@ -351,6 +352,7 @@ impl TrajectoryWriter {
             let priority = priorities[if priorities.len() == 1 { 0 } else { i }];
             self.queue_item(table, priority, item)?;
         }
+        self.ship_promptly();
         self.pump(deadline)
     }
 }

@@ -99,7 +99,17 @@ pub struct TrajectoryWriter {
     task: tokio::task::JoinHandle<()>,
     shared: Arc<Shared>,
     sent: u64,
+    /// When the last step closed, and whether steps come slower than [`SLOW_STEP`].
+    last_step_at: Option<Instant>,
+    slow_steps: bool,
 }
+
+/// Steps that come slower than this (fewer than 10k a second: environments and policies in
+/// the loop) send each item as soon as it is created: the open chunks of automatically sized
+/// columns it references are finalized early, as the reference's auto-tuned chunker starts
+/// with chunks of one step. Faster writers fill their chunks (fewer, larger chunks), and
+/// their items leave when the chunks fill, a step or two later.
+const SLOW_STEP: Duration = Duration::from_micros(100);
 
 impl TrajectoryWriter {
     /// A writer sending to `client`'s server.
@@ -132,7 +142,27 @@ impl TrajectoryWriter {
             task,
             shared,
             sent: 0,
+            last_step_at: None,
+            slow_steps: true,
         })
+    }
+
+    /// Notes that `n` steps closed now (see [`SLOW_STEP`]).
+    fn steps_closed(&mut self, n: u64) {
+        let now = Instant::now();
+        let per_step = n.max(1).min(u32::MAX as u64) as u32;
+        self.slow_steps = self
+            .last_step_at
+            .is_none_or(|t| now.duration_since(t) > SLOW_STEP * per_step);
+        self.last_step_at = Some(now);
+    }
+
+    /// A slow writer's queued items leave now: the open auto-sized chunks they reference
+    /// are finalized (see [`SLOW_STEP`]).
+    fn ship_promptly(&mut self) {
+        if self.slow_steps {
+            self.finalize_for_pending(true);
+        }
     }
 
     /// Full steps appended since the episode began.
@@ -220,6 +250,7 @@ impl TrajectoryWriter {
         } else {
             self.step_open = false;
             self.step += 1;
+            self.steps_closed(1);
         }
         Ok(())
     }
@@ -271,6 +302,7 @@ impl TrajectoryWriter {
             }
             self.step += 1;
         }
+        self.steps_closed(n as u64);
         Ok(n as u64)
     }
 
@@ -296,6 +328,7 @@ impl TrajectoryWriter {
     ) -> Result<(u64, bool)> {
         self.check_error()?;
         let key = self.queue_item(table, priority, columns)?;
+        self.ship_promptly();
         let done = self.pump(deadline)?;
         Ok((key, done))
     }
@@ -366,16 +399,21 @@ impl TrajectoryWriter {
     /// window. Returns false if items ready to send remain.
     pub fn send_ready(&mut self, deadline: Option<Instant>) -> Result<bool> {
         self.check_error()?;
+        self.ship_promptly();
         self.pump(deadline)
     }
 
-    /// Finalizes the open chunks that queued items wait for, so they can be sent.
-    fn finalize_for_pending(&mut self) {
+    /// Finalizes the open chunks that queued items wait for (only those of automatically
+    /// sized columns if `auto_only`), so they can be sent.
+    fn finalize_for_pending(&mut self, auto_only: bool) {
         let waiting = self.pending.waiting_for();
         if waiting.is_empty() {
             return;
         }
         for column in self.columns.open_in(&waiting) {
+            if auto_only && !self.columns.auto_length(column) {
+                continue;
+            }
             let env = self.envs.of_column(column);
             self.columns.finalize(column, env);
         }
@@ -392,7 +430,7 @@ impl TrajectoryWriter {
         self.check_error()?;
         let shared = self.shared.clone();
         let _urgent = shared.urgent();
-        self.finalize_for_pending();
+        self.finalize_for_pending(false);
         if !self.pump(deadline)? {
             return Ok(false);
         }
