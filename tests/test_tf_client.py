@@ -153,3 +153,39 @@ def test_insert_times_out_when_the_table_is_full(server) -> None:
             [tf.constant(0)], tf.constant(["q"]), tf.constant([1.0], tf.float64), timeout_ms=100
         )
     assert server.localhost_client().server_info(timeout=10)["q"].current_size == 100
+
+
+def test_insert_is_checked_against_the_table_signature() -> None:
+    # A leaf fits a spec of its shape, or of its shape after a leading step of 1.
+    signature = {"a": tf.TensorSpec([2], tf.float32), "b": tf.TensorSpec([1], tf.int32)}
+    tables = [reverb.Table.queue("sig", 100, signature=signature), reverb.Table.queue("q", 100)]
+    with reverb.Server(tables) as s:
+        client = reverb.TFClient(f"localhost:{s.port}")
+
+        def insert(a, b, table="sig"):
+            client.insert([a, b], tf.constant([table]), tf.constant([1.0], tf.float64))
+
+        insert(tf.constant([1.0, 2.0]), tf.constant(3))
+        insert(tf.constant([1.0, 2.0]), tf.constant([3]))
+        bad = [
+            (tf.constant([1.0, 2.0], tf.float64), tf.constant(3), "leaf 0"),  # dtype
+            (tf.constant([1.0, 2.0, 3.0]), tf.constant(3), "leaf 0"),  # shape
+            (tf.constant([1.0, 2.0]), tf.constant([3, 4]), "leaf 1"),  # shape
+            (tf.constant([[1.0, 2.0]]), tf.constant(3), "leaf 0"),  # shape
+        ]
+        for a, b, leaf in bad:
+            with pytest.raises(tf.errors.InvalidArgumentError, match=f"table 'sig'.*{leaf}"):
+                insert(a, b)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="1 leaves but the signature"):
+            client.insert([tf.constant(1.0)], tf.constant(["sig"]), tf.constant([1.0], tf.float64))
+        # Nothing of a refused insert is stored, in any of its tables.
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            client.insert(
+                [tf.constant([1.0]), tf.constant(3)],
+                tf.constant(["q", "sig"]),
+                tf.constant([1.0, 1.0], tf.float64),
+            )
+        info = reverb.Client(f"localhost:{s.port}").server_info(timeout=10)
+        assert (info["sig"].current_size, info["q"].current_size) == (2, 0)
+        # A table without a signature takes anything.
+        insert(tf.constant([1.0]), tf.constant(3), table="q")

@@ -153,6 +153,44 @@ pub fn decode_signature(bytes: &[u8]) -> Result<Option<Vec<Spec>>> {
     Ok(Some(specs))
 }
 
+/// Checks that one step (`leaves`: dtype and shape of each, in flattened order) fits
+/// `table`'s signature, as the reference's inserts do: a leaf fits a spec of its own shape or
+/// of its shape with a leading time dimension of 1. The error (INVALID_ARGUMENT) names the
+/// table and the first mismatch.
+pub fn check_step(table: &str, specs: &[Spec], leaves: &[(i32, &[i64])]) -> Result<()> {
+    let problem = if specs.len() != leaves.len() {
+        Some(format!(
+            "the data has {} leaves but the signature has {}",
+            leaves.len(),
+            specs.len()
+        ))
+    } else {
+        specs
+            .iter()
+            .zip(leaves)
+            .enumerate()
+            .find(|(_, (spec, &(dtype, shape)))| {
+                let timed: Vec<i64> = std::iter::once(1).chain(shape.iter().copied()).collect();
+                !(spec.accepts(dtype, shape) || spec.accepts(dtype, &timed))
+            })
+            .map(|(i, (spec, &(dtype, shape)))| {
+                format!(
+                    "leaf {i} ({}) is {}, the signature expects {}",
+                    spec.path,
+                    describe(dtype, shape),
+                    spec.describe()
+                )
+            })
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(ClientError::invalid(format!(
+            "Unable to insert into table '{table}': the data is inconsistent with the table \
+             signature: {problem}."
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,5 +286,38 @@ mod tests {
         assert_eq!(specs[0].describe(), "float32[3, ?]");
         assert_eq!(decode_signature(&[]).unwrap(), None);
         assert!(decode_signature(&none().encode_to_vec()).is_err());
+    }
+
+    #[test]
+    fn a_step_fits_its_own_shape_or_one_leading_step() {
+        let specs = vec![
+            Spec {
+                path: "('a',)".into(),
+                dtype: 1,
+                shape: Some(vec![2]),
+            },
+            Spec {
+                path: "('b',)".into(),
+                dtype: 3,
+                shape: Some(vec![-1, 3]),
+            },
+        ];
+        assert!(check_step("t", &specs, &[(1, &[2]), (3, &[1, 3])]).is_ok());
+        assert!(check_step("t", &specs, &[(1, &[1, 2]), (3, &[3])]).is_ok());
+        let e = check_step("t", &specs, &[(1, &[2]), (1, &[3])]).unwrap_err();
+        assert_eq!(e.code, tonic::Code::InvalidArgument);
+        assert!(
+            e.message.contains("table 't'") && e.message.contains("leaf 1 (('b',))"),
+            "{}",
+            e.message
+        );
+        let e = check_step("t", &specs, &[(1, &[3]), (3, &[3])]).unwrap_err();
+        assert!(e.message.contains("leaf 0"), "{}", e.message);
+        let e = check_step("t", &specs, &[(1, &[2])]).unwrap_err();
+        assert!(
+            e.message.contains("1 leaves but the signature has 2"),
+            "{}",
+            e.message
+        );
     }
 }

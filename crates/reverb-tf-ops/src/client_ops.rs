@@ -3,8 +3,11 @@
 
 use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{write_column, write_info, Spec, INFO_OUTPUTS};
+use parking_lot::Mutex;
+use reverb_client::signature::{check_step, decode_signature, Spec as SignatureSpec};
 use reverb_client::tensor::{dtype_name, dtype_size};
 use reverb_client::{runtime, Client, Tensor};
+use std::collections::HashMap;
 use std::time::Duration;
 
 fn timeout_attr(c: &Construction, name: &str) -> Result<Option<Duration>> {
@@ -91,6 +94,8 @@ fn first_step(sample: &mut reverb_client::Sample) {
 pub struct ClientInsert {
     client: Client,
     timeout: Option<Duration>,
+    /// Each table's flat signature (`None`: it has none), learned at the first insert.
+    signatures: Mutex<HashMap<String, Option<Vec<SignatureSpec>>>>,
 }
 
 pub mod insert {
@@ -109,12 +114,13 @@ impl Kernel for ClientInsert {
         Ok(Self {
             client: Client::new(&c.string("server_address")?)?,
             timeout: timeout_attr(c, "timeout_ms")?,
+            signatures: Mutex::default(),
         })
     }
 
     fn compute(&self, ctx: &Context) -> Result<()> {
         let n = ctx.num_inputs();
-        let mut columns = Vec::with_capacity(n - 2);
+        let mut columns: Vec<Tensor> = Vec::with_capacity(n - 2);
         for i in 0..n - 2 {
             let t = ctx.input(i)?;
             if dtype_size(t.dtype()).is_none() {
@@ -145,7 +151,30 @@ impl Kernel for ClientInsert {
             .zip(priorities)
             .map(|(t, p)| t.map(|t| (t, p)))
             .collect::<Result<Vec<_>>>()?;
+        self.check_signatures(&columns, &targets)?;
         runtime().block_on(self.client.insert_step(columns, targets, self.timeout))?;
+        Ok(())
+    }
+}
+
+impl ClientInsert {
+    /// INVALID_ARGUMENT, before anything is sent, when the step does not fit the signature
+    /// of one of the tables (unknown tables are left to the server, which names them).
+    fn check_signatures(&self, columns: &[Tensor], targets: &[(String, f64)]) -> Result<()> {
+        let mut known = self.signatures.lock();
+        if targets.iter().any(|(t, _)| !known.contains_key(t)) {
+            let infos = runtime().block_on(self.client.server_info(self.timeout))?;
+            for info in infos {
+                let specs = decode_signature(&info.signature)?;
+                known.insert(info.name, specs);
+            }
+        }
+        let leaves: Vec<(i32, &[i64])> = columns.iter().map(|t| (t.dtype, &t.shape[..])).collect();
+        for (table, _) in targets {
+            if let Some(Some(specs)) = known.get(table) {
+                check_step(table, specs, &leaves)?;
+            }
+        }
         Ok(())
     }
 }
