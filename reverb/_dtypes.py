@@ -22,6 +22,15 @@ _TF_OF_NUMPY = {
     np.dtype(np.uint64): 23,
 }
 _NUMPY_OF_TF = {v: k for k, v in _TF_OF_NUMPY.items()}
+# Names as TensorFlow's C++ prints them (`DataTypeString`), as the reference's errors do.
+_TF_NAMES = {1: "float", 2: "double", 19: "half", 7: "string"}
+
+
+def tf_name(dtype: np.dtype) -> str:
+    """`float`, `double`, `int32`, ...: a dtype named as TensorFlow's errors name it."""
+    dtype = np.dtype(dtype)
+    value = _TF_OF_NUMPY.get(dtype if dtype.isnative else dtype.newbyteorder("="))
+    return _TF_NAMES.get(value, str(dtype)) if value is not None else str(dtype)
 
 
 def tf_enum(dtype: np.dtype) -> int:

@@ -73,10 +73,11 @@ class Client:
             self.server_info(timeout)
             missing = [t for t in priorities if t not in self._signature_cache]
             if missing:
+                tables = sorted(self._signature_cache)
                 raise ValueError(
-                    f"Unable to insert into table '{missing[0]}': the server at "
-                    f"{self._server_address} has no such table. Available tables: "
-                    f"[{', '.join(sorted(self._signature_cache))}]"
+                    f"Unable to find signatures for table '{missing[0]}' in signature cache.  "
+                    f"Available tables: {tables}. (The server at {self._server_address} has no "
+                    "such table.)"
                 )
         leaves = _nest.flatten(data)
         if not leaves:
@@ -116,25 +117,10 @@ class Client:
             self._flat_specs[table] = specs
         if not specs:
             return
-        problem = None
-        if len(specs) != len(arrays):
-            problem = f"the data has {len(arrays)} leaves but the signature has {len(specs)}"
-        else:
-            for i, (array, (dtype, shape)) in enumerate(zip(arrays, specs)):
-                if array.dtype != dtype or not (
-                    _fits(array.shape, shape) or _fits((1, *array.shape), shape)
-                ):
-                    want = "?" if shape is None else [("?" if d is None else d) for d in shape]
-                    problem = (
-                        f"leaf {i} is {array.dtype}{list(array.shape)}, the signature expects "
-                        f"{dtype}{want}"
-                    )
-                    break
+        leaves = [(a.dtype, a.shape, (1, *a.shape)) for a in arrays]
+        problem = _signature_problem(table, specs, leaves)
         if problem is not None:
-            raise ValueError(
-                f"Unable to insert into table '{table}': the data is inconsistent with the "
-                f"table signature: {problem}."
-            )
+            raise ValueError(problem)
 
     def _insert_once(self, arrays: list, pairs: list, timeout_ms: Optional[int]) -> None:
         if self._insert_writer is not None and self._insert_writer.failed:
@@ -266,7 +252,9 @@ class Client:
         that `create_item` waits (no unbounded memory if you never flush). `delta_encode`
         stores integer columns as differences between steps (smaller for counters/frames)."""
         if num_keep_alive_refs < 1:
-            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be >= 1")
+            raise ValueError(
+                f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer"
+            )
         if max_in_flight_items < 1:
             raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
         native = _native.TrajectoryWriter(
@@ -363,7 +351,9 @@ class Client:
         if num_envs < 1:
             raise ValueError(f"num_envs ({num_envs}) must be >= 1")
         if num_keep_alive_refs < 1:
-            raise ValueError(f"num_keep_alive_refs ({num_keep_alive_refs}) must be >= 1")
+            raise ValueError(
+                f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer"
+            )
         if max_in_flight_items < 1:
             raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
         native = _native.TrajectoryWriter(
@@ -389,11 +379,13 @@ class Client:
 
 
 def _flat_specs(signature: Any) -> list:
-    """The leaves of a signature as (numpy dtype, dims with None for unknown, or None)."""
+    """The leaves of a signature as (name, numpy dtype, dims with None for unknown, or None);
+    a spec without a name is named by its path (`obs/x`), as the reference names them."""
     out = []
-    for spec in _nest.flatten(signature):
+    for path, spec in _nest.flatten_with_path(signature):
         dims = None if spec.shape.rank is None else list(spec.shape.as_list())
-        out.append((np.dtype(spec.dtype.as_numpy_dtype), dims))
+        name = spec.name or "/".join(str(key) for key in path)
+        out.append((name, np.dtype(spec.dtype.as_numpy_dtype), dims))
     return out
 
 
@@ -401,6 +393,33 @@ def _fits(shape: tuple, dims: Optional[list]) -> bool:
     return dims is None or (
         len(shape) == len(dims) and all(d is None or d == n for n, d in zip(shape, dims))
     )
+
+
+def _tf_dims(dims: Any) -> str:
+    return "[" + ", ".join("?" if d is None or d < 0 else str(d) for d in dims) + "]"
+
+
+def _signature_problem(table: str, specs: list, leaves: list) -> Optional[str]:
+    """The reference's message when one step does not fit a table's flat `specs`, else None.
+    `leaves` holds (dtype, shape, other accepted shape) per leaf: a leaf fits a spec of its
+    shape or of the other one."""
+    start = f"Unable to CreateItem in table '{table}' because Append was called with a tensor "
+    if len(specs) != len(leaves):
+        return (
+            f"{start}signature inconsistent with table signature.  Append for timestep offset 0 "
+            f"was called with {len(leaves)} tensors, but table requires {len(specs)} tensors "
+            "per entry."
+        )
+    for i, ((dtype, shape, other), (name, want, dims)) in enumerate(zip(leaves, specs)):
+        if dtype != want or not (_fits(shape, dims) or _fits(other, dims)):
+            expected = "<unknown>" if dims is None else _tf_dims(dims)
+            return (
+                f"{start}signature inconsistent with the table signature. At timestep offset 0, "
+                f"flattened index {i}, saw a tensor of dtype {_dtypes.tf_name(dtype)}, shape "
+                f"{_tf_dims(shape)}, but expected tensor '{name}' of dtype "
+                f"{_dtypes.tf_name(want)} and shape compatible with {expected}."
+            )
+    return None
 
 
 def _to_sample(

@@ -104,31 +104,17 @@ class Writer:
         except errors.NotFoundError:
             # The reference's legacy writer refuses unknown tables with a ValueError.
             raise ValueError(
-                f"Unable to create item in table '{table}': the server at "
-                f"{client.server_address} has no such table. Available tables: "
-                f"[{', '.join(sorted(client._signature_cache))}]"
+                f"Unable to find signatures for table '{table}' in signature cache.  "
+                f"Available tables: {sorted(client._signature_cache)}. (The server at "
+                f"{client.server_address} has no such table.)"
             ) from None
         if signature is None:
             return
         specs = client_lib._flat_specs(signature)
-        problem = None
-        if len(specs) != len(columns):
-            problem = f"the steps have {len(columns)} leaves but the signature has {len(specs)}"
-        for i, (column, (dtype, dims)) in enumerate(zip(columns, specs)):
-            shape = tuple(column.shape)
-            if column.dtype != dtype or not (
-                client_lib._fits(shape[1:], dims) or client_lib._fits(shape, dims)
-            ):
-                problem = (
-                    f"leaf {i} is {column.dtype}{list(shape[1:])} per step, the signature "
-                    f"expects {dtype}{dims if dims is not None else '?'}"
-                )
-                break
+        leaves = [(c.dtype, tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
+        problem = client_lib._signature_problem(table, specs, leaves)
         if problem is not None:
-            raise ValueError(
-                f"Unable to create item in table '{table}': the steps are inconsistent with "
-                f"the table signature: {problem}."
-            )
+            raise ValueError(problem)
 
     def flush(self) -> None:
         """Sends every created item and waits until the server confirmed them."""

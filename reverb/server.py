@@ -196,7 +196,9 @@ class Server:
         names = [t.name for t in tables]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"Table names must be unique; duplicated: {duplicates}")
+            raise ValueError(
+                f"Multiple items in tables have the same name: {', '.join(duplicates)}"
+            )
         if checkpointer is None:
             checkpointer = checkpointers.default_checkpointer()
         if not isinstance(checkpointer, checkpointers.CheckpointerBase):

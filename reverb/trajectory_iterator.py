@@ -24,7 +24,8 @@ def check_sampler_arguments(
     """The reference's ValueErrors for bad sampler arguments (shared with the datasets)."""
     if max_in_flight_samples_per_worker < 1:
         raise ValueError(
-            f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be >= 1"
+            f"max_in_flight_samples_per_worker ({max_in_flight_samples_per_worker}) must be a "
+            "positive integer"
         )
     for name, value in (
         ("num_workers_per_iterator", num_workers_per_iterator),
@@ -32,9 +33,11 @@ def check_sampler_arguments(
         ("max_samples", max_samples),
     ):
         if value < 1 and value != -1:
-            raise ValueError(f"{name} ({value}) must be an integer >= 1 or -1")
+            raise ValueError(f"{name} ({value}) must be a positive integer or -1")
     if rate_limiter_timeout_ms < -1:
-        raise ValueError(f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be >= -1")
+        raise ValueError(
+            f"rate_limiter_timeout_ms ({rate_limiter_timeout_ms}) must be an integer >= -1"
+        )
 
 
 def check_iterator_arguments(

@@ -194,6 +194,25 @@ class _ColumnHistory:
         return f"ColumnHistory(path={self._path}, len={len(self)})"
 
 
+def _dims(dims: List[Any]) -> str:
+    """`[2, ?]`: dimensions as TensorFlow's errors print them."""
+    return "[" + ", ".join("?" if d is None or d < 0 else str(d) for d in dims) + "]"
+
+
+def _leaf_at(data: Any, path: Tuple[Any, ...]) -> Any:
+    """The leaf of `data` at `path`, for error messages."""
+    try:
+        for key in path:
+            data = (
+                getattr(data, key)
+                if isinstance(key, str) and hasattr(data, "_fields")
+                else data[key]
+            )
+        return data
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return "<unknown>"
+
+
 def _merge(old: Any, new: Any) -> Any:
     """The union of two structures whose leaves are column indices."""
     if old is None:
@@ -286,23 +305,24 @@ class TrajectoryWriter:
             self._fast = None
         return columns, values
 
-    def _raise_append_error(self, error: _native.AppendError) -> None:
+    def _raise_append_error(self, error: _native.AppendError, data: Any) -> None:
         path = self._paths[error.column]
         if error.already_set:
             raise ValueError(
-                f"Field {path} has already been set in the active step by a previous "
-                "(partial) append call and cannot be modified."
+                f"Field {path} has already been set in the active step by previous (partial) "
+                f"append call and thus must be omitted or set to None but got: "
+                f"{_leaf_at(data, path)}"
             )
         want = (_dtypes.numpy_dtype(error.expected[0]), tuple(error.expected[1]))
         got = (_dtypes.numpy_dtype(error.got[0]), tuple(error.got[1]))
         if want[0] != got[0]:
             raise ValueError(
-                f"Tensor of wrong dtype provided for column {path}. Got {got[0]} but expected "
-                f"{want[0]}."
+                f"Tensor of wrong dtype provided for column {path}. Got "
+                f"{_dtypes.tf_name(got[0])} but expected {_dtypes.tf_name(want[0])}."
             )
         raise ValueError(
             f"Tensor of incompatible shape provided for column {path}. Got {list(got[1])} "
-            f"but expected {list(want[1])}."
+            f"which is incompatible with {list(want[1])}."
         )
 
     # Writing.
@@ -314,7 +334,7 @@ class TrajectoryWriter:
         columns, values = self._flatten(data)
         error = self._writer.append(columns, values, partial_step)
         if error is not None:
-            self._raise_append_error(error)
+            self._raise_append_error(error, data)
         if partial_step:
             self._step_open = True
         else:
@@ -328,7 +348,7 @@ class TrajectoryWriter:
         columns, values = self._flatten(data)
         error = self._writer.append_steps(columns, values)
         if error is not None:
-            self._raise_append_error(error)
+            self._raise_append_error(error, data)
         self._steps = self._writer.episode_steps
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
@@ -343,7 +363,8 @@ class TrajectoryWriter:
             if type(leaf) is not TrajectoryColumn:
                 if not isinstance(leaf, TrajectoryColumn):
                     raise TypeError(
-                        f"All leaves of the trajectory must be TrajectoryColumns, got {type(leaf)}"
+                        f"All leaves of `trajectory` must be `TrajectoryColumn` but got "
+                        f"{trajectory}"
                     )
             if leaf._writer is not self:
                 raise ValueError("Trajectory columns must come from this writer's history")
@@ -368,22 +389,27 @@ class TrajectoryWriter:
         if signature is None:
             return
         specs = _nest.flatten(signature)
-        problems = []
+        problem = None
         if len(specs) != len(leaves):
-            problems.append(
-                f"the trajectory has {len(leaves)} columns but the signature has {len(specs)}"
+            problem = (
+                f"The table signature has {len(specs)} columns but the trajectory has "
+                f"{len(leaves)}."
             )
         for i, (spec, column) in enumerate(zip(specs, leaves)):
             dtype = np.dtype(spec.dtype.as_numpy_dtype)
-            if dtype != column.dtype or not spec.shape.is_compatible_with(column.shape):
-                problems.append(
-                    f"column {i}: got {column.dtype}{list(column.shape)}, signature expects "
-                    f"{dtype}{spec.shape.as_list() if spec.shape.rank is not None else '?'}"
+            if problem is None and (
+                dtype != column.dtype or not spec.shape.is_compatible_with(column.shape)
+            ):
+                want = "?" if spec.shape.rank is None else _dims(spec.shape.as_list())
+                problem = (
+                    f"The table expects column {i} to be a {_dtypes.tf_name(dtype)} {want} "
+                    f"tensor but got a {_dtypes.tf_name(column.dtype)} "
+                    f"{_dims(list(column.shape))} tensor."
                 )
-        if problems:
+        if problem is not None:
             raise ValueError(
                 f"Unable to create item in table '{table}' since the provided trajectory is "
-                f"inconsistent with the table signature: {'; '.join(problems)}."
+                f"inconsistent with the table signature. {problem}"
             )
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
@@ -419,8 +445,8 @@ class TrajectoryWriter:
         """Overrides chunking for the column at `path` (`None` chunk length: automatic)."""
         if max_chunk_length is not None and not 1 <= max_chunk_length <= num_keep_alive_refs:
             raise ValueError(
-                f"max_chunk_length ({max_chunk_length}) must be None or in "
-                f"[1, num_keep_alive_refs ({num_keep_alive_refs})]"
+                f"max_chunk_length ({max_chunk_length}) must be None or a positive integer <= "
+                f"num_keep_alive_refs ({num_keep_alive_refs})"
             )
         self._check_open()
         # (For a vectorised writer, the column is a field and applies in every env.)

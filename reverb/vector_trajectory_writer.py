@@ -184,7 +184,7 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         fields, values = self._flatten(data)
         error = self._writer.append_envs(fields, values)
         if error is not None:
-            self._raise_append_error(error)
+            self._raise_append_error(error, data)
 
     def append_steps(self, data: Any) -> None:
         raise NotImplementedError("VectorTrajectoryWriter appends one step per call (append)")

@@ -256,3 +256,37 @@ def test_legacy_writers_both_ways(make_server) -> None:
     assert out.stdout.split()[-1] == "ok"
     (sample,) = server.localhost_client().sample("theirs", 1, emit_timesteps=False, timeout=10)
     np.testing.assert_array_equal(sample.data[0], [1, 2])
+
+
+# Where our error differs from dm-reverb's on purpose (the README's Differences list them).
+DELIBERATE_ERROR_DIFFERENCES = {
+    "Queue(0)": "we refuse a queue that can never hold an item",
+    "Stack(0)": "we refuse a stack that can never hold an item",
+    "Prioritized(-1)": "we refuse a negative priority exponent",
+    "sample num_samples=0": "the reference's message names max_samples",
+    "legacy create_item 0": "the reference prints a literal %d",
+}
+
+
+def test_error_texts_are_the_references() -> None:
+    """Each case of tests/_error_texts.py fails with the same kind of error and the same first
+    sentence under dm-reverb and under this package (extra detail may follow it)."""
+    import json
+    import pathlib
+    import sys
+
+    theirs = _reference_results("_error_texts.py")
+    script = pathlib.Path(__file__).with_name("_error_texts.py")
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
+    ours = json.loads(line[len("RESULTS") :])
+    assert sorted(ours) == sorted(theirs)
+    differ = {
+        case: (theirs[case], ours[case])
+        for case in theirs
+        if case not in DELIBERATE_ERROR_DIFFERENCES and theirs[case] != ours[case]
+    }
+    assert not differ, differ

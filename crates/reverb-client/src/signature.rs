@@ -83,6 +83,8 @@ pub fn flatten(value: &StructuredValue) -> Vec<(Vec<PathKey>, &StructuredValue)>
 pub struct Spec {
     /// Where the leaf sits in the signature.
     pub path: String,
+    /// Its name: the spec's own, else its path joined by `/` (`obs/x`), as the reference's.
+    pub name: String,
     /// TensorFlow `DataType`.
     pub dtype: i32,
     /// Dimensions, `None` when the rank is unknown.
@@ -117,11 +119,7 @@ impl Spec {
 
 /// `int32[2, 3]` (`?` for unknown sizes).
 pub fn describe(dtype: i32, shape: &[i64]) -> String {
-    let dims: Vec<String> = shape
-        .iter()
-        .map(|&d| if d < 0 { "?".into() } else { d.to_string() })
-        .collect();
-    format!("{}[{}]", dtype_name(dtype), dims.join(", "))
+    format!("{}{}", dtype_name(dtype), dims(shape))
 }
 
 /// The flat specs of a serialized signature (`TableInfo.signature`); `None` when the table has
@@ -134,9 +132,9 @@ pub fn decode_signature(bytes: &[u8]) -> Result<Option<Vec<Spec>>> {
         .map_err(|e| ClientError::data_loss(format!("Undecodable table signature: {e}")))?;
     let mut specs = Vec::new();
     for (path, leaf) in flatten(&value) {
-        let (dtype, shape) = match &leaf.kind {
-            Some(Kind::TensorSpecValue(s)) => (s.dtype, shape_of(s.shape.as_ref())),
-            Some(Kind::BoundedTensorSpecValue(s)) => (s.dtype, shape_of(s.shape.as_ref())),
+        let (name, dtype, shape) = match &leaf.kind {
+            Some(Kind::TensorSpecValue(s)) => (&s.name, s.dtype, shape_of(s.shape.as_ref())),
+            Some(Kind::BoundedTensorSpecValue(s)) => (&s.name, s.dtype, shape_of(s.shape.as_ref())),
             other => {
                 return Err(ClientError::invalid(format!(
                     "The table signature has a leaf at {} that is not a tensor spec ({other:?})",
@@ -144,8 +142,21 @@ pub fn decode_signature(bytes: &[u8]) -> Result<Option<Vec<Spec>>> {
                 )))
             }
         };
+        let name = if name.is_empty() {
+            let keys: Vec<String> = path
+                .iter()
+                .map(|k| match k {
+                    PathKey::Name(n) => n.clone(),
+                    PathKey::Index(i) => i.to_string(),
+                })
+                .collect();
+            keys.join("/")
+        } else {
+            name.clone()
+        };
         specs.push(Spec {
             path: path_string(&path),
+            name,
             dtype,
             shape,
         });
@@ -158,36 +169,56 @@ pub fn decode_signature(bytes: &[u8]) -> Result<Option<Vec<Spec>>> {
 /// of its shape with a leading time dimension of 1. The error (INVALID_ARGUMENT) names the
 /// table and the first mismatch.
 pub fn check_step(table: &str, specs: &[Spec], leaves: &[(i32, &[i64])]) -> Result<()> {
-    let problem = if specs.len() != leaves.len() {
-        Some(format!(
-            "the data has {} leaves but the signature has {}",
+    let start = format!(
+        "Unable to CreateItem in table '{table}' because Append was called with a tensor \
+         signature inconsistent with"
+    );
+    if specs.len() != leaves.len() {
+        return Err(ClientError::invalid(format!(
+            "{start} table signature.  Append for timestep offset 0 was called with {} tensors, \
+             but table requires {} tensors per entry.",
             leaves.len(),
             specs.len()
-        ))
-    } else {
-        specs
-            .iter()
-            .zip(leaves)
-            .enumerate()
-            .find(|(_, (spec, &(dtype, shape)))| {
-                let timed: Vec<i64> = std::iter::once(1).chain(shape.iter().copied()).collect();
-                !(spec.accepts(dtype, shape) || spec.accepts(dtype, &timed))
-            })
-            .map(|(i, (spec, &(dtype, shape)))| {
-                format!(
-                    "leaf {i} ({}) is {}, the signature expects {}",
-                    spec.path,
-                    describe(dtype, shape),
-                    spec.describe()
-                )
-            })
-    };
-    match problem {
-        None => Ok(()),
-        Some(problem) => Err(ClientError::invalid(format!(
-            "Unable to insert into table '{table}': the data is inconsistent with the table \
-             signature: {problem}."
-        ))),
+        )));
+    }
+    for (i, (spec, &(dtype, shape))) in specs.iter().zip(leaves).enumerate() {
+        let timed: Vec<i64> = std::iter::once(1).chain(shape.iter().copied()).collect();
+        if spec.accepts(dtype, shape) || spec.accepts(dtype, &timed) {
+            continue;
+        }
+        let expected = spec
+            .shape
+            .as_ref()
+            .map_or("<unknown>".to_string(), |d| dims(d));
+        return Err(ClientError::invalid(format!(
+            "{start} the table signature. At timestep offset 0, flattened index {i}, saw a \
+             tensor of dtype {}, shape {}, but expected tensor '{}' of dtype {} and shape \
+             compatible with {expected}.",
+            tf_name(dtype),
+            dims(shape),
+            spec.name,
+            tf_name(spec.dtype)
+        )));
+    }
+    Ok(())
+}
+
+/// `[2, ?]`, as TensorFlow's errors print dimensions.
+fn dims(dims: &[i64]) -> String {
+    let dims: Vec<String> = dims
+        .iter()
+        .map(|&d| if d < 0 { "?".into() } else { d.to_string() })
+        .collect();
+    format!("[{}]", dims.join(", "))
+}
+
+/// A dtype as TensorFlow's C++ names it (`float`, `double`, `int32`, ...).
+fn tf_name(dtype: i32) -> String {
+    match dtype {
+        1 => "float".into(),
+        2 => "double".into(),
+        19 => "half".into(),
+        _ => dtype_name(dtype),
     }
 }
 
@@ -290,32 +321,31 @@ mod tests {
 
     #[test]
     fn a_step_fits_its_own_shape_or_one_leading_step() {
-        let specs = vec![
-            Spec {
-                path: "('a',)".into(),
-                dtype: 1,
-                shape: Some(vec![2]),
-            },
-            Spec {
-                path: "('b',)".into(),
-                dtype: 3,
-                shape: Some(vec![-1, 3]),
-            },
-        ];
+        let spec = |name: &str, dtype, shape: Vec<i64>| Spec {
+            path: format!("('{name}',)"),
+            name: name.into(),
+            dtype,
+            shape: Some(shape),
+        };
+        let specs = vec![spec("a", 1, vec![2]), spec("b", 3, vec![-1, 3])];
         assert!(check_step("t", &specs, &[(1, &[2]), (3, &[1, 3])]).is_ok());
-        assert!(check_step("t", &specs, &[(1, &[1, 2]), (3, &[3])]).is_ok());
+        assert!(check_step("t", &specs, &[(1, &[2]), (3, &[3])]).is_ok());
+        assert!(check_step("t", &specs, &[(1, &[1, 2]), (3, &[3])]).is_err());
         let e = check_step("t", &specs, &[(1, &[2]), (1, &[3])]).unwrap_err();
         assert_eq!(e.code, tonic::Code::InvalidArgument);
-        assert!(
-            e.message.contains("table 't'") && e.message.contains("leaf 1 (('b',))"),
-            "{}",
-            e.message
+        assert_eq!(
+            e.message,
+            "Unable to CreateItem in table 't' because Append was called with a tensor signature \
+             inconsistent with the table signature. At timestep offset 0, flattened index 1, saw \
+             a tensor of dtype float, shape [3], but expected tensor 'b' of dtype int32 and shape \
+             compatible with [?, 3]."
         );
         let e = check_step("t", &specs, &[(1, &[3]), (3, &[3])]).unwrap_err();
-        assert!(e.message.contains("leaf 0"), "{}", e.message);
+        assert!(e.message.contains("flattened index 0"), "{}", e.message);
         let e = check_step("t", &specs, &[(1, &[2])]).unwrap_err();
         assert!(
-            e.message.contains("1 leaves but the signature has 2"),
+            e.message
+                .contains("called with 1 tensors, but table requires 2"),
             "{}",
             e.message
         );
