@@ -334,3 +334,29 @@ def test_the_references_checkpointer_paths_restore_a_checkpoint(tmp_path: pathli
     again = checkpointers_lib.DefaultCheckpointer(path=checkpoint_path.rsplit("/", 1)[0])
     with reverb.Server(tables(), checkpointer=again) as server:
         assert contents(server.localhost_client()) == saved
+
+
+def test_only_the_servers_own_checkpoints_are_pruned_and_loaded(tmp_path: pathlib.Path) -> None:
+    """Regression: a `backup/` holding a checkpoint under the root sorted after our
+    timestamps, so every new checkpoint was pruned right after it was written and a restart
+    loaded the backup; and any `.tmp-*` entry was deleted."""
+    checkpointer = checkpointers.DefaultCheckpointer(str(tmp_path), keep_latest=1)
+    with reverb.Server(tables(), checkpointer=checkpointer) as server:
+        client = server.localhost_client()
+        client.insert(np.int32(1), {"fifo": 1.0}, timeout=10)
+        backup = pathlib.Path(client.checkpoint())
+    backup.rename(tmp_path / "backup")  # holds one item
+    (tmp_path / ".tmp-notes.txt").write_text("the user's")
+    (tmp_path / ".tmp-dir").mkdir()
+    with reverb.Server(tables(), checkpointer=checkpointer) as server:
+        client = server.localhost_client()
+        for value in (2, 3):
+            client.insert(np.int32(value), {"fifo": 1.0}, timeout=10)
+        latest = pathlib.Path(client.checkpoint())
+        assert latest.exists()  # not pruned
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["backup", ".tmp-notes.txt", ".tmp-dir", latest.name])
+    # A restart loads the server's own latest checkpoint (two items), not the backup.
+    with reverb.Server(tables(), checkpointer=checkpointer) as server:
+        info = server.localhost_client().server_info(timeout=10)
+        assert info["fifo"].current_size == 2

@@ -100,14 +100,16 @@ impl Checkpointer {
         })
     }
 
-    /// Published checkpoints, oldest first.
+    /// Published checkpoints, oldest first: only directories this server names (a UTC
+    /// timestamp, see [`is_checkpoint_name`]) holding a checkpoint file. Anything else under
+    /// the root (a `backup/` with a checkpoint in it, say) is neither loaded nor pruned.
     pub fn list(&self) -> Vec<PathBuf> {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return Vec::new();
         };
         let mut dirs: Vec<PathBuf> = entries
             .filter_map(|e| e.ok())
-            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .filter(|e| e.file_name().to_str().is_some_and(is_checkpoint_name))
             .map(|e| e.path())
             .filter(|p| p.join(FILE).is_file())
             .collect();
@@ -122,10 +124,14 @@ impl Checkpointer {
                 let _ = fs::remove_dir_all(old);
             }
         }
-        // Leftovers of interrupted saves.
+        // Leftovers of our interrupted saves (only temporary directories we name).
         if let Ok(entries) = fs::read_dir(&self.root) {
             for e in entries.filter_map(|e| e.ok()) {
-                if e.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                let ours = e
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| n.strip_prefix(TMP_PREFIX).is_some_and(is_checkpoint_name));
+                if ours && e.file_type().is_ok_and(|t| t.is_dir()) {
                     let _ = fs::remove_dir_all(e.path());
                 }
             }
@@ -220,6 +226,19 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
     format!("Could not {what} {}: {e}", path.display())
 }
 
+/// Whether `name` is a checkpoint directory name [`timestamp_name`] makes.
+fn is_checkpoint_name(name: &str) -> bool {
+    const PATTERN: &[u8] = b"dddd-dd-ddTdd-dd-dd.dddddddddZ";
+    name.len() == PATTERN.len()
+        && name.bytes().zip(PATTERN).all(|(c, &p)| {
+            if p == b'd' {
+                c.is_ascii_digit()
+            } else {
+                c == p
+            }
+        })
+}
+
 /// A sortable, unique UTC timestamp: `2026-11-29T16-05-12.123456789Z`.
 fn timestamp_name() -> String {
     let now = SystemTime::now()
@@ -252,7 +271,21 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
-    use super::civil_from_days;
+    use super::{civil_from_days, is_checkpoint_name, timestamp_name};
+
+    #[test]
+    fn only_our_timestamps_are_checkpoint_names() {
+        assert!(is_checkpoint_name(&timestamp_name()));
+        assert!(is_checkpoint_name("2026-11-29T16-05-12.123456789Z"));
+        for other in [
+            "backup",
+            "2026-11-29",
+            "2026-11-29T16-05-12.12345678Z",
+            ".tmp-x",
+        ] {
+            assert!(!is_checkpoint_name(other), "{other}");
+        }
+    }
 
     #[test]
     fn dates() {
