@@ -442,3 +442,26 @@ def test_a_selector_without_a_kind_is_a_value_error():
             max_size=10,
             rate_limiter=reverb.rate_limiters.MinSize(1),
         )
+
+
+def test_a_very_long_unknown_table_name_is_not_found_with_a_short_echo(
+    make_server, monkeypatch
+) -> None:
+    """Regression: a 20,000-character name was echoed whole into the status, which then did
+    not fit its HTTP/2 header: the caller got UNAVAILABLE 'h2 protocol error'."""
+    server = make_server([_table()])
+    name = "x" * 20_000
+    for path in ("inproc", "grpc"):
+        if path == "grpc":
+            monkeypatch.setenv("REVERB_NO_INPROC", "1")
+        client = reverb.Client(f"localhost:{server.port}")
+        calls = [
+            lambda c=client: c.reset(name, timeout=10),
+            lambda c=client: c.mutate_priorities(name, updates={1: 1.0}, timeout=10),
+            lambda c=client: list(c.sample(name, 1, timeout=10)),
+        ]
+        for call in calls:
+            with pytest.raises(reverb.errors.NotFoundError, match=r"x\.\.\. \(20000 bytes\)") as e:
+                call()
+            assert len(str(e.value)) < 1000
+        assert client.server_info(timeout=10)["t"].current_size == 0  # still serving

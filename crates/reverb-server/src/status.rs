@@ -8,6 +8,23 @@ use tonic::Status;
 pub const RATE_LIMITER_TIMEOUT: &str =
     "Rate Limiter: Timeout exceeded before the right to sample was acquired.";
 
+/// Caller input as statuses echo it: at most [`ECHO_MAX`] bytes, then how long it was. A
+/// status travels in an HTTP/2 header: a whole 20,000-character name would not fit, and the
+/// caller would get a protocol error instead of the answer.
+pub(crate) fn echo(input: &str) -> std::borrow::Cow<'_, str> {
+    if input.len() <= ECHO_MAX {
+        return input.into();
+    }
+    let mut end = ECHO_MAX;
+    while !input.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &input[..end], input.len()).into()
+}
+
+/// Most bytes of caller input a status repeats.
+pub(crate) const ECHO_MAX: usize = 256;
+
 /// Maps an engine error to its gRPC status.
 pub(crate) fn from_core(e: CoreError) -> Status {
     match e {

@@ -32,7 +32,8 @@ impl Tables {
         self.0.get(name).cloned().ok_or_else(|| {
             let known: Vec<&str> = self.0.keys().map(String::as_str).collect();
             Status::not_found(format!(
-                "Priority table {name} was not found. Available tables: [{}]",
+                "Priority table {} was not found. Available tables: [{}]",
+                crate::status::echo(name),
                 known.join(", ")
             ))
         })
