@@ -22,13 +22,22 @@ _TF_OF_NUMPY = {
     np.dtype(np.uint64): 23,
 }
 _NUMPY_OF_TF = {v: k for k, v in _TF_OF_NUMPY.items()}
+STRING = 7  # DT_STRING: numpy bytes_, str_ and object arrays of bytes or str
 # Names as TensorFlow's C++ prints them (`DataTypeString`), as the reference's errors do.
 _TF_NAMES = {1: "float", 2: "double", 19: "half", 7: "string"}
+
+
+def canonical(dtype: np.dtype) -> np.dtype:
+    """The dtype a column of `dtype` holds: object for every kind of string array."""
+    dtype = np.dtype(dtype)
+    return np.dtype(object) if dtype.kind in "SUO" else dtype
 
 
 def tf_name(dtype: np.dtype) -> str:
     """`float`, `double`, `int32`, ...: a dtype named as TensorFlow's errors name it."""
     dtype = np.dtype(dtype)
+    if dtype.kind in "SUO":
+        return "string"
     value = _TF_OF_NUMPY.get(dtype if dtype.isnative else dtype.newbyteorder("="))
     return _TF_NAMES.get(value, str(dtype)) if value is not None else str(dtype)
 
@@ -37,6 +46,8 @@ def tf_enum(dtype: np.dtype) -> int:
     """The TensorFlow DataType value of a numpy dtype (either byte order); ValueError when
     unsupported."""
     dtype = np.dtype(dtype)
+    if dtype.kind in "SUO":
+        return STRING
     if not dtype.isnative:
         dtype = dtype.newbyteorder("=")
     try:
@@ -49,14 +60,22 @@ def tf_enum(dtype: np.dtype) -> int:
 
 
 def numpy_dtype(tf_value: int) -> np.dtype:
-    """The numpy dtype of a TensorFlow DataType value."""
+    """The numpy dtype of a TensorFlow DataType value (strings: object arrays of bytes)."""
+    if tf_value == STRING:
+        return np.dtype(object)
     try:
         return _NUMPY_OF_TF[tf_value]
     except KeyError:
         raise ValueError(f"Unsupported TensorFlow dtype value {tf_value}") from None
 
 
-def from_column(column: tuple[int, list[int], np.ndarray]) -> np.ndarray:
-    """A native `(tf dtype, shape, flat uint8 array)` column as a numpy array (no copy)."""
+def from_column(column: tuple) -> np.ndarray:
+    """A native `(tf dtype, shape, flat uint8 array)` column as a numpy array (no copy); a
+    string column `(7, shape, list of bytes)` as an object array of bytes, as the
+    reference returns strings."""
     dtype, shape, data = column
+    if dtype == STRING:
+        out = np.empty(len(data), dtype=object)
+        out[:] = data
+        return out.reshape(shape)
     return data.view(numpy_dtype(dtype)).reshape(shape)

@@ -84,7 +84,7 @@ class Client:
             raise ValueError("data must contain at least one value")
         arrays = [np.asarray(leaf) for leaf in leaves]
         for array in arrays:
-            _dtypes.tf_enum(array.dtype)  # ValueError for strings and objects
+            _dtypes.tf_enum(array.dtype)  # ValueError for unsupported dtypes
         for table in priorities:
             self._check_signature(str(table), arrays)
         pairs = [(str(table), float(priority)) for table, priority in priorities.items()]
@@ -117,7 +117,7 @@ class Client:
             self._flat_specs[table] = specs
         if not specs:
             return
-        leaves = [(a.dtype, a.shape, (1, *a.shape)) for a in arrays]
+        leaves = [(_dtypes.canonical(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
         problem = _signature_problem(table, specs, leaves)
         if problem is not None:
             raise ValueError(problem)

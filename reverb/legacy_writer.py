@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from reverb import _nest, errors, trajectory_writer
+from reverb import _dtypes, _nest, errors, trajectory_writer
 
 
 class Writer:
@@ -111,7 +111,7 @@ class Writer:
         if signature is None:
             return
         specs = client_lib._flat_specs(signature)
-        leaves = [(c.dtype, tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
+        leaves = [(_dtypes.canonical(c.dtype), tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
         problem = client_lib._signature_problem(table, specs, leaves)
         if problem is not None:
             raise ValueError(problem)

@@ -290,3 +290,61 @@ def test_error_texts_are_the_references() -> None:
         if case not in DELIBERATE_ERROR_DIFFERENCES and theirs[case] != ours[case]
     }
     assert not differ, differ
+
+
+def test_strings_both_ways(make_server) -> None:
+    """String tensors as the reference carries them: dm-reverb's writers into our server read
+    by ours, and ours read by dm-reverb (short strings and ones longer than TensorFlow keeps
+    inline; bytes, str and object arrays)."""
+    server = make_server([reverb.Table.queue("q", 100)])
+    address = f"localhost:{server.port}"
+    write = textwrap.dedent(
+        f"""
+        import numpy as np, reverb
+        c = reverb.Client("{address}")
+        c.insert([np.array([b"ref", b"strings"]), np.int32(3)], {{"q": 1.0}})
+        with c.trajectory_writer(2) as w:
+            for i in range(3):
+                w.append({{"s": ("r%d" % i).encode() * (i * 10 + 1),
+                          "u": np.array(["uni", "é"], dtype=object)}})
+            w.create_item("q", 1.0, {{"s": w.history["s"][-2:], "u": w.history["u"][-1]}})
+        """
+    )
+    out = subprocess.run(
+        [REFERENCE, "-c", write], capture_output=True, text=True, timeout=120, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = server.localhost_client()
+    got = [
+        [d.tolist() for d in s.data]
+        for s in client.sample("q", 2, emit_timesteps=False, timeout=10)
+    ]
+    assert got == [
+        [[[b"ref", b"strings"]], [3]],
+        [[b"r1" * 11, b"r2" * 21], [b"uni", "é".encode()]],
+    ]
+    client.insert([np.array(["ours", "x" * 50]), np.int32(1)], {"q": 1.0}, timeout=10)
+    writer = client.trajectory_writer(2)
+    for i in range(3):
+        writer.append({"s": f"o{i}" * (i * 10 + 1)})
+    writer.create_item("q", 1.0, {"s": writer.history["s"][-2:]})
+    writer.end_episode()
+    writer.flush(timeout_ms=10_000)
+    writer.close()
+    read = textwrap.dedent(
+        f"""
+        import reverb
+        c = reverb.Client("{address}")
+        for s in c.sample("q", 2, emit_timesteps=False):
+            print("GOT", [d.tolist() for d in s.data])
+        """
+    )
+    out = subprocess.run(
+        [REFERENCE, "-c", read], capture_output=True, text=True, timeout=120, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("GOT")]
+    assert lines == [
+        "GOT " + repr([[[b"ours", b"x" * 50]], [1]]),
+        "GOT " + repr([[b"o1" * 11, b"o2" * 21]]),
+    ]

@@ -2,7 +2,7 @@
 //! ([`PartialSample`]), checked and sized with its columns still compressed in their chunks
 //! ([`PlannedSample`], [`LazyTensor`]), and decoded ([`Sample`]). Every transport ends here.
 
-use crate::tensor::{parse_chunk, Encoded, Tensor};
+use crate::tensor::{decode_strings, encode_strings, parse_chunk, Encoded, Tensor, DT_STRING};
 use crate::{ClientError, Result};
 use reverb_proto::{sample_stream_response, ChunkData, SampleInfo};
 use std::collections::HashMap;
@@ -69,14 +69,44 @@ pub struct LazyTensor {
 }
 
 impl LazyTensor {
-    /// Bytes of the column.
+    /// Bytes of the column (of a string column: of its elements, not their encoding).
     pub fn byte_len(&self) -> usize {
         self.parts.iter().map(|p| p.2).sum::<usize>() * self.row
     }
 
+    /// Whether this is a string column (whose bytes only [`LazyTensor::to_tensor`] gives).
+    pub fn is_string(&self) -> bool {
+        self.dtype == DT_STRING
+    }
+
+    /// The elements of a string column's rows, from its chunks.
+    fn string_tensor(&self) -> Result<Tensor> {
+        let mut decoder = snap::raw::Decoder::new();
+        let mut wholes = Vec::with_capacity(self.parts.len());
+        for (tensor, _, _) in &self.parts {
+            wholes.push(tensor.decode(&mut decoder)?);
+        }
+        let mut elements: Vec<&[u8]> = Vec::new();
+        for ((tensor, offset, length), whole) in self.parts.iter().zip(&wholes) {
+            let per_row: usize = tensor.shape[1..].iter().map(|&d| d as usize).product();
+            let all = decode_strings(&whole.data, tensor.rows() * per_row)?;
+            elements.extend_from_slice(&all[offset * per_row..(offset + length) * per_row]);
+        }
+        Ok(Tensor {
+            dtype: DT_STRING,
+            shape: self.shape.clone(),
+            data: encode_strings(elements.iter().copied()),
+        })
+    }
+
     /// Writes the column into `out` (exactly `byte_len()` bytes): chunks it takes whole are
-    /// decompressed in place, others through a decoded copy.
+    /// decompressed in place, others through a decoded copy. Not for string columns.
     pub fn write_to(&self, out: &mut [u8]) -> Result<()> {
+        if self.is_string() {
+            return Err(ClientError::unimplemented(
+                "string columns are not written in place (use to_tensor)",
+            ));
+        }
         if out.len() != self.byte_len() {
             return Err(ClientError::invalid(format!(
                 "a column of {} bytes cannot be written into {} bytes",
@@ -101,6 +131,9 @@ impl LazyTensor {
 
     /// The column as a tensor of its own.
     pub fn to_tensor(&self) -> Result<Tensor> {
+        if self.is_string() {
+            return self.string_tensor();
+        }
         let mut data = vec![0u8; self.byte_len()];
         self.write_to(&mut data)?;
         Ok(Tensor {
@@ -353,6 +386,38 @@ mod tests {
         let chunks = [lying_chunk(1, &[2, 3], 6)];
         let sample = assemble(info(vec![(vec![(1, 1, 1)], false)]), &chunks).unwrap();
         assert_eq!(sample.columns[0].data, vec![7u8; 3]);
+    }
+
+    #[test]
+    fn string_columns_join_slices_of_their_chunks() {
+        use crate::tensor::{decode_strings, encode_strings, DT_STRING};
+        let strings = |key: u64, words: &[&str]| {
+            let t = Tensor::new(
+                DT_STRING,
+                vec![words.len() as i64 / 2, 2],
+                encode_strings(words.iter().map(|w| w.as_bytes())),
+            )
+            .unwrap();
+            encode_chunk_with(key, SequenceRange::default(), &[t], false)
+        };
+        let chunks = [
+            strings(1, &["a0", "a1", "b0", "b1", "c0", "c1"]),
+            strings(2, &["d0", "", "e0", "e1"]),
+        ];
+        let sample = assemble(
+            info(vec![
+                (vec![(1, 1, 2), (2, 0, 1)], false),
+                (vec![(2, 1, 1)], true),
+            ]),
+            &chunks,
+        )
+        .unwrap();
+        let (a, b) = (&sample.columns[0], &sample.columns[1]);
+        assert_eq!(a.shape, vec![3, 2]);
+        let words: Vec<&[u8]> = decode_strings(&a.data, 6).unwrap();
+        assert_eq!(words, [&b"b0"[..], b"b1", b"c0", b"c1", b"d0", b""]);
+        assert_eq!(b.shape, vec![2]);
+        assert_eq!(decode_strings(&b.data, 2).unwrap(), [&b"e0"[..], b"e1"]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use crate::client::sample_request;
 use crate::sample::{plan, PartialSample};
+use crate::tensor::{decode_strings, encode_strings};
 use crate::transport::inproc::abi;
 use crate::transport::shm::{self, Ring};
 use crate::{runtime, Client, ClientError, PlannedSample, Result, Tensor};
@@ -534,6 +535,27 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
     }
     let mut columns = Vec::with_capacity(first.columns.len());
     for (c, column) in first.columns.iter().enumerate() {
+        let mut shape = Vec::with_capacity(column.shape.len() + 1);
+        shape.push(n as i64);
+        shape.extend_from_slice(&column.shape);
+        if column.is_string() {
+            // Elements of every sample's column, in order, as one string list.
+            let per_sample: usize = column.shape.iter().map(|&d| d as usize).product();
+            let tensors = samples
+                .iter()
+                .map(|s| s.columns[c].to_tensor())
+                .collect::<Result<Vec<_>>>()?;
+            let mut elements: Vec<&[u8]> = Vec::with_capacity(n * per_sample);
+            for t in &tensors {
+                elements.extend(decode_strings(&t.data, per_sample)?);
+            }
+            columns.push(Tensor {
+                dtype: column.dtype,
+                shape,
+                data: encode_strings(elements.iter().copied()),
+            });
+            continue;
+        }
         let size = column.byte_len();
         let total = size
             .checked_mul(n)
@@ -545,9 +567,6 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
         for (sample, out) in samples.iter().zip(data.chunks_exact_mut(size.max(1))) {
             sample.columns[c].write_to(&mut out[..size])?;
         }
-        let mut shape = Vec::with_capacity(column.shape.len() + 1);
-        shape.push(n as i64);
-        shape.extend_from_slice(&column.shape);
         columns.push(Tensor {
             dtype: column.dtype,
             shape,

@@ -7,7 +7,12 @@ use prost::Message;
 use reverb_proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
 use reverb_proto::{ChunkData, ChunkTensors, SequenceRange};
 
+/// TensorFlow's `DT_STRING`.
+pub const DT_STRING: i32 = DataType::DtString as i32;
+
 /// A dense tensor: dtype, shape and its bytes in row-major, native (little-endian) order.
+/// A string tensor's bytes are TensorFlow's string-list encoding ([`encode_strings`]), as
+/// chunks carry them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
     /// TensorFlow `DataType` value.
@@ -56,14 +61,89 @@ pub fn dtype_name(dtype: i32) -> String {
     }
 }
 
+/// TensorFlow's encoding of a list of strings (the `tensor_content` of a `DT_STRING`
+/// `TensorProto`, which the reference's chunks hold uncompressed): the varint length of
+/// every element, then the bytes of every element.
+pub fn encode_strings<'a, I>(elements: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = &'a [u8]>,
+    I::IntoIter: Clone,
+{
+    let elements = elements.into_iter();
+    let total: usize = elements.clone().map(|e| e.len() + 5).sum();
+    let mut out = Vec::with_capacity(total);
+    for e in elements.clone() {
+        let mut n = e.len() as u64;
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+    }
+    for e in elements {
+        out.extend_from_slice(e);
+    }
+    out
+}
+
+/// The `n` elements of a string list ([`encode_strings`]); an error when it does not hold
+/// exactly `n` elements.
+pub fn decode_strings(data: &[u8], n: usize) -> Result<Vec<&[u8]>> {
+    let bad = |what: &str| ClientError::data_loss(format!("Malformed string tensor: {what}"));
+    let mut lengths = Vec::with_capacity(n.min(data.len()));
+    let mut at = 0;
+    for _ in 0..n {
+        let mut len: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let byte = *data
+                .get(at)
+                .ok_or_else(|| bad("lengths run past its end"))?;
+            at += 1;
+            len |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+            if shift > 28 {
+                return Err(bad("a length is not a 32-bit varint"));
+            }
+        }
+        lengths.push(len as usize);
+    }
+    let mut out = Vec::with_capacity(n);
+    for len in lengths {
+        let end = at
+            .checked_add(len)
+            .filter(|&e| e <= data.len())
+            .ok_or_else(|| bad("an element runs past its end"))?;
+        out.push(&data[at..end]);
+        at = end;
+    }
+    if at != data.len() {
+        return Err(bad("bytes beyond its elements"));
+    }
+    Ok(out)
+}
+
+/// Elements of a shape, when its product fits.
+fn elements_of(shape: &[i64]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+}
+
 impl Tensor {
     /// Checks that the bytes match dtype and shape.
     pub fn new(dtype: i32, shape: Vec<i64>, data: Vec<u8>) -> Result<Self> {
-        let size = dtype_size(dtype).ok_or_else(|| {
-            ClientError::invalid(format!(
-                "Unsupported tensor dtype {dtype} (string tensors are not supported yet)"
-            ))
-        })?;
+        if dtype == DT_STRING {
+            let n = elements_of(&shape)
+                .ok_or_else(|| ClientError::invalid(format!("Bad shape {shape:?}")))?;
+            decode_strings(&data, n).map_err(|e| ClientError::invalid(e.message))?;
+            return Ok(Self { dtype, shape, data });
+        }
+        let size = dtype_size(dtype)
+            .ok_or_else(|| ClientError::invalid(format!("Unsupported tensor dtype {dtype}")))?;
         if shape.iter().any(|&d| d < 0) {
             return Err(ClientError::invalid(format!(
                 "Negative dimension in shape {shape:?}"
@@ -178,6 +258,15 @@ fn encode_chunk_using(
         .iter()
         .map(|t| {
             uncompressed += t.data.len() as i64;
+            if t.dtype == DT_STRING {
+                // As the reference stores them: uncompressed, never delta-encoded.
+                return TensorProto {
+                    dtype: t.dtype,
+                    tensor_shape: Some(shape_proto(&t.shape)),
+                    tensor_content: Bytes::from(t.data.clone()),
+                    ..Default::default()
+                };
+            }
             let content = if delta {
                 let mut encoded = t.clone();
                 delta_encode(&mut encoded);
@@ -235,12 +324,24 @@ impl Encoded {
 
     /// Whether `decompress_into` can be used (no delta encoding to undo).
     pub fn plain(&self) -> bool {
-        !self.delta
+        !self.delta || self.dtype == DT_STRING
     }
 
     /// Decompresses into `out` (exactly `len` bytes) without undoing delta encoding.
     pub fn decompress_into(&self, decoder: &mut snap::raw::Decoder, out: &mut [u8]) -> Result<()> {
         if self.len == 0 && self.content.is_empty() {
+            return Ok(());
+        }
+        if self.dtype == DT_STRING {
+            // Stored uncompressed (`parse_chunk` checked the encoding).
+            if out.len() != self.content.len() {
+                return Err(ClientError::invalid(format!(
+                    "a string tensor of {} bytes cannot be written into {} bytes",
+                    self.content.len(),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(&self.content);
             return Ok(());
         }
         let corrupt = |what: String| {
@@ -274,7 +375,7 @@ impl Encoded {
             shape: self.shape.clone(),
             data,
         };
-        if self.delta {
+        if self.delta && self.dtype != DT_STRING {
             delta_decode(&mut tensor);
         }
         Ok(tensor)
@@ -298,6 +399,9 @@ pub(crate) fn parse_chunk(chunk: &ChunkData) -> Result<Vec<Encoded>> {
                 .as_ref()
                 .map(|s| s.dim.iter().map(|d| d.size).collect())
                 .unwrap_or_default();
+            if proto.dtype == DT_STRING {
+                return parse_strings(proto, shape, chunk);
+            }
             let size = dtype_size(proto.dtype).ok_or_else(|| {
                 ClientError::unimplemented(format!(
                     "Chunk {} holds a tensor of dtype {} which this client cannot decode yet",
@@ -357,6 +461,34 @@ pub(crate) fn parse_chunk(chunk: &ChunkData) -> Result<Vec<Encoded>> {
             })
         })
         .collect()
+}
+
+/// A string tensor of a chunk: from `tensor_content` (as the reference's chunks and ours
+/// carry it) or `string_val`; its encoding is checked here, once.
+fn parse_strings(proto: TensorProto, shape: Vec<i64>, chunk: &ChunkData) -> Result<Encoded> {
+    let n = elements_of(&shape)
+        .filter(|_| shape.iter().all(|&d| d >= 0))
+        .ok_or_else(|| {
+            ClientError::data_loss(format!(
+                "Chunk {}: bad string tensor shape {shape:?}",
+                chunk.chunk_key
+            ))
+        })?;
+    let content = if proto.tensor_content.is_empty() && !proto.string_val.is_empty() {
+        Bytes::from(encode_strings(proto.string_val.iter().map(|s| &s[..])))
+    } else {
+        proto.tensor_content
+    };
+    decode_strings(&content, n)
+        .map_err(|e| ClientError::data_loss(format!("Chunk {}: {}", chunk.chunk_key, e.message)))?;
+    Ok(Encoded {
+        dtype: DT_STRING,
+        shape,
+        len: content.len(),
+        content,
+        delta: false,
+        chunk_key: chunk.chunk_key,
+    })
 }
 
 /// Decodes every tensor of a chunk (decompressing and undoing delta encoding).
@@ -448,6 +580,78 @@ mod tests {
         );
         assert_eq!(chunk.data_tensors_len, 2);
         assert_eq!(decode_chunk(&chunk).unwrap(), vec![a, b]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn string_lists_round_trip(elements in proptest::collection::vec(
+            proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..20)) {
+            let encoded = encode_strings(elements.iter().map(Vec::as_slice));
+            let decoded = decode_strings(&encoded, elements.len()).unwrap();
+            proptest::prop_assert_eq!(decoded, elements.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            // Any other count, and any truncation, is refused.
+            proptest::prop_assert!(decode_strings(&encoded, elements.len() + 1).is_err());
+            if !encoded.is_empty() {
+                proptest::prop_assert!(decode_strings(&encoded[..encoded.len() - 1], elements.len()).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn string_tensors_travel_uncompressed_and_from_string_val() {
+        let elements: [&[u8]; 4] = [b"a", b"", b"longer \xff bytes", b"d"];
+        let t = Tensor::new(DT_STRING, vec![2, 2], encode_strings(elements)).unwrap();
+        for delta in [false, true] {
+            let chunk =
+                encode_chunk_with(9, SequenceRange::default(), std::slice::from_ref(&t), delta);
+            let proto = ChunkTensors::decode(chunk.data.clone())
+                .unwrap()
+                .tensors
+                .remove(0);
+            // As the reference stores them: TensorFlow's string-list encoding, uncompressed.
+            assert_eq!(proto.dtype, DT_STRING);
+            assert_eq!(&proto.tensor_content[..], &t.data[..]);
+            assert_eq!(decode_chunk(&chunk).unwrap(), vec![t.clone()]);
+        }
+        // A TensorProto holding string_val (as TensorFlow's Python makes them) decodes too.
+        let proto = TensorProto {
+            dtype: DT_STRING,
+            tensor_shape: Some(shape_proto(&[2, 2])),
+            string_val: elements.iter().map(|e| Bytes::copy_from_slice(e)).collect(),
+            ..Default::default()
+        };
+        let chunk = ChunkData {
+            chunk_key: 3,
+            data: Bytes::from(
+                ChunkTensors {
+                    tensors: vec![proto],
+                }
+                .encode_to_vec(),
+            ),
+            data_tensors_len: 1,
+            ..Default::default()
+        };
+        assert_eq!(decode_chunk(&chunk).unwrap(), vec![t]);
+        // Malformed string content is refused, not decoded.
+        let bad = TensorProto {
+            dtype: DT_STRING,
+            tensor_shape: Some(shape_proto(&[3])),
+            tensor_content: Bytes::from(encode_strings([&b"x"[..], b"y"])),
+            ..Default::default()
+        };
+        let chunk = ChunkData {
+            chunk_key: 4,
+            data: Bytes::from(ChunkTensors { tensors: vec![bad] }.encode_to_vec()),
+            data_tensors_len: 1,
+            ..Default::default()
+        };
+        let e = decode_chunk(&chunk).unwrap_err();
+        assert!(
+            e.message.contains("Malformed string tensor"),
+            "{}",
+            e.message
+        );
+        assert!(Tensor::new(DT_STRING, vec![3], encode_strings([&b"x"[..]])).is_err());
     }
 
     #[test]

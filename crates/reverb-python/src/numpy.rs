@@ -6,9 +6,9 @@ use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use reverb_client::tensor::TensorView;
-use reverb_client::tensor::DTYPES;
+use reverb_client::tensor::{decode_strings, encode_strings, DTYPES, DT_STRING};
 use reverb_client::Tensor;
 
 /// The TensorFlow DataType value of a numpy dtype, by its kind and size (numpy names its
@@ -60,20 +60,54 @@ pub(crate) fn to_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> PyRes
         array
     };
     let descr = array.dtype();
+    let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
+    if matches!(descr.kind(), b'S' | b'U' | b'O') {
+        let strings = string_list(py, &array)?;
+        return Ok(Array {
+            nbytes: strings.len(),
+            array,
+            dtype: DT_STRING,
+            shape,
+            strings: Some(strings),
+        });
+    }
     let dtype = tf_dtype_of_numpy(descr.kind(), descr.itemsize()).ok_or_else(|| {
         PyValueError::new_err(format!(
-            "Unsupported dtype {} (strings and objects are not supported yet)",
-            descr
+            "Unsupported dtype {descr}: supported are numbers, bool, and strings (bytes, str \
+             or objects that are all bytes or str)"
         ))
     })?;
-    let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
     let nbytes = array.len() * descr.itemsize();
     Ok(Array {
         array,
         dtype,
         shape,
         nbytes,
+        strings: None,
     })
+}
+
+/// The elements of a bytes, str or object array as a string list (str as UTF-8, as
+/// TensorFlow converts them); other objects are a ValueError.
+fn string_list(py: Python<'_>, array: &Bound<'_, PyUntypedArray>) -> PyResult<Vec<u8>> {
+    let items = array
+        .call_method0(intern!(py, "ravel"))?
+        .call_method0(intern!(py, "tolist"))?;
+    let items = items.downcast::<PyList>()?;
+    let mut owned: Vec<Vec<u8>> = Vec::with_capacity(items.len());
+    for item in items.iter() {
+        if let Ok(b) = item.downcast::<PyBytes>() {
+            owned.push(b.as_bytes().to_vec());
+        } else if let Ok(s) = item.downcast::<PyString>() {
+            owned.push(s.to_cow()?.as_bytes().to_vec());
+        } else {
+            return Err(PyValueError::new_err(format!(
+                "Unsupported object of type {} in an array of strings (only bytes and str)",
+                item.get_type().name()?
+            )));
+        }
+    }
+    Ok(encode_strings(owned.iter().map(Vec::as_slice)))
 }
 
 /// A contiguous numpy array held for a call (see [`to_array`]).
@@ -82,6 +116,9 @@ pub(crate) struct Array<'py> {
     dtype: i32,
     shape: Vec<i64>,
     nbytes: usize,
+    /// A string array's elements as a string list (the array's own buffer holds pointers or
+    /// padded characters, not that).
+    strings: Option<Vec<u8>>,
 }
 
 impl Array<'_> {
@@ -91,7 +128,9 @@ impl Array<'_> {
     /// The caller holds the GIL for as long as it reads the view and runs no Python code
     /// meanwhile (Python code could resize or free the buffer, e.g. `resize(refcheck=False)`).
     pub(crate) unsafe fn view(&self) -> TensorView<'_> {
-        let data = if self.nbytes == 0 {
+        let data = if let Some(strings) = &self.strings {
+            &strings[..]
+        } else if self.nbytes == 0 {
             &[][..]
         } else {
             // SAFETY: the array is C-contiguous and holds `nbytes` bytes at `data`; `self`
@@ -128,8 +167,22 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
         .bind(py))
 }
 
-/// A tensor as `(dtype, shape, uint8 array)` (the array owns the bytes, no copy).
+/// A tensor as `(dtype, shape, uint8 array)` (the array owns the bytes, no copy); a string
+/// tensor as `(dtype, shape, list of bytes)`.
 pub(crate) fn column_out<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyTuple>> {
+    if t.dtype == DT_STRING {
+        let n = t.shape.iter().map(|&d| d as usize).product();
+        let elements = decode_strings(&t.data, n).map_err(crate::errors::client_error)?;
+        let list = PyList::new(py, elements.into_iter().map(|e| PyBytes::new(py, e)))?;
+        return PyTuple::new(
+            py,
+            [
+                t.dtype.into_pyobject(py)?.into_any(),
+                PyList::new(py, t.shape)?.into_any(),
+                list.into_any(),
+            ],
+        );
+    }
     let data = PyArray1::from_vec(py, t.data);
     PyTuple::new(
         py,

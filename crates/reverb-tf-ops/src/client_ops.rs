@@ -5,7 +5,7 @@ use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::signature::{check_step, decode_signature, Spec as SignatureSpec};
-use reverb_client::tensor::{dtype_name, dtype_size};
+use reverb_client::tensor::{decode_strings, dtype_name, dtype_size, encode_strings, DT_STRING};
 use reverb_client::{runtime, Client, Tensor};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -84,6 +84,15 @@ fn first_step(sample: &mut reverb_client::Sample) {
         if squeezed.get(c).copied().unwrap_or(false) || t.shape.first().is_none_or(|&n| n == 0) {
             continue;
         }
+        if t.dtype == DT_STRING {
+            let per_row: usize = t.shape[1..].iter().map(|&d| d as usize).product();
+            let n = t.shape.iter().map(|&d| d as usize).product();
+            if let Ok(all) = decode_strings(&t.data, n) {
+                t.data = encode_strings(all[..per_row].iter().copied());
+            }
+            t.shape.remove(0);
+            continue;
+        }
         let row = t.row_bytes();
         t.shape.remove(0);
         t.data.truncate(row);
@@ -123,6 +132,12 @@ impl Kernel for ClientInsert {
         let mut columns: Vec<Tensor> = Vec::with_capacity(n - 2);
         for i in 0..n - 2 {
             let t = ctx.input(i)?;
+            if t.dtype() == DT_STRING {
+                let elements = t.strings()?;
+                let data = encode_strings(elements.iter().map(Vec::as_slice));
+                columns.push(Tensor::new(DT_STRING, t.shape(), data)?);
+                continue;
+            }
             if dtype_size(t.dtype()).is_none() {
                 return Err(Error::invalid(format!(
                     "data[{i}] has dtype {}, which TFClient.insert does not support yet",

@@ -2,7 +2,7 @@
 //! and writing them (info and data) into the kernel's outputs.
 
 use crate::kernel::{Context, Error, Result};
-use reverb_client::tensor::{dtype_name, dtype_size};
+use reverb_client::tensor::{decode_strings, dtype_name, dtype_size, DT_STRING};
 use reverb_client::{PlannedSample, Sample};
 use reverb_proto::SampleInfo;
 
@@ -17,6 +17,17 @@ pub trait Item {
     fn byte_len(&self, c: usize) -> usize;
     /// Writes column `c` into `out` (exactly `byte_len(c)` bytes).
     fn write(&self, c: usize, out: &mut [u8]) -> Result<()>;
+    /// The elements of string column `c`.
+    fn strings(&self, c: usize) -> Result<Vec<Vec<u8>>>;
+}
+
+/// The elements of a string tensor, owned.
+fn elements(t: &reverb_client::Tensor) -> Result<Vec<Vec<u8>>> {
+    let n = t.shape.iter().map(|&d| d as usize).product();
+    Ok(decode_strings(&t.data, n)?
+        .into_iter()
+        .map(<[u8]>::to_vec)
+        .collect())
 }
 
 impl Item for Sample {
@@ -39,6 +50,9 @@ impl Item for Sample {
         out.copy_from_slice(&self.columns[c].data);
         Ok(())
     }
+    fn strings(&self, c: usize) -> Result<Vec<Vec<u8>>> {
+        elements(&self.columns[c])
+    }
 }
 
 impl Item for PlannedSample {
@@ -59,6 +73,9 @@ impl Item for PlannedSample {
     }
     fn write(&self, c: usize, out: &mut [u8]) -> Result<()> {
         Ok(self.columns[c].write_to(out)?)
+    }
+    fn strings(&self, c: usize) -> Result<Vec<Vec<u8>>> {
+        elements(&self.columns[c].to_tensor()?)
     }
 }
 
@@ -140,7 +157,7 @@ impl Spec {
                     dtype_name(self.dtypes[c])
                 )));
             }
-            if dtype_size(dtype).is_none() {
+            if dtype_size(dtype).is_none() && dtype != DT_STRING {
                 return Err(Error::invalid(format!(
                     "Column '{name}' has dtype {}, which the TensorFlow ops do not support yet",
                     dtype_name(dtype)
@@ -257,6 +274,23 @@ pub fn write_column(
     } else {
         dims.extend_from_slice(shape);
     }
+    if dtype == DT_STRING {
+        return ctx.output(index, dtype, &dims, TSTRING_BYTES, |out| {
+            let mut slots = out.chunks_exact_mut(TSTRING_BYTES);
+            for s in samples {
+                for e in s.strings(c)? {
+                    let slot = slots
+                        .next()
+                        .ok_or_else(|| Error::invalid("sampled columns have inconsistent sizes"))?;
+                    write_tstring(slot, &e);
+                }
+            }
+            if slots.next().is_some() {
+                return Err(Error::invalid("sampled columns have inconsistent sizes"));
+            }
+            Ok(())
+        });
+    }
     let elem = dtype_size(dtype).unwrap_or(1);
     ctx.output(index, dtype, &dims, elem, |out| {
         let mut at = 0;
@@ -270,4 +304,45 @@ pub fn write_column(
         }
         Ok(())
     })
+}
+
+/// Bytes of one `TF_TString` element of a TensorFlow string tensor.
+const TSTRING_BYTES: usize = 24;
+
+/// Longest string a `TF_TString` holds inline (its SMALL form).
+const TSTRING_SMALL_MAX: usize = 22;
+
+unsafe extern "C" {
+    fn malloc(size: usize) -> *mut u8;
+}
+
+/// Writes `s` into a freshly allocated (empty) `TF_TString` element: inline when short
+/// (SMALL: `size << 2` in the first byte, the bytes after it), else in a malloc'd buffer that
+/// TensorFlow frees with the tensor (LARGE: `size << 2 | 1`, capacity, pointer). This is the
+/// inline layout `tf_tstring.h` defines (the exported `TF_String*` functions are not visible
+/// in every TensorFlow).
+pub(crate) fn write_tstring(slot: &mut [u8], s: &[u8]) {
+    slot.fill(0);
+    if s.len() <= TSTRING_SMALL_MAX {
+        slot[0] = (s.len() << 2) as u8;
+        slot[1..1 + s.len()].copy_from_slice(s);
+        return;
+    }
+    // SAFETY: malloc returns a buffer of len + 1 bytes (or null, which aborts below) that we
+    // fill entirely; TensorFlow takes ownership and frees it with free() (LARGE strings are
+    // malloc'd by TensorFlow itself the same way, with a NUL after the bytes).
+    let ptr = unsafe {
+        let ptr = malloc(s.len() + 1);
+        assert!(
+            !ptr.is_null(),
+            "out of memory for a string of {} bytes",
+            s.len()
+        );
+        std::ptr::copy_nonoverlapping(s.as_ptr(), ptr, s.len());
+        *ptr.add(s.len()) = 0;
+        ptr
+    };
+    slot[0..8].copy_from_slice(&((s.len() << 2) | 1).to_le_bytes());
+    slot[8..16].copy_from_slice(&s.len().to_le_bytes());
+    slot[16..24].copy_from_slice(&(ptr as usize).to_le_bytes());
 }

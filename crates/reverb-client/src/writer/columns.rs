@@ -4,7 +4,9 @@
 
 use super::envs::{Envs, Episode};
 use super::AppendError;
-use crate::tensor::{decode_chunk, dtype_size, encode_chunk_with, Tensor};
+use crate::tensor::{
+    decode_chunk, decode_strings, dtype_size, encode_chunk_with, encode_strings, Tensor, DT_STRING,
+};
 use crate::{ClientError, Result};
 use reverb_proto::{ChunkData, SequenceRange};
 use std::collections::VecDeque;
@@ -39,6 +41,8 @@ struct OpenChunk {
     last_step: u64,
     rows: usize,
     data: Vec<u8>,
+    /// For a string column, where each row's string list ends in `data` (rows vary in size).
+    row_ends: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -50,6 +54,14 @@ pub(super) struct Column {
     max_chunk_length: Option<usize>,
     pub cells: VecDeque<Cell>,
     open: Option<OpenChunk>,
+}
+
+/// The rows of an open string chunk, each its own string list.
+fn string_rows(open: &OpenChunk) -> impl Iterator<Item = &[u8]> {
+    let starts = std::iter::once(0).chain(open.row_ends.iter().copied());
+    starts
+        .zip(open.row_ends.iter().copied())
+        .map(|(start, end)| &open.data[start..end])
 }
 
 /// Target size of an automatically sized chunk.
@@ -176,7 +188,7 @@ impl Columns {
                     });
                 }
             }
-            if dtype_size(row.dtype).is_none() {
+            if dtype_size(row.dtype).is_none() && row.dtype != DT_STRING {
                 return Err(AppendError::Other(ClientError::invalid(format!(
                     "Unsupported dtype {}",
                     row.dtype
@@ -252,8 +264,12 @@ impl Columns {
             last_step: step,
             rows: 0,
             data: Vec::with_capacity(capacity),
+            row_ends: Vec::new(),
         });
         open.data.extend_from_slice(data);
+        if col.dtype == DT_STRING {
+            open.row_ends.push(open.data.len());
+        }
         open.last_step = step;
         open.rows += 1;
         col.cells.push_back(Cell {
@@ -279,10 +295,20 @@ impl Columns {
         let mut shape = Vec::with_capacity(col.row_shape.len() + 1);
         shape.push(open.rows as i64);
         shape.extend_from_slice(&col.row_shape);
+        let data = if col.dtype == DT_STRING {
+            // Each row is a string list of its own: one list of every row's elements.
+            let per_row: usize = col.row_shape.iter().map(|&d| d as usize).product();
+            let elements: Vec<&[u8]> = string_rows(&open)
+                .flat_map(|row| decode_strings(row, per_row).expect("checked when appended"))
+                .collect();
+            encode_strings(elements.iter().copied())
+        } else {
+            open.data
+        };
         let tensor = Tensor {
             dtype: col.dtype,
             shape,
-            data: open.data,
+            data,
         };
         let range = SequenceRange {
             episode_id: env.episode_id,
@@ -328,6 +354,35 @@ impl Columns {
         };
         let row = col.row_bytes;
         let offset = cell.offset as usize;
+        if col.dtype == DT_STRING {
+            let per_row: usize = col.row_shape.iter().map(|&d| d as usize).product();
+            let data = match cell.slot.data.get() {
+                Some(chunk) => {
+                    let decoded = decode_chunk(chunk)?;
+                    let all = decode_strings(&decoded[0].data, decoded[0].rows() * per_row)?;
+                    encode_strings(
+                        all[offset * per_row..(offset + 1) * per_row]
+                            .iter()
+                            .copied(),
+                    )
+                }
+                None => {
+                    let open = col
+                        .open
+                        .as_ref()
+                        .expect("an unfinalized cell is in the open chunk");
+                    string_rows(open)
+                        .nth(offset)
+                        .expect("the cell's row")
+                        .to_vec()
+                }
+            };
+            return Ok(Some(Tensor {
+                dtype: col.dtype,
+                shape: col.row_shape.clone(),
+                data,
+            }));
+        }
         let data = match cell.slot.data.get() {
             Some(chunk) => {
                 let decoded = decode_chunk(chunk)?;

@@ -220,6 +220,14 @@ impl TrajectoryWriter {
         self.check_error().map_err(AppendError::Other)?;
         let values = super::views(&values);
         let n = self.envs.len();
+        if values
+            .iter()
+            .any(|(_, v)| v.dtype == crate::tensor::DT_STRING)
+        {
+            return Err(AppendError::Other(ClientError::unimplemented(
+                "Vectorised writers do not take string values yet",
+            )));
+        }
         if let Some((field, value)) = values
             .iter()
             .find(|(_, v)| v.shape.first().copied() != Some(n as i64))

@@ -266,6 +266,14 @@ impl TrajectoryWriter {
                 "append_steps needs a closed step; finish the partial step first",
             )));
         }
+        if values
+            .iter()
+            .any(|(_, v)| v.dtype == crate::tensor::DT_STRING)
+        {
+            return Err(AppendError::Other(ClientError::unimplemented(
+                "append_steps does not take string values yet: append them one step at a time",
+            )));
+        }
         let n = match values.first() {
             None => return Ok(0),
             Some((_, v)) => v.shape.first().copied().unwrap_or(-1),
