@@ -88,6 +88,14 @@ def test_our_client_against_reference_server() -> None:
         np.testing.assert_array_equal(first.data[0], [[0.0, 1.0, 2.0, 3.0]])
         np.testing.assert_array_equal(second.data[0], [7, 8])
         assert second.info.priority == 3.0
+        # Strings, short and longer than TensorFlow keeps inline, through the reference server.
+        client.insert({"s": np.array(["a", "b" * 40])}, {"t": 1.0}, timeout=10)
+        with client.trajectory_writer(2) as writer:
+            writer.append({"w": "one"})
+            writer.append({"w": "two" * 10})
+            writer.create_item("t", 1.0, writer.history["w"][:])
+        strings = [s.data[0].tolist() for s in client.sample("t", 2, emit_timesteps=False)]
+        assert strings == [[[b"a", b"b" * 40]], [b"one", b"two" * 10]]
         # A sampler's stream (which offers a shared-memory ring the reference ignores), with
         # chunks big enough for the ring: they come inline, whole.
         frames = np.random.default_rng(0).integers(0, 256, (3, 64, 64), dtype=np.uint8)
