@@ -82,7 +82,8 @@ def test_trajectory_writer_validates_items_against_the_signature() -> None:
         with pytest.raises(ValueError, match="inconsistent with the table signature"):
             writer.create_item("sig", 1.0, bad_dtype)
         bad_shape = {"obs": writer.history["obs"][-1:], "action": writer.history["action"][-1]}
-        with pytest.raises(ValueError, match=r"column 1: got float32\[1, 3\]"):
+        expected = r"expects column 1 to be a float \[2, 3\] tensor but got a float \[1, 3\] tensor"
+        with pytest.raises(ValueError, match=expected):
             writer.create_item("sig", 1.0, bad_shape)
         # validate_items=False sends it anyway (the server does not check signatures).
         unchecked = client.trajectory_writer(2, validate_items=False)

@@ -183,7 +183,7 @@ def test_append_errors_name_the_column_and_change_nothing(served) -> None:
     writer.append({"y": {"z": np.ones(2)}})
     assert writer.episode_steps == 2
     with pytest.raises(ValueError, match="Unsupported dtype"):
-        writer.append({"s": "a string"})
+        writer.append({"s": np.array(["2020-01-01"], dtype="datetime64[D]")})
     writer.create_item("a", 1.0, {"x": writer.history["x"][:], "z": writer.history["y"]["z"][:]})
     writer.flush(timeout_ms=TMS)
     (sample,) = _drain(client, "a")

@@ -51,12 +51,23 @@ struct Reach {
 }
 
 fn connect_wait() -> Duration {
-    std::env::var("REVERB_CONNECT_WAIT_SECONDS")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map_or(CONNECT_WAIT, Duration::from_secs_f64)
+    parse_connect_wait(std::env::var("REVERB_CONNECT_WAIT_SECONDS").ok().as_deref())
 }
+
+/// `REVERB_CONNECT_WAIT_SECONDS` as a duration ([`CONNECT_WAIT`] when unset or invalid).
+fn parse_connect_wait(value: Option<&str>) -> Duration {
+    value
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| *v >= 0.0)
+        // Huge values (or inf) mean "a very long time": capped at a century.
+        .map_or(CONNECT_WAIT, |v| {
+            Duration::try_from_secs_f64(v.min(100.0 * 365.0 * 86_400.0)).unwrap_or(CONNECT_WAIT)
+        })
+}
+
+/// Attempts of one call that could not connect, at most (each after the server accepted a
+/// probe again; a server that keeps dropping connections ends the call).
+const MAX_CONNECT_TRIES: u32 = 20;
 
 /// Whether a status is a connection that could not be made (nothing was sent).
 fn is_connect_failure(status: &tonic::Status) -> bool {
@@ -128,6 +139,17 @@ impl Client {
     /// reached it: at most `timeout` (then DEADLINE_EXCEEDED for the call `what`), or without
     /// one what is left of [`CONNECT_WAIT`] since waiting began (then UNAVAILABLE).
     pub async fn wait_reachable(&self, what: &str, timeout: Option<Duration>) -> Result<()> {
+        self.wait_until(what, timeout, timeout.map(|t| Instant::now() + t))
+            .await
+    }
+
+    /// [`Client::wait_reachable`] until `deadline` (`timeout` is the call's, for messages).
+    async fn wait_until(
+        &self,
+        what: &str,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
         if self.reach.up.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -136,11 +158,13 @@ impl Client {
             return Ok(());
         };
         let start = Instant::now();
-        let until = match timeout {
-            Some(t) => start + t,
+        let until = match deadline {
+            Some(d) => d,
             None => {
                 let since = *self.reach.down_since.lock().unwrap().get_or_insert(start);
-                since + connect_wait()
+                since
+                    .checked_add(connect_wait())
+                    .unwrap_or(since + Duration::from_secs(100 * 365 * 86_400))
             }
         };
         let mut backoff = Duration::from_millis(5);
@@ -226,22 +250,36 @@ impl Client {
         ClientError::from_status(status, &self.address)
     }
 
-    /// Waits for the server (see [`Client::wait_reachable`]), then awaits `fut`, failing with
-    /// DEADLINE_EXCEEDED once `timeout` passes.
-    async fn with_deadline<T>(
+    /// Waits for the server (see [`Client::wait_reachable`]), then runs one `attempt` of the
+    /// call, failing with DEADLINE_EXCEEDED once `timeout` passes. An attempt that could not
+    /// connect (nothing was sent: the server went away since the last call) waits for the
+    /// server again and is retried, within the same deadline.
+    async fn with_deadline<T, F, Fut>(
         &self,
         what: &str,
         timeout: Option<Duration>,
-        fut: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
-        let start = Instant::now();
-        self.wait_reachable(what, timeout).await?;
-        match timeout {
-            None => fut.await,
-            Some(t) => tokio::time::timeout_at(start + t, fut)
-                .await
-                .unwrap_or_else(|_| Err(self.expired(what, t))),
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        for tries in 1.. {
+            self.wait_until(what, timeout, deadline).await?;
+            let result = match (timeout, deadline) {
+                (Some(t), Some(d)) => tokio::time::timeout_at(d, attempt())
+                    .await
+                    .unwrap_or_else(|_| Err(self.expired(what, t))),
+                _ => attempt().await,
+            };
+            let unreached = matches!(&result, Err(e) if e.code == Code::Unavailable)
+                && !self.reach.up.load(Ordering::Relaxed);
+            if !unreached || tries >= MAX_CONNECT_TRIES {
+                return result;
+            }
         }
+        unreachable!("the loop returns")
     }
 
     /// DEADLINE_EXCEEDED for a call (`what`) that did not finish within `timeout`.
@@ -259,13 +297,15 @@ impl Client {
             let info = server.server_info().map_err(|s| self.inproc_status(s))?;
             return Ok(info.table_info);
         }
-        let mut stub = self.stub.clone();
-        self.with_deadline("ServerInfo", timeout, async {
-            let response = stub
-                .server_info(ServerInfoRequest {})
-                .await
-                .map_err(|s| self.status(s))?;
-            Ok(response.into_inner().table_info)
+        self.with_deadline("ServerInfo", timeout, || {
+            let mut stub = self.stub.clone();
+            async move {
+                let response = stub
+                    .server_info(ServerInfoRequest {})
+                    .await
+                    .map_err(|s| self.status(s))?;
+                Ok(response.into_inner().table_info)
+            }
         })
         .await
     }
@@ -283,7 +323,6 @@ impl Client {
                 .mutate_priorities(table, &updates, &deletes)
                 .map_err(|s| self.inproc_status(s));
         }
-        let mut stub = self.stub.clone();
         let request = MutatePrioritiesRequest {
             table: table.to_string(),
             updates: updates
@@ -292,11 +331,14 @@ impl Client {
                 .collect(),
             delete_keys: deletes,
         };
-        self.with_deadline("MutatePriorities", timeout, async {
-            stub.mutate_priorities(request)
-                .await
-                .map_err(|s| self.status(s))?;
-            Ok(())
+        self.with_deadline("MutatePriorities", timeout, || {
+            let (mut stub, request) = (self.stub.clone(), request.clone());
+            async move {
+                stub.mutate_priorities(request)
+                    .await
+                    .map_err(|s| self.status(s))?;
+                Ok(())
+            }
         })
         .await
     }
@@ -306,13 +348,15 @@ impl Client {
         if let Some(server) = self.inproc() {
             return server.reset(table).map_err(|s| self.inproc_status(s));
         }
-        let mut stub = self.stub.clone();
         let request = ResetRequest {
             table: table.to_string(),
         };
-        self.with_deadline("Reset", timeout, async {
-            stub.reset(request).await.map_err(|s| self.status(s))?;
-            Ok(())
+        self.with_deadline("Reset", timeout, || {
+            let (mut stub, request) = (self.stub.clone(), request.clone());
+            async move {
+                stub.reset(request).await.map_err(|s| self.status(s))?;
+                Ok(())
+            }
         })
         .await
     }
@@ -321,18 +365,20 @@ impl Client {
     pub async fn checkpoint(&self, timeout: Option<Duration>) -> Result<String> {
         if let Some(server) = self.inproc() {
             return self
-                .with_deadline("Checkpoint", timeout, async {
+                .with_deadline("Checkpoint", timeout, || async {
                     server.checkpoint().await.map_err(|s| self.inproc_status(s))
                 })
                 .await;
         }
-        let mut stub = self.stub.clone();
-        self.with_deadline("Checkpoint", timeout, async {
-            let response = stub
-                .checkpoint(CheckpointRequest {})
-                .await
-                .map_err(|s| self.status(s))?;
-            Ok(response.into_inner().checkpoint_path)
+        self.with_deadline("Checkpoint", timeout, || {
+            let mut stub = self.stub.clone();
+            async move {
+                let response = stub
+                    .checkpoint(CheckpointRequest {})
+                    .await
+                    .map_err(|s| self.status(s))?;
+                Ok(response.into_inner().checkpoint_path)
+            }
         })
         .await
     }
@@ -406,56 +452,62 @@ impl Client {
         requests: Vec<InsertStreamRequest>,
         timeout: Option<Duration>,
     ) -> Result<()> {
-        let mut pending: std::collections::HashSet<u64> = requests
+        let keys: std::collections::HashSet<u64> = requests
             .iter()
             .flat_map(|r| r.items.iter().map(|i| i.key))
             .collect();
         if let Some(server) = self.inproc() {
             return self
-                .with_deadline("InsertStream", timeout, async {
-                    let mut stream = server.insert_stream();
-                    for request in requests {
-                        stream
-                            .insert(request)
-                            .await
-                            .map_err(|s| self.inproc_status(s))?;
+                .with_deadline("InsertStream", timeout, || {
+                    let (server, requests) = (server.clone(), requests.clone());
+                    async move {
+                        let mut stream = server.insert_stream();
+                        for request in requests {
+                            stream
+                                .insert(request)
+                                .await
+                                .map_err(|s| self.inproc_status(s))?;
+                        }
+                        Ok(())
                     }
-                    Ok(())
                 })
                 .await;
         }
-        let mut stub = self.stub.clone();
-        self.with_deadline("InsertStream", timeout, async {
-            let (tx, rx) = mpsc::channel(requests.len().max(1));
-            for r in requests {
-                tx.send(r)
+        self.with_deadline("InsertStream", timeout, || {
+            let (mut stub, requests, mut pending) =
+                (self.stub.clone(), requests.clone(), keys.clone());
+            async move {
+                let (tx, rx) = mpsc::channel(requests.len().max(1));
+                for r in requests {
+                    tx.send(r)
+                        .await
+                        .expect("channel has room for every request");
+                }
+                // Keep the request side open until all confirmations arrive.
+                let mut responses = stub
+                    .insert_stream(ReceiverStream::new(rx))
                     .await
-                    .expect("channel has room for every request");
-            }
-            // Keep the request side open until all confirmations arrive.
-            let mut responses = stub
-                .insert_stream(ReceiverStream::new(rx))
-                .await
-                .map_err(|s| self.status(s))?
-                .into_inner();
-            while !pending.is_empty() {
-                match responses.message().await.map_err(|s| self.status(s))? {
-                    Some(r) => r.keys.iter().for_each(|k| {
-                        pending.remove(k);
-                    }),
-                    None => {
-                        return Err(ClientError::new(
-                            Code::Internal,
-                            format!(
+                    .map_err(|s| self.status(s))?
+                    .into_inner();
+                while !pending.is_empty() {
+                    match responses.message().await.map_err(|s| self.status(s))? {
+                        Some(r) => r.keys.iter().for_each(|k| {
+                            pending.remove(k);
+                        }),
+                        None => {
+                            return Err(ClientError::new(
+                                Code::Internal,
+                                format!(
                             "Server at {} closed the insert stream before confirming every item",
                             self.address
                         ),
-                        ))
+                            ))
+                        }
                     }
                 }
+                drop(tx);
+                Ok(())
             }
-            drop(tx);
-            Ok(())
         })
         .await
     }
@@ -636,6 +688,22 @@ mod tests {
         assert_eq!(authority("http://[::1]:9000/x"), Some("[::1]:9000"));
         assert_eq!(authority("localhost"), None);
         assert_eq!(authority("host:notaport"), None);
+    }
+
+    #[test]
+    fn the_connect_wait_setting_never_overflows() {
+        assert_eq!(parse_connect_wait(None), CONNECT_WAIT);
+        assert_eq!(parse_connect_wait(Some("2.5")), Duration::from_millis(2500));
+        assert_eq!(parse_connect_wait(Some("-1")), CONNECT_WAIT);
+        assert_eq!(parse_connect_wait(Some("nonsense")), CONNECT_WAIT);
+        for huge in ["1e300", "inf"] {
+            let wait = parse_connect_wait(Some(huge));
+            assert!(
+                wait >= Duration::from_secs(86_400 * 365),
+                "{huge}: {wait:?}"
+            );
+            assert!(Instant::now().checked_add(wait).is_some());
+        }
     }
 
     #[test]

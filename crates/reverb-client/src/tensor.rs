@@ -475,7 +475,10 @@ fn parse_strings(proto: TensorProto, shape: Vec<i64>, chunk: &ChunkData) -> Resu
             ))
         })?;
     let content = if proto.tensor_content.is_empty() && !proto.string_val.is_empty() {
-        Bytes::from(encode_strings(proto.string_val.iter().map(|s| &s[..])))
+        // As in TensorFlow, fewer values than elements repeat the last one.
+        let last = proto.string_val.last().expect("not empty");
+        let values = (0..n).map(|i| &proto.string_val.get(i).unwrap_or(last)[..]);
+        Bytes::from(encode_strings(values))
     } else {
         proto.tensor_content
     };

@@ -99,12 +99,15 @@ fn first_step(sample: &mut reverb_client::Sample) {
     }
 }
 
+/// A table's flat signature (`None`: it has none), or why it could not be decoded.
+type TableSignature = std::result::Result<Option<Vec<SignatureSpec>>, String>;
+
 /// `ReverbRsClientInsert`: `data` as one step, one item per `(tables[i], priorities[i])`.
 pub struct ClientInsert {
     client: Client,
     timeout: Option<Duration>,
     /// Each table's flat signature (`None`: it has none), learned at the first insert.
-    signatures: Mutex<HashMap<String, Option<Vec<SignatureSpec>>>>,
+    signatures: Mutex<HashMap<String, TableSignature>>,
 }
 
 pub mod insert {
@@ -180,14 +183,16 @@ impl ClientInsert {
         if targets.iter().any(|(t, _)| !known.contains_key(t)) {
             let infos = runtime().block_on(self.client.server_info(self.timeout))?;
             for info in infos {
-                let specs = decode_signature(&info.signature)?;
+                let specs = decode_signature(&info.signature).map_err(|e| e.message);
                 known.insert(info.name, specs);
             }
         }
         let leaves: Vec<(i32, &[i64])> = columns.iter().map(|t| (t.dtype, &t.shape[..])).collect();
         for (table, _) in targets {
-            if let Some(Some(specs)) = known.get(table) {
-                check_step(table, specs, &leaves)?;
+            match known.get(table) {
+                Some(Ok(Some(specs))) => check_step(table, specs, &leaves)?,
+                Some(Err(e)) => return Err(Error::invalid(format!("Table '{table}': {e}"))),
+                _ => {}
             }
         }
         Ok(())

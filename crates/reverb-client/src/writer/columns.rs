@@ -280,7 +280,14 @@ impl Columns {
         if col.cells.len() > col.keep_alive {
             col.cells.pop_front();
         }
-        if open.rows >= col.chunk_length() {
+        // String rows vary in size: an automatically sized string chunk also ends once it
+        // holds about AUTO_CHUNK_BYTES.
+        let (rows, bytes) = (open.rows, open.data.len());
+        let full = rows >= col.chunk_length()
+            || (col.dtype == DT_STRING
+                && col.max_chunk_length.is_none()
+                && bytes >= AUTO_CHUNK_BYTES);
+        if full {
             self.finalize(column, envs.of_column(column));
         }
     }

@@ -234,6 +234,14 @@ impl TrajectoryWriter {
         });
         self.columns
             .check_rows(rows, self.step_open.then_some(self.step))?;
+        for (_, value) in values
+            .iter()
+            .filter(|(_, v)| v.dtype == crate::tensor::DT_STRING)
+        {
+            let n = value.shape.iter().map(|&d| d.max(0) as usize).product();
+            crate::tensor::decode_strings(value.data, n)
+                .map_err(|e| AppendError::Other(ClientError::invalid(e.message)))?;
+        }
         let step = self.step;
         for (column, value) in values {
             self.columns.push_row(
