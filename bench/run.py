@@ -23,6 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = [
     "writer_small",
     "writer_frames",
+    "writer_strings",
+    "legacy_writer",
     "writer_batched",
     "writer_vector",
     "structured_small",
@@ -96,6 +98,8 @@ def main() -> None:
     units = {
         "writer_small": "steps/s",
         "writer_frames": "MB/s",
+        "writer_strings": "steps/s",
+        "legacy_writer": "steps/s",
         "writer_batched": "steps/s",
         "writer_vector": "steps/s",
         "structured_small": "steps/s",

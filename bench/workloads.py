@@ -116,6 +116,51 @@ def writer_small(setup: Setup, seconds: float) -> dict:
     return {"value": steps / elapsed, "unit": "steps/s"}
 
 
+def writer_strings(setup: Setup, seconds: float) -> dict:
+    """Small steps with a short byte string per step (obs float32[8], a 16-byte text),
+    2-step items, episodes of 1000 steps."""
+    client = reverb.Client(setup.address)
+    obs = np.zeros(8, np.float32)
+    texts = [f"instruction {i:04d}".encode() for i in range(100)]
+    steps = 0
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        start = time.perf_counter()
+        while True:
+            for _ in range(1000):
+                writer.append({"obs": obs, "text": texts[steps % 100]})
+                if writer.episode_steps >= 2:
+                    writer.create_item(
+                        TABLE, 1.0, {k: writer.history[k][-2:] for k in ("obs", "text")}
+                    )
+                steps += 1
+            writer.end_episode()
+            if time.perf_counter() - start > seconds:
+                break
+        writer.flush()
+        elapsed = time.perf_counter() - start
+    return {"value": steps / elapsed, "unit": "steps/s"}
+
+
+def legacy_writer(setup: Setup, seconds: float) -> dict:
+    """The legacy Writer (Client.writer): small steps, a 2-step item every step, one writer
+    (episode) per 1000 steps."""
+    client = reverb.Client(setup.address)
+    obs = np.zeros(8, np.float32)
+    steps = 0
+    start = time.perf_counter()
+    while True:
+        with client.writer(max_sequence_length=2) as writer:
+            for _ in range(1000):
+                writer.append({"obs": obs, "action": np.int32(steps), "reward": np.float32(1.0)})
+                if steps % 1000 >= 1:
+                    writer.create_item(TABLE, 2, 1.0)
+                steps += 1
+        if time.perf_counter() - start > seconds:
+            break
+    elapsed = time.perf_counter() - start
+    return {"value": steps / elapsed, "unit": "steps/s"}
+
+
 def writer_frames(setup: Setup, seconds: float) -> dict:
     """84x84 uint8 frames, 10-step items every step."""
     client = reverb.Client(setup.address)
@@ -417,6 +462,8 @@ def latency_sample(setup: Setup, seconds: float) -> dict:
 WORKLOADS = {
     "writer_small": writer_small,
     "writer_frames": writer_frames,
+    "writer_strings": writer_strings,
+    "legacy_writer": legacy_writer,
     "writer_batched": writer_batched,
     "writer_vector": writer_vector,
     "client_sample": client_sample,

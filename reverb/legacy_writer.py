@@ -5,7 +5,7 @@ trajectory writer, so it shares its chunking, insert stream and signature checks
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from reverb import _dtypes, _nest, errors, trajectory_writer
 
@@ -32,6 +32,11 @@ class Writer:
         self._max_in_flight_items = max_in_flight_items
         self._width: Optional[int] = None
         self._closed = False
+        # The history's columns, flattened once per structure (`history` changes with it).
+        self._history: Any = None
+        self._history_leaves: list = []
+        # Per table: its flat specs ([] when it has no signature), looked up once.
+        self._specs: Dict[str, list] = {}
 
     def __enter__(self) -> Writer:
         if self._closed:
@@ -89,13 +94,42 @@ class Writer:
             raise ValueError(
                 "Argument `num_timesteps` is larger than number of buffered timesteps."
             )
-        trajectory = _nest.map_structure(lambda h: h[-num_timesteps:], self._writer.history)
-        self._check_signature(table, _nest.flatten(trajectory))
-        self._writer.create_item(table, priority, trajectory)
+        history = self._writer.history
+        if history is not self._history:
+            self._history, self._history_leaves = history, _nest.flatten(history)
+        if not self._table_specs_cached(table):
+            # No signature to check: the item's cells go to the native writer directly.
+            self._writer._check_open()
+            steps = self._history_leaves[0]._steps()[-num_timesteps:]
+            columns = [([(h._column, s) for s in steps], False) for h in self._history_leaves]
+            self._writer._writer.create_item(table, float(priority), columns)
+            return
+        leaves = [h[-num_timesteps:] for h in self._history_leaves]
+        self._check_signature(table, leaves)
+        self._writer._create_item_of(table, priority, leaves, leaves)
+
+    def _table_specs_cached(self, table: str) -> list:
+        """`table`'s flat specs ([] without a signature), looked up once."""
+        specs = self._specs.get(table)
+        if specs is None:
+            specs = self._specs[table] = self._table_specs(table)
+        return specs
 
     def _check_signature(self, table: str, columns: list) -> None:
         """ValueError unless the table exists and every column fits its signature, as the
         reference checks: a spec of one step's shape, or of the item's `[T, ...]` shape."""
+        from reverb import client as client_lib
+
+        specs = self._table_specs_cached(table)
+        if not specs:
+            return
+        leaves = [(_dtypes.canonical(c.dtype), tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
+        problem = client_lib._signature_problem(table, specs, leaves)
+        if problem is not None:
+            raise ValueError(problem)
+
+    def _table_specs(self, table: str) -> list:
+        """The flat specs of `table`'s signature ([] without one); ValueError if unknown."""
         from reverb import client as client_lib
 
         client = self._client
@@ -108,13 +142,7 @@ class Writer:
                 f"Available tables: {sorted(client._signature_cache)}. (The server at "
                 f"{client.server_address} has no such table.)"
             ) from None
-        if signature is None:
-            return
-        specs = client_lib._flat_specs(signature)
-        leaves = [(_dtypes.canonical(c.dtype), tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
-        problem = client_lib._signature_problem(table, specs, leaves)
-        if problem is not None:
-            raise ValueError(problem)
+        return [] if signature is None else client_lib._flat_specs(signature)
 
     def flush(self) -> None:
         """Sends every created item and waits until the server confirmed them."""

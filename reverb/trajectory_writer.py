@@ -355,7 +355,12 @@ class TrajectoryWriter:
         """Creates an item in `table` from a nest of `TrajectoryColumn`s (taken from
         `history`). It is sent in the background; `flush` waits for it."""
         self._check_open()
-        leaves = _nest.flatten(trajectory)
+        self._create_item_of(table, priority, _nest.flatten(trajectory), trajectory)
+
+    def _create_item_of(
+        self, table: str, priority: float, leaves: List[Any], trajectory: Any
+    ) -> None:
+        """`create_item` of a trajectory flattened to `leaves` (errors print `trajectory`)."""
         if not leaves:
             raise ValueError("The trajectory must contain at least one column")
         columns = []
