@@ -24,7 +24,7 @@ _TF_OF_NUMPY = {
 _NUMPY_OF_TF = {v: k for k, v in _TF_OF_NUMPY.items()}
 STRING = 7  # DT_STRING: numpy bytes_, str_ and object arrays of bytes or str
 # Names as TensorFlow's C++ prints them (`DataTypeString`), as the reference's errors do.
-_TF_NAMES = {1: "float", 2: "double", 19: "half", 7: "string"}
+_TF_NAMES = {1: "float", 2: "double", 19: "half"}
 
 
 def canonical(dtype: np.dtype) -> np.dtype:

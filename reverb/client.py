@@ -395,10 +395,6 @@ def _fits(shape: tuple, dims: Optional[list]) -> bool:
     )
 
 
-def _tf_dims(dims: Any) -> str:
-    return "[" + ", ".join("?" if d is None or d < 0 else str(d) for d in dims) + "]"
-
-
 def _signature_problem(table: str, specs: list, leaves: list) -> Optional[str]:
     """The reference's message when one step does not fit a table's flat `specs`, else None.
     `leaves` holds (dtype, shape, other accepted shape) per leaf: a leaf fits a spec of its
@@ -412,11 +408,11 @@ def _signature_problem(table: str, specs: list, leaves: list) -> Optional[str]:
         )
     for i, ((dtype, shape, other), (name, want, dims)) in enumerate(zip(leaves, specs)):
         if dtype != want or not (_fits(shape, dims) or _fits(other, dims)):
-            expected = "<unknown>" if dims is None else _tf_dims(dims)
+            expected = "<unknown>" if dims is None else trajectory_writer._dims(dims)
             return (
                 f"{start}signature inconsistent with the table signature. At timestep offset 0, "
                 f"flattened index {i}, saw a tensor of dtype {_dtypes.tf_name(dtype)}, shape "
-                f"{_tf_dims(shape)}, but expected tensor '{name}' of dtype "
+                f"{trajectory_writer._dims(shape)}, but expected tensor '{name}' of dtype "
                 f"{_dtypes.tf_name(want)} and shape compatible with {expected}."
             )
     return None

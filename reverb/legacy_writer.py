@@ -97,7 +97,8 @@ class Writer:
         history = self._writer.history
         if history is not self._history:
             self._history, self._history_leaves = history, _nest.flatten(history)
-        if not self._table_specs_cached(table):
+        specs = self._table_specs(table)
+        if not specs:
             # No signature to check: the item's cells go to the native writer directly.
             self._writer._check_open()
             steps = self._history_leaves[0]._steps()[-num_timesteps:]
@@ -105,33 +106,26 @@ class Writer:
             self._writer._writer.create_item(table, float(priority), columns)
             return
         leaves = [h[-num_timesteps:] for h in self._history_leaves]
-        self._check_signature(table, leaves)
+        self._check_signature(table, specs, leaves)
         self._writer._create_item_of(table, priority, leaves, leaves)
 
-    def _table_specs_cached(self, table: str) -> list:
-        """`table`'s flat specs ([] without a signature), looked up once."""
-        specs = self._specs.get(table)
-        if specs is None:
-            specs = self._specs[table] = self._table_specs(table)
-        return specs
-
-    def _check_signature(self, table: str, columns: list) -> None:
-        """ValueError unless the table exists and every column fits its signature, as the
-        reference checks: a spec of one step's shape, or of the item's `[T, ...]` shape."""
+    def _check_signature(self, table: str, specs: list, columns: list) -> None:
+        """ValueError unless every column fits the table's flat `specs`, as the reference
+        checks: a spec of one step's shape, or of the item's `[T, ...]` shape."""
         from reverb import client as client_lib
 
-        specs = self._table_specs_cached(table)
-        if not specs:
-            return
         leaves = [(_dtypes.canonical(c.dtype), tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
         problem = client_lib._signature_problem(table, specs, leaves)
         if problem is not None:
             raise ValueError(problem)
 
     def _table_specs(self, table: str) -> list:
-        """The flat specs of `table`'s signature ([] without one); ValueError if unknown."""
+        """The flat specs of `table`'s signature ([] without one), looked up once;
+        ValueError if the table is unknown."""
         from reverb import client as client_lib
 
+        if table in self._specs:
+            return self._specs[table]
         client = self._client
         try:
             signature = client._signature(table, None)
@@ -142,7 +136,8 @@ class Writer:
                 f"Available tables: {sorted(client._signature_cache)}. (The server at "
                 f"{client.server_address} has no such table.)"
             ) from None
-        return [] if signature is None else client_lib._flat_specs(signature)
+        specs = self._specs[table] = [] if signature is None else client_lib._flat_specs(signature)
+        return specs
 
     def flush(self) -> None:
         """Sends every created item and waits until the server confirmed them."""

@@ -113,49 +113,32 @@ def twice():
 T("append twice", twice)
 
 
-def item_sig():
+def item(value: np.ndarray, table: str, trajectory) -> None:
+    """An item of `table` from `trajectory(history)` after one step holding `value`."""
     w = c.trajectory_writer(2)
-    w.append({"x": np.zeros(3, np.float32)})
-    w.create_item("sig", 1.0, {"a": w.history["x"][-1]})
+    w.append({"x": value})
+    w.create_item(table, 1.0, trajectory(w.history))
 
 
-T("create_item sig mismatch", item_sig)
+T(
+    "create_item sig mismatch",
+    lambda: item(np.zeros(3, np.float32), "sig", lambda h: {"a": h["x"][-1]}),
+)
+T(
+    "create_item sig dtype",
+    lambda: item(np.zeros(2, np.float64), "sig", lambda h: {"a": h["x"][-1]}),
+)
+T(
+    "create_item sig structure",
+    lambda: item(np.zeros(2, np.float32), "sig", lambda h: {"b": h["x"][-1]}),
+)
+T(
+    "create_item not column",
+    lambda: item(np.zeros(2, np.float32), "q", lambda h: {"b": np.zeros(2)}),
+)
 
 
-def item_sig_dtype():
-    w = c.trajectory_writer(2)
-    w.append({"x": np.zeros(2, np.float64)})
-    w.create_item("sig", 1.0, {"a": w.history["x"][-1]})
-
-
-T("create_item sig dtype", item_sig_dtype)
-
-
-def item_struct():
-    w = c.trajectory_writer(2)
-    w.append({"x": np.zeros(2, np.float32)})
-    w.create_item("sig", 1.0, {"b": w.history["x"][-1]})
-
-
-T("create_item sig structure", item_struct)
-
-
-def item_notcol():
-    w = c.trajectory_writer(2)
-    w.append({"x": np.zeros(2, np.float32)})
-    w.create_item("q", 1.0, {"b": np.zeros(2)})
-
-
-T("create_item not column", item_notcol)
-
-
-def item_none():
-    w = c.trajectory_writer(2)
-    w.append({"x": np.zeros(2, np.float32)})
-    w.create_item("q", 1.0, {"b": None})
-
-
-T("create_item None", item_none)
+T("create_item None", lambda: item(np.zeros(2, np.float32), "q", lambda h: {"b": None}))
 T("insert sig mismatch", lambda: c.insert({"a": np.zeros(3, np.float32)}, {"sig": 1.0}))
 T("insert unknown table", lambda: c.insert([np.zeros(3)], {"nope": 1.0}))
 T("sample unknown table", lambda: list(c.sample("nope", 1)))

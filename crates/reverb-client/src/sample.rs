@@ -2,7 +2,7 @@
 //! ([`PartialSample`]), checked and sized with its columns still compressed in their chunks
 //! ([`PlannedSample`], [`LazyTensor`]), and decoded ([`Sample`]). Every transport ends here.
 
-use crate::tensor::{decode_strings, encode_strings, parse_chunk, Encoded, Tensor, DT_STRING};
+use crate::tensor::{encode_strings, parse_chunk, Encoded, Tensor, DT_STRING};
 use crate::{ClientError, Result};
 use reverb_proto::{sample_stream_response, ChunkData, SampleInfo};
 use std::collections::HashMap;
@@ -89,7 +89,7 @@ impl LazyTensor {
         let mut elements: Vec<&[u8]> = Vec::new();
         for ((tensor, offset, length), whole) in self.parts.iter().zip(&wholes) {
             let per_row: usize = tensor.shape[1..].iter().map(|&d| d as usize).product();
-            let all = decode_strings(&whole.data, tensor.rows() * per_row)?;
+            let all = whole.strings()?;
             elements.extend_from_slice(&all[offset * per_row..(offset + length) * per_row]);
         }
         Ok(Tensor {

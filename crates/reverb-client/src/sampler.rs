@@ -4,7 +4,7 @@
 
 use crate::client::sample_request;
 use crate::sample::{plan, PartialSample};
-use crate::tensor::{decode_strings, encode_strings};
+use crate::tensor::encode_strings;
 use crate::transport::inproc::abi;
 use crate::transport::shm::{self, Ring};
 use crate::{runtime, Client, ClientError, PlannedSample, Result, Tensor};
@@ -547,7 +547,7 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
                 .collect::<Result<Vec<_>>>()?;
             let mut elements: Vec<&[u8]> = Vec::with_capacity(n * per_sample);
             for t in &tensors {
-                elements.extend(decode_strings(&t.data, per_sample)?);
+                elements.extend(t.strings()?);
             }
             columns.push(Tensor {
                 dtype: column.dtype,

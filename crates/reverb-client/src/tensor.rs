@@ -168,6 +168,13 @@ impl Tensor {
     pub fn rows(&self) -> usize {
         self.shape.first().copied().unwrap_or(1) as usize
     }
+
+    /// The elements of a string tensor (its shape says how many).
+    pub fn strings(&self) -> Result<Vec<&[u8]>> {
+        let n = elements_of(&self.shape)
+            .ok_or_else(|| ClientError::data_loss(format!("Bad shape {:?}", self.shape)))?;
+        decode_strings(&self.data, n)
+    }
 }
 
 /// A tensor's dtype, shape and bytes, borrowed: what the writers copy appended values from

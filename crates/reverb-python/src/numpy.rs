@@ -8,7 +8,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use reverb_client::tensor::TensorView;
-use reverb_client::tensor::{decode_strings, encode_strings, DTYPES, DT_STRING};
+use reverb_client::tensor::{encode_strings, DTYPES, DT_STRING};
 use reverb_client::Tensor;
 
 /// The TensorFlow DataType value of a numpy dtype, by its kind and size (numpy names its
@@ -171,8 +171,7 @@ fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// tensor as `(dtype, shape, list of bytes)`.
 pub(crate) fn column_out<'py>(py: Python<'py>, t: Tensor) -> PyResult<Bound<'py, PyTuple>> {
     if t.dtype == DT_STRING {
-        let n = t.shape.iter().map(|&d| d as usize).product();
-        let elements = decode_strings(&t.data, n).map_err(crate::errors::client_error)?;
+        let elements = t.strings().map_err(crate::errors::client_error)?;
         let list = PyList::new(py, elements.into_iter().map(|e| PyBytes::new(py, e)))?;
         return PyTuple::new(
             py,

@@ -5,7 +5,7 @@ use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::signature::{check_step, decode_signature, Spec as SignatureSpec};
-use reverb_client::tensor::{decode_strings, dtype_name, dtype_size, encode_strings, DT_STRING};
+use reverb_client::tensor::{dtype_name, dtype_size, encode_strings, DT_STRING};
 use reverb_client::{runtime, Client, Tensor};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -86,8 +86,7 @@ fn first_step(sample: &mut reverb_client::Sample) {
         }
         if t.dtype == DT_STRING {
             let per_row: usize = t.shape[1..].iter().map(|&d| d as usize).product();
-            let n = t.shape.iter().map(|&d| d as usize).product();
-            if let Ok(all) = decode_strings(&t.data, n) {
+            if let Ok(all) = t.strings() {
                 t.data = encode_strings(all[..per_row].iter().copied());
             }
             t.shape.remove(0);

@@ -2,7 +2,7 @@
 //! and writing them (info and data) into the kernel's outputs.
 
 use crate::kernel::{Context, Error, Result};
-use reverb_client::tensor::{decode_strings, dtype_name, dtype_size, DT_STRING};
+use reverb_client::tensor::{dtype_name, dtype_size, DT_STRING};
 use reverb_client::{PlannedSample, Sample};
 use reverb_proto::SampleInfo;
 
@@ -23,11 +23,7 @@ pub trait Item {
 
 /// The elements of a string tensor, owned.
 fn elements(t: &reverb_client::Tensor) -> Result<Vec<Vec<u8>>> {
-    let n = t.shape.iter().map(|&d| d as usize).product();
-    Ok(decode_strings(&t.data, n)?
-        .into_iter()
-        .map(<[u8]>::to_vec)
-        .collect())
+    Ok(t.strings()?.into_iter().map(<[u8]>::to_vec).collect())
 }
 
 impl Item for Sample {

@@ -366,7 +366,7 @@ impl Columns {
             let data = match cell.slot.data.get() {
                 Some(chunk) => {
                     let decoded = decode_chunk(chunk)?;
-                    let all = decode_strings(&decoded[0].data, decoded[0].rows() * per_row)?;
+                    let all = decoded[0].strings()?;
                     encode_strings(
                         all[offset * per_row..(offset + 1) * per_row]
                             .iter()
