@@ -111,6 +111,7 @@ def build(
     timestep: bool,
     batch_size: int = 0,
     drop_remainder: bool = False,
+    auth_token: Optional[str] = None,
 ) -> tf.data.Dataset:
     """The dataset of `ReplaySample`s: one per item, or per step with `timestep`; with
     `batch_size`, batches of that many items made by the kernel itself (what `.batch` on the
@@ -154,7 +155,8 @@ def build(
         shared_memory=not os.environ.get("REVERB_NO_SHM"),
         # Eager mode caches one kernel per distinct attrs: keep datasets apart.
         instance=next(_instances),
-        **_inproc_server(address),
+        auth_token=auth_token or "",
+        **_inproc_server(address, auth_token),
     )
 
     @tf.autograph.experimental.do_not_convert
@@ -187,23 +189,26 @@ def build(
     return ds.map(lambda _, batch: batch).unbatch()
 
 
-def _inproc_server(address: str) -> dict:
-    """With a server of this process at `address`, the kernel samples its tables directly
-    (through `reverb._native`) instead of over loopback gRPC. `REVERB_NO_INPROC=1` turns that
-    off."""
-    port = _native.inproc_port(address)
+def _inproc_server(address: str, auth_token: Optional[str]) -> dict:
+    """With a server of this process at `address` (that `auth_token` may call), the kernel
+    samples its tables directly (through `reverb._native`) instead of over loopback gRPC.
+    `REVERB_NO_INPROC=1` turns that off."""
+    port = _native.inproc_port(address, auth_token or None)
     if port is None:
         return dict(inproc_library="", inproc_port=0)
     return dict(inproc_library=os.path.abspath(_native.__file__), inproc_port=port)
 
 
 def table_signature(
-    server_address: Any, table: Any, get_signature_timeout_secs: Optional[float]
+    server_address: Any,
+    table: Any,
+    get_signature_timeout_secs: Optional[float],
+    auth_token: Optional[str] = None,
 ) -> Any:
     """The signature of `table` (a nest of `tf.TensorSpec`), or the reference's ValueErrors."""
     address = constant_string(server_address, "server_address")
     name = constant_string(table, "table")
-    info = client_lib.Client(address).server_info(get_signature_timeout_secs)
+    info = client_lib.Client(address, auth_token).server_info(get_signature_timeout_secs)
     if name not in info:
         raise ValueError(
             f"Server at {address} does not contain any table named {name}. "
@@ -243,6 +248,7 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
         max_samples_per_stream: int = -1,
         rate_limiter_timeout_ms: int = -1,
         max_samples: int = -1,
+        auth_token: Optional[str] = None,
     ) -> None:
         self._args = dict(
             server_address=server_address,
@@ -255,6 +261,7 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples=max_samples,
             timestep=self._timestep,
+            auth_token=auth_token,
         )
         self._dataset = build(**self._args)
         super().__init__()
@@ -291,10 +298,11 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
         rate_limiter_timeout_ms: int = -1,
         get_signature_timeout_secs: Optional[int] = None,
         max_samples: int = -1,
+        auth_token: Optional[str] = None,
     ) -> Any:
         """A dataset whose dtypes and shapes are the table's signature. ValueError when the
         table does not exist or has no signature; DeadlineExceededError on timeout."""
-        signature = table_signature(server_address, table, get_signature_timeout_secs)
+        signature = table_signature(server_address, table, get_signature_timeout_secs, auth_token)
         return cls(
             server_address=server_address,
             table=table,
@@ -305,6 +313,7 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
             max_samples_per_stream=max_samples_per_stream,
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples=max_samples,
+            auth_token=auth_token,
         )
 
     def _inputs(self) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import threading
 from typing import Any, Dict, Generator, List, Optional, Union
 
@@ -27,14 +28,19 @@ class Client:
     """A client of the Reverb server at `server_address` (`host:port`).
 
     Creating a client does not connect; calls connect (and reconnect) as needed. Blocking calls
-    take an optional `timeout` in seconds and can be interrupted with Ctrl-C.
+    take an optional `timeout` in seconds and can be interrupted with Ctrl-C. Not in the
+    reference: `auth_token` is sent with every call, for servers that require one (by default
+    the `REVERB_AUTH_TOKEN` environment variable, when set).
     """
 
-    def __init__(self, server_address: str) -> None:
+    def __init__(self, server_address: str, auth_token: Optional[str] = None) -> None:
         if not isinstance(server_address, str) or not server_address:
             raise ValueError(f"server_address must be a non-empty string, got {server_address!r}")
+        if auth_token is not None and not isinstance(auth_token, str):
+            raise TypeError(f"auth_token must be a string, got {type(auth_token).__name__}")
         self._server_address = server_address
-        self._client = _native.Client(server_address)
+        self._auth_token = auth_token or None
+        self._client = _native.Client(server_address, self._auth_token)
         self._signature_cache: Dict[str, Any] = {}
         # Per table: the signature's leaves as (numpy dtype, shape or None), for inserts.
         self._flat_specs: Dict[str, list] = {}
@@ -46,7 +52,9 @@ class Client:
         self._insert_columns: Dict[tuple, int] = {}
 
     def __reduce__(self) -> Any:
-        return type(self), (self._server_address,)
+        if self._auth_token is None:
+            return type(self), (self._server_address,)
+        return type(self), (self._server_address, self._auth_token)
 
     def __repr__(self) -> str:
         return f"Client(server_address={self._server_address!r})"
@@ -104,7 +112,7 @@ class Client:
                     if not reused or attempt == 1:
                         raise
                     self._insert_writer = None
-                    self._insert_client = _native.Client(self._server_address)
+                    self._insert_client = _native.Client(self._server_address, self._auth_token)
 
     def _check_signature(self, table: str, arrays: List[np.ndarray]) -> None:
         """ValueError (nothing is inserted) when one step of `arrays` does not fit the
@@ -173,8 +181,11 @@ class Client:
         Blocks while the table's rate limiter does not allow sampling; `timeout` (seconds)
         bounds each wait and raises `DeadlineExceededError`.
         """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
+            raise TypeError(f"num_samples must be an integer, got {num_samples!r}")
         if num_samples < 1:
             raise ValueError(f"num_samples ({num_samples}) must be >= 1")
+        num_samples = int(num_samples)
         signature = None
         if unpack_as_table_signature:
             signature = self._signature(table, timeout)

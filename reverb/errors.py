@@ -22,6 +22,11 @@ class UnavailableError(ReverbError, RuntimeError):
     """The server could not be reached (not started, stopped, or the network failed)."""
 
 
+class UnauthenticatedError(ReverbError, RuntimeError):
+    """The server requires an auth token and the call did not carry it (see `auth_token=`
+    and `REVERB_AUTH_TOKEN`). Not in the reference, whose servers have no authentication."""
+
+
 class ResourceExhaustedError(ReverbError, IndexError):
     """A limit was reached (e.g. a message larger than the transport accepts); an `IndexError`
     too, as the reference raised `IndexError` there."""

@@ -183,13 +183,22 @@ class Table:
 
 
 class Server:
-    """A Reverb gRPC server serving `tables` on `port` (a free port when None)."""
+    """A Reverb gRPC server serving `tables` on `port` (a free port when None).
+
+    Not in the reference: `host` is the address to listen on (every interface when None, as
+    the reference does); with `auth_token` (by default the `REVERB_AUTH_TOKEN` environment
+    variable, when set) only calls carrying that token are served, others get
+    UNAUTHENTICATED and change nothing.
+    """
 
     def __init__(
         self,
         tables: Optional[Sequence[Table]] = None,
         port: Optional[int] = None,
         checkpointer: Optional[checkpointers.CheckpointerBase] = None,
+        *,
+        host: Optional[str] = None,
+        auth_token: Optional[str] = None,
     ) -> None:
         if not tables:
             raise ValueError("At least one table must be provided")
@@ -225,8 +234,12 @@ class Server:
             checkpoint_root=root,
             fallback_checkpoint_path=fallback,
             keep_latest=keep_latest,
+            host=host,
+            auth_token=auth_token,
         )
         self._port = self._server.port
+        self._host = host
+        self._auth_token = auth_token
 
     @property
     def port(self) -> int:
@@ -248,8 +261,12 @@ class Server:
         self._server.wait()
 
     def localhost_client(self) -> client_lib.Client:
-        """A client of this server through localhost."""
-        return client_lib.Client(f"localhost:{self._port}")
+        """A client of this server through localhost (or the host it listens on), with its
+        auth token."""
+        host = self._host if self._host not in (None, "", "0.0.0.0", "::") else "localhost"
+        if ":" in host:
+            host = f"[{host}]"
+        return client_lib.Client(f"{host}:{self._port}", auth_token=self._auth_token)
 
     def __enter__(self) -> Server:
         return self

@@ -6,6 +6,8 @@ Python >= 3.11, by file extension), which also configures checkpoints:
 
     {
       "port": 8000,
+      "host": "10.0.0.5",                         # optional: listen on this address only
+      "auth_token_file": "/etc/reverb/token",     # optional: serve only calls with this token
       "checkpoint_dir": "/var/lib/reverb",        # optional: restore on start, save on request
       "fallback_checkpoint_path": null,           # optional
       "keep_latest": 1,                           # optional
@@ -22,6 +24,7 @@ Selectors: "uniform", "fifo", "lifo", "min_heap", "max_heap", {"prioritized": ex
 Rate limiters: {"min_size": n}, {"sample_to_insert_ratio": [spi, min_size, error_buffer]}
 (error_buffer may be a [min_diff, max_diff] pair), {"queue": size}, {"stack": size},
 {"explicit": [samples_per_insert, min_size_to_sample, min_diff, max_diff]}.
+Without "auth_token_file", the REVERB_AUTH_TOKEN environment variable (when set) is the token.
 SIGTERM and SIGINT stop the server cleanly (exit status 0).
 """
 
@@ -198,7 +201,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                 keep_latest=int(config.get("keep_latest", 1)),
             )
         port = args.port if args.port is not None else config.get("port")
-        server = reverb.Server(tables, port=port, checkpointer=checkpointer)
+        auth_token = None
+        if config.get("auth_token_file"):
+            with open(config["auth_token_file"], encoding="utf-8") as f:
+                auth_token = f.read().strip()
+            if not auth_token:
+                raise ValueError(f"auth_token_file {config['auth_token_file']} is empty")
+        server = reverb.Server(
+            tables,
+            port=port,
+            checkpointer=checkpointer,
+            host=config.get("host"),
+            auth_token=auth_token,
+        )
     except (OSError, ValueError) as e:
         log.error("cannot start: %s", e)
         return 2
@@ -221,7 +236,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         if checkpointer is not None:
             log.info("checkpoints in %s", checkpointer.path)
-        log.info("serving on port %d", server.port)
+        log.info(
+            "serving on port %d (%s%s)",
+            server.port,
+            config.get("host") or "every interface",
+            ", calls need the auth token"
+            if auth_token or os.environ.get("REVERB_AUTH_TOKEN")
+            else "",
+        )
         server.wait()
     except KeyboardInterrupt as e:
         log.info("stopping (%s)", e or "SIGINT")

@@ -11,13 +11,21 @@ from reverb import _tf_ops, replay_sample
 
 
 class TFClient:
-    """Calls a Reverb server from TensorFlow ops. Each op holds its own connection."""
+    """Calls a Reverb server from TensorFlow ops. Each op holds its own connection. Not in
+    the reference: `auth_token` for servers that require one (by default the
+    `REVERB_AUTH_TOKEN` environment variable, when set)."""
 
     def __init__(
-        self, server_address: str, shared_name: Optional[str] = None, name: str = "reverb"
+        self,
+        server_address: str,
+        shared_name: Optional[str] = None,
+        name: str = "reverb",
+        *,
+        auth_token: Optional[str] = None,
     ) -> None:
         # `shared_name` is accepted for compatibility: there is no client resource to share.
         self._server_address = server_address
+        self._auth_token = auth_token or ""
         self._name = name
         self._ops = _tf_ops.ops()
 
@@ -41,6 +49,7 @@ class TFClient:
                 self._ops.reverb_rs_client_sample(
                     table,
                     server_address=self._server_address,
+                    auth_token=self._auth_token,
                     dtypes=flat,
                     rate_limiter_timeout_ms=rate_limiter_timeout_ms,
                 )
@@ -71,6 +80,7 @@ class TFClient:
                 tables,
                 priorities,
                 server_address=self._server_address,
+                auth_token=self._auth_token,
                 timeout_ms=timeout_ms,
             )
 
@@ -96,7 +106,12 @@ class TFClient:
             )
         with tf.name_scope(name or f"{self._name}_update_priorities"):
             return self._ops.reverb_rs_client_update_priorities(
-                table, keys, priorities, server_address=self._server_address, timeout_ms=timeout_ms
+                table,
+                keys,
+                priorities,
+                server_address=self._server_address,
+                auth_token=self._auth_token,
+                timeout_ms=timeout_ms,
             )
 
 

@@ -49,6 +49,7 @@ class TorchDataset(IterableDataset):
         max_samples: int = -1,
         rate_limiter_timeout_ms: int = -1,
         unpack_as_table_signature: bool = False,
+        auth_token: Optional[str] = None,
     ) -> None:
         super().__init__()
         check_iterator_arguments(
@@ -64,6 +65,7 @@ class TorchDataset(IterableDataset):
             num_workers_per_iterator=num_workers_per_iterator,
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             unpack_as_table_signature=unpack_as_table_signature,
+            auth_token=auth_token,
         )
         self._address = server_address
         self._table = table

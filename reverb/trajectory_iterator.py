@@ -82,6 +82,7 @@ class TrajectoryIterator:
         max_samples: int = -1,
         rate_limiter_timeout_ms: int = -1,
         unpack_as_table_signature: bool = False,
+        auth_token: Optional[str] = None,
     ) -> None:
         check_iterator_arguments(
             batch_size,
@@ -90,7 +91,7 @@ class TrajectoryIterator:
             rate_limiter_timeout_ms,
             max_samples,
         )
-        self._client = client_lib.Client(server_address)
+        self._client = client_lib.Client(server_address, auth_token)
         self._table = table
         self._batch_size = batch_size
         self._signature = (

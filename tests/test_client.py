@@ -506,6 +506,20 @@ def test_num_samples_below_one_is_a_value_error(client, insert, num_samples):
         list(client.sample("uniform", num_samples, timeout=T))
 
 
+@pytest.mark.parametrize("num_samples", [2.5, "2", True])
+def test_num_samples_not_an_integer_is_a_type_error_before_any_sample(client, insert, num_samples):
+    insert(client, "uniform", [1, 2, 3])
+    samples = client.sample("uniform", num_samples, timeout=T)
+    with pytest.raises(TypeError, match="num_samples must be an integer"):
+        next(samples)
+
+
+def test_nan_priority_on_a_uniform_table_says_what_is_wrong(client, tables):
+    with pytest.raises(ValueError, match="Priority NaN .*'uniform': a priority must be a number"):
+        client.insert(np.int8(1), {"uniform": float("nan")}, timeout=T)
+    assert tables["uniform"].info.current_size == 0
+
+
 @pytest.mark.parametrize(
     "data",
     [

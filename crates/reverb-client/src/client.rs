@@ -4,6 +4,7 @@
 
 use crate::sample::{assemble, plan, PartialSample, Sample};
 use crate::tensor::{encode_chunk, Tensor};
+use crate::transport::channel::AuthChannel;
 use crate::transport::grpc::{self, SampleResponses};
 use crate::transport::inproc;
 use crate::{runtime, ClientError, Result};
@@ -19,20 +20,25 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::Code;
 
 /// A connection to one server. Cheap to clone; connects lazily and reconnects as needed.
 #[derive(Clone)]
 pub struct Client {
     address: String,
-    pub(crate) stub: ReverbServiceClient<Channel>,
-    channel: Channel,
+    pub(crate) stub: ReverbServiceClient<AuthChannel>,
+    /// The connection (shared by clones) and the token sent on it.
+    channel: AuthChannel,
+    /// The auth token sent with every call.
+    auth_token: Option<String>,
     /// The port, when `address` names this host and calls may skip gRPC for a server of
     /// this process.
     inproc_port: Option<u16>,
     /// Whether the server was reached yet (shared by clones).
     reach: Arc<Reach>,
+    /// Largest message sent or accepted.
+    max_message_size: usize,
 }
 
 /// How long calls without a timeout wait, in all, for a server that cannot be reached
@@ -95,7 +101,13 @@ fn is_connect_failure(status: &tonic::Status) -> bool {
     false
 }
 
-const MAX_MESSAGE_SIZE: usize = 1 << 30;
+/// The generated stub over `channel`, with the message limit.
+fn stub(channel: &AuthChannel, max_message_size: usize) -> ReverbServiceClient<AuthChannel> {
+    ReverbServiceClient::new(channel.clone())
+        .max_decoding_message_size(max_message_size)
+        .max_encoding_message_size(max_message_size)
+}
+
 const HTTP2_STREAM_WINDOW: u32 = 16 << 20;
 const HTTP2_CONNECTION_WINDOW: u32 = 64 << 20;
 const HTTP2_MAX_FRAME: u32 = 1 << 20;
@@ -119,20 +131,38 @@ impl Client {
             .max_frame_size(HTTP2_MAX_FRAME)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true);
-        let channel = {
+        let connection = {
             let _guard = runtime().enter();
             endpoint.connect_lazy()
         };
-        let stub = ReverbServiceClient::new(channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(MAX_MESSAGE_SIZE);
+        let auth_token = reverb_proto::env_auth_token();
+        let channel = AuthChannel::new(connection, auth_token.as_deref())
+            .map_err(|e| ClientError::invalid(format!("REVERB_AUTH_TOKEN cannot be used: {e}")))?;
+        let max_message_size = reverb_proto::max_message_size();
         Ok(Self {
             address: address.to_string(),
-            stub,
+            stub: stub(&channel, max_message_size),
             channel,
+            auth_token,
             inproc_port: inproc::loopback_port(address),
             reach: Arc::default(),
+            max_message_size,
         })
+    }
+
+    /// This client sending `token` with every call instead (`None`: no token), over the same
+    /// connection.
+    pub fn with_auth_token(mut self, token: Option<&str>) -> Result<Self> {
+        self.channel = AuthChannel::new(self.channel.connection(), token)
+            .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
+        self.auth_token = token.map(str::to_string);
+        self.stub = stub(&self.channel, self.max_message_size);
+        Ok(self)
+    }
+
+    /// The largest message this client sends or accepts ([`reverb_proto::max_message_size`]).
+    pub fn max_message_size(&self) -> usize {
+        self.max_message_size
     }
 
     /// Waits until the server accepts a TCP connection, unless this client's last call
@@ -215,10 +245,26 @@ impl Client {
         self
     }
 
+    /// A client like this one (address, token, limits) over a connection of its own.
+    pub fn reconnected(&self) -> Result<Self> {
+        Ok(Self::new(&self.address)?
+            .with_auth_token(self.auth_token.as_deref())?
+            .with_max_message_size(self.max_message_size)
+            .with_inproc(self.inproc_port.is_some()))
+    }
+
+    /// This client with another message limit (see [`Client::max_message_size`]).
+    pub fn with_max_message_size(mut self, bytes: usize) -> Self {
+        self.max_message_size = bytes;
+        self.stub = stub(&self.channel, bytes);
+        self
+    }
+
     /// The server `address` names, when it runs in this process and in-process calls are
     /// allowed (looked up on each call: a server may start or stop at any time).
     pub fn inproc(&self) -> Option<Arc<dyn Service>> {
         reverb_proto::inproc::lookup(self.inproc_port?)
+            .filter(|server| server.accepts(self.auth_token.as_deref()))
     }
 
     /// An error of a server of this process.
@@ -233,7 +279,13 @@ impl Client {
         metadata: MetadataMap,
     ) -> std::result::Result<SampleResponses, tonic::Status> {
         let requests = ReceiverStream::new(requests);
-        grpc::sample_stream(self.channel.clone(), requests, metadata, MAX_MESSAGE_SIZE).await
+        grpc::sample_stream(
+            self.channel.clone(),
+            requests,
+            metadata,
+            self.max_message_size,
+        )
+        .await
     }
 
     /// The address given at construction.

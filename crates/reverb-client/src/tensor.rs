@@ -7,8 +7,8 @@ use prost::Message;
 use reverb_proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
 use reverb_proto::{ChunkData, ChunkTensors, SequenceRange};
 
-/// TensorFlow's `DT_STRING`.
-pub const DT_STRING: i32 = DataType::DtString as i32;
+pub use reverb_proto::payload::{dtype_name, dtype_size, encode_strings, DTYPES, DT_STRING};
+use reverb_proto::payload::{elements_of, read_chunk};
 
 /// A dense tensor: dtype, shape and its bytes in row-major, native (little-endian) order.
 /// A string tensor's bytes are TensorFlow's string-list encoding ([`encode_strings`]), as
@@ -23,114 +23,10 @@ pub struct Tensor {
     pub data: Vec<u8>,
 }
 
-/// The dtypes chunks carry (the one table of them on the Rust side): TensorFlow `DataType`,
-/// numpy's name for it, bytes per element. Strings are not supported yet.
-pub const DTYPES: &[(DataType, &str, usize)] = &[
-    (DataType::DtFloat, "float32", 4),
-    (DataType::DtDouble, "float64", 8),
-    (DataType::DtInt32, "int32", 4),
-    (DataType::DtUint8, "uint8", 1),
-    (DataType::DtInt16, "int16", 2),
-    (DataType::DtInt8, "int8", 1),
-    (DataType::DtComplex64, "complex64", 8),
-    (DataType::DtInt64, "int64", 8),
-    (DataType::DtBool, "bool", 1),
-    (DataType::DtBfloat16, "bfloat16", 2),
-    (DataType::DtUint16, "uint16", 2),
-    (DataType::DtComplex128, "complex128", 16),
-    (DataType::DtHalf, "float16", 2),
-    (DataType::DtUint32, "uint32", 4),
-    (DataType::DtUint64, "uint64", 8),
-];
-
-fn dtype_entry(dtype: i32) -> Option<&'static (DataType, &'static str, usize)> {
-    DTYPES.iter().find(|(d, _, _)| *d as i32 == dtype)
-}
-
-/// Bytes per element of a supported dtype; `None` for strings and unknown values.
-pub fn dtype_size(dtype: i32) -> Option<usize> {
-    dtype_entry(dtype).map(|e| e.2)
-}
-
-/// numpy's name of a dtype (`"dtype 7"` for unsupported values).
-pub fn dtype_name(dtype: i32) -> String {
-    match dtype_entry(dtype) {
-        Some(e) => e.1.to_string(),
-        None if dtype == DataType::DtString as i32 => "string".to_string(),
-        None => format!("dtype {dtype}"),
-    }
-}
-
-/// TensorFlow's encoding of a list of strings (the `tensor_content` of a `DT_STRING`
-/// `TensorProto`, which the reference's chunks hold uncompressed): the varint length of
-/// every element, then the bytes of every element.
-pub fn encode_strings<'a, I>(elements: I) -> Vec<u8>
-where
-    I: IntoIterator<Item = &'a [u8]>,
-    I::IntoIter: Clone,
-{
-    let elements = elements.into_iter();
-    let total: usize = elements.clone().map(|e| e.len() + 5).sum();
-    let mut out = Vec::with_capacity(total);
-    for e in elements.clone() {
-        let mut n = e.len() as u64;
-        while n >= 0x80 {
-            out.push((n as u8) | 0x80);
-            n >>= 7;
-        }
-        out.push(n as u8);
-    }
-    for e in elements {
-        out.extend_from_slice(e);
-    }
-    out
-}
-
 /// The `n` elements of a string list ([`encode_strings`]); an error when it does not hold
 /// exactly `n` elements.
 pub fn decode_strings(data: &[u8], n: usize) -> Result<Vec<&[u8]>> {
-    let bad = |what: &str| ClientError::data_loss(format!("Malformed string tensor: {what}"));
-    let mut lengths = Vec::with_capacity(n.min(data.len()));
-    let mut at = 0;
-    for _ in 0..n {
-        let mut len: u64 = 0;
-        let mut shift = 0;
-        loop {
-            let byte = *data
-                .get(at)
-                .ok_or_else(|| bad("lengths run past its end"))?;
-            at += 1;
-            len |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-            if shift > 28 {
-                return Err(bad("a length is not a 32-bit varint"));
-            }
-        }
-        lengths.push(len as usize);
-    }
-    let mut out = Vec::with_capacity(n);
-    for len in lengths {
-        let end = at
-            .checked_add(len)
-            .filter(|&e| e <= data.len())
-            .ok_or_else(|| bad("an element runs past its end"))?;
-        out.push(&data[at..end]);
-        at = end;
-    }
-    if at != data.len() {
-        return Err(bad("bytes beyond its elements"));
-    }
-    Ok(out)
-}
-
-/// Elements of a shape, when its product fits.
-fn elements_of(shape: &[i64]) -> Option<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+    reverb_proto::payload::decode_strings(data, n).map_err(ClientError::data_loss)
 }
 
 impl Tensor {
@@ -391,114 +287,24 @@ impl Encoded {
 
 /// Reads a chunk's tensor headers; their bytes stay compressed (and shared with the chunk).
 pub(crate) fn parse_chunk(chunk: &ChunkData) -> Result<Vec<Encoded>> {
-    let payload = ChunkTensors::decode(chunk.data.clone()).map_err(|e| {
-        ClientError::data_loss(format!(
-            "Chunk {} has a malformed payload: {e}",
-            chunk.chunk_key
-        ))
+    let tensors = read_chunk(chunk).map_err(|e| {
+        if e.unsupported {
+            ClientError::unimplemented(e.message)
+        } else {
+            ClientError::data_loss(e.message)
+        }
     })?;
-    payload
-        .tensors
+    Ok(tensors
         .into_iter()
-        .map(|proto| {
-            let shape: Vec<i64> = proto
-                .tensor_shape
-                .as_ref()
-                .map(|s| s.dim.iter().map(|d| d.size).collect())
-                .unwrap_or_default();
-            if proto.dtype == DT_STRING {
-                return parse_strings(proto, shape, chunk);
-            }
-            let size = dtype_size(proto.dtype).ok_or_else(|| {
-                ClientError::unimplemented(format!(
-                    "Chunk {} holds a tensor of dtype {} which this client cannot decode yet",
-                    chunk.chunk_key, proto.dtype
-                ))
-            })?;
-            if shape.iter().any(|&d| d < 0) {
-                return Err(ClientError::data_loss(format!(
-                    "Chunk {}: negative dimension in shape {shape:?}",
-                    chunk.chunk_key
-                )));
-            }
-            // Every partial product must fit, not only the total: a zero leading dimension
-            // must not hide an overflowing row size.
-            let too_large = || {
-                ClientError::data_loss(format!(
-                    "Chunk {}: shape {shape:?} is too large",
-                    chunk.chunk_key
-                ))
-            };
-            let row = shape
-                .iter()
-                .skip(1)
-                .try_fold(size, |n, &d| n.checked_mul(d as usize))
-                .filter(|&n| n <= isize::MAX as usize)
-                .ok_or_else(too_large)?;
-            let len = row
-                .checked_mul(shape.first().map_or(1, |&d| d as usize))
-                .filter(|&n| n <= isize::MAX as usize)
-                .ok_or_else(too_large)?;
-            // The size the shape claims must be what the payload holds (snappy's header says
-            // so), before anyone allocates for it.
-            let stored = if len == 0 && proto.tensor_content.is_empty() {
-                0
-            } else {
-                snap::raw::decompress_len(&proto.tensor_content).map_err(|e| {
-                    ClientError::data_loss(format!(
-                        "Chunk {} could not be decompressed: {e}",
-                        chunk.chunk_key
-                    ))
-                })?
-            };
-            if stored != len {
-                return Err(ClientError::data_loss(format!(
-                    "Chunk {}: a tensor of shape {shape:?} needs {len} bytes but its payload \
-                     holds {stored}",
-                    chunk.chunk_key
-                )));
-            }
-            Ok(Encoded {
-                dtype: proto.dtype,
-                shape,
-                content: proto.tensor_content,
-                len,
-                delta: chunk.delta_encoded,
-                chunk_key: chunk.chunk_key,
-            })
+        .map(|t| Encoded {
+            dtype: t.dtype,
+            shape: t.shape,
+            content: t.content,
+            len: t.len,
+            delta: chunk.delta_encoded && t.dtype != DT_STRING,
+            chunk_key: chunk.chunk_key,
         })
-        .collect()
-}
-
-/// A string tensor of a chunk: from `tensor_content` (as the reference's chunks and ours
-/// carry it) or `string_val`; its encoding is checked here, once.
-fn parse_strings(proto: TensorProto, shape: Vec<i64>, chunk: &ChunkData) -> Result<Encoded> {
-    let n = elements_of(&shape)
-        .filter(|_| shape.iter().all(|&d| d >= 0))
-        .ok_or_else(|| {
-            ClientError::data_loss(format!(
-                "Chunk {}: bad string tensor shape {shape:?}",
-                chunk.chunk_key
-            ))
-        })?;
-    let content = if proto.tensor_content.is_empty() && !proto.string_val.is_empty() {
-        // As in TensorFlow, fewer values than elements repeat the last one.
-        let last = proto.string_val.last().expect("not empty");
-        let values = (0..n).map(|i| &proto.string_val.get(i).unwrap_or(last)[..]);
-        Bytes::from(encode_strings(values))
-    } else {
-        proto.tensor_content
-    };
-    decode_strings(&content, n)
-        .map_err(|e| ClientError::data_loss(format!("Chunk {}: {}", chunk.chunk_key, e.message)))?;
-    Ok(Encoded {
-        dtype: DT_STRING,
-        shape,
-        len: content.len(),
-        content,
-        delta: false,
-        chunk_key: chunk.chunk_key,
-    })
+        .collect())
 }
 
 /// Decodes every tensor of a chunk (decompressing and undoing delta encoding).

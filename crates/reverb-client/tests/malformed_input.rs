@@ -125,6 +125,19 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
         raw_stream(port, sample, vec![vec![0x0a, 0xff, 0xff]]),
         Code::Internal
     );
+    let initialize = "/deepmind.reverb.ReverbService/InitializeConnection";
+    assert_eq!(
+        raw_stream(port, initialize, vec![vec![0xff; 16]]),
+        Code::Internal
+    );
+    let hello = InitializeConnectionRequest {
+        pid: 1,
+        ..Default::default()
+    };
+    assert_eq!(
+        raw_stream(port, initialize, vec![hello.encode_to_vec()]),
+        Code::Ok
+    );
     // A request with neither chunks nor items.
     let empty = InsertStreamRequest::default().encode_to_vec();
     assert_eq!(raw_stream(port, insert, vec![empty]), Code::InvalidArgument);
@@ -243,4 +256,112 @@ fn client_disconnect_while_blocked_frees_the_stream() {
         0
     );
     assert_eq!(block(client.sample("t", 1, None, T)).unwrap().len(), 1);
+}
+
+/// A chunk of one tensor of `rows` int32 rows (or, with `float`, float32 rows), each `[width]`.
+fn rows_chunk(key: u64, rows: i64, width: i64, float: bool) -> ChunkData {
+    let dtype = if float {
+        DataType::DtFloat
+    } else {
+        DataType::DtInt32
+    };
+    let data = vec![0u8; (rows * width * 4) as usize];
+    let tensor = Tensor::new(dtype as i32, vec![rows, width], data).unwrap();
+    reverb_client::tensor::encode_chunk(key, SequenceRange::default(), &[tensor])
+}
+
+/// An item whose one column is made of `slices` (chunk key, offset, length, index).
+fn sliced(key: u64, slices: &[(u64, i32, i32, i32)]) -> PrioritizedItem {
+    let mut item = item(key, 0, "t");
+    item.flat_trajectory.as_mut().unwrap().columns[0].chunk_slices = slices
+        .iter()
+        .map(|&(chunk_key, offset, length, index)| ChunkSlice {
+            chunk_key,
+            offset,
+            length,
+            index,
+        })
+        .collect();
+    item
+}
+
+#[test]
+fn items_no_sampler_could_decode_are_refused_and_the_table_keeps_serving() {
+    let t = table("t", SelectorKind::Fifo, 100);
+    let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
+    let client = Client::new(&format!("localhost:{}", server.port()))
+        .unwrap()
+        .with_inproc(false);
+    let refused = |chunks: Vec<ChunkData>, items: Vec<PrioritizedItem>| {
+        let request = InsertStreamRequest {
+            chunks,
+            items,
+            keep_chunk_keys: vec![],
+        };
+        let err = block(client.insert_requests(vec![request], T)).unwrap_err();
+        assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
+        err.message
+    };
+    let good = || rows_chunk(1, 3, 2, false);
+
+    // A slice beyond its tensor's rows, and a tensor index the chunk does not have.
+    let message = refused(vec![good()], vec![sliced(10, &[(1, 2, 2, 0)])]);
+    assert!(
+        message.contains("rows 2..4") && message.contains("3 rows"),
+        "{message}"
+    );
+    let message = refused(vec![good()], vec![sliced(11, &[(1, 0, 1, 1)])]);
+    assert!(message.contains("tensor 1 of chunk 1"), "{message}");
+    // One column joining rows of different dtypes, or of different shapes.
+    let message = refused(
+        vec![good(), rows_chunk(2, 3, 2, true)],
+        vec![sliced(12, &[(1, 0, 3, 0), (2, 0, 3, 0)])],
+    );
+    assert!(
+        message.contains("int32") && message.contains("float32"),
+        "{message}"
+    );
+    let message = refused(
+        vec![good(), rows_chunk(2, 3, 5, false)],
+        vec![sliced(13, &[(1, 0, 3, 0), (2, 0, 3, 0)])],
+    );
+    assert!(
+        message.contains("[2]") && message.contains("[5]"),
+        "{message}"
+    );
+    // A dtype no client can decode.
+    let mut resource = good();
+    let mut tensors = ChunkTensors::decode(resource.data.clone()).unwrap();
+    tensors.tensors[0].dtype = 20; // DT_RESOURCE
+    resource.data = tensors.encode_to_vec().into();
+    let message = refused(vec![resource], vec![sliced(14, &[(1, 0, 1, 0)])]);
+    assert!(message.contains("dtype 20"), "{message}");
+    // A payload whose size disagrees with its shape, and one that is not a payload at all.
+    let mut short = good();
+    let mut tensors = ChunkTensors::decode(short.data.clone()).unwrap();
+    tensors.tensors[0].tensor_shape.as_mut().unwrap().dim[1].size = 3;
+    short.data = tensors.encode_to_vec().into();
+    let message = refused(vec![short], vec![sliced(15, &[(1, 0, 1, 0)])]);
+    assert!(message.contains("needs 36 bytes"), "{message}");
+    let mut garbage = good();
+    garbage.data = bytes::Bytes::from_static(&[0xff, 0xff, 0xff]);
+    let message = refused(vec![garbage], vec![sliced(19, &[(1, 0, 1, 0)])]);
+    assert!(message.contains("malformed payload"), "{message}");
+    // A request whose second item is bad stores neither.
+    refused(
+        vec![good()],
+        vec![sliced(16, &[(1, 0, 1, 0)]), sliced(17, &[(1, 0, 9, 0)])],
+    );
+    assert_eq!(t.size(), 0);
+
+    // Good items of the same shapes are stored and sampled back.
+    let request = InsertStreamRequest {
+        chunks: vec![good(), rows_chunk(2, 1, 2, false)],
+        items: vec![sliced(18, &[(1, 1, 2, 0), (2, 0, 1, 0)])],
+        keep_chunk_keys: vec![],
+    };
+    block(client.insert_requests(vec![request], T)).unwrap();
+    assert_eq!(t.size(), 1);
+    let samples = block(client.sample("t", 1, None, T)).unwrap();
+    assert_eq!(samples[0].columns[0].shape, vec![3, 2]);
 }

@@ -174,24 +174,120 @@ fn unconfirmed_items_reach_a_restarted_server() {
     }
 }
 
+/// Flushes until everything is settled; the errors met on the way.
+fn flush_all(w: &mut TrajectoryWriter) -> Vec<reverb_client::ClientError> {
+    let mut errors = Vec::new();
+    for _ in 0..10 {
+        match w.flush(0, soon()) {
+            Ok(true) => return errors,
+            Ok(false) => panic!("flush timed out"),
+            Err(e) => errors.push(e),
+        }
+    }
+    panic!("flush kept failing: {errors:?}");
+}
+
 #[test]
-fn an_unknown_table_fails_the_writer_for_good() {
+fn a_refused_item_is_reported_once_and_the_writer_goes_on() {
     for transport in TRANSPORTS {
-        let server = Server::start(vec![queue("q", 10)], ServerOptions::default()).unwrap();
+        let q = queue("q", 10);
+        let server = Server::start(vec![q.clone()], ServerOptions::default()).unwrap();
         let client = client(&server, transport);
         let mut w = writer(&client, WriterOptions::default());
-        w.append(vec![(0, int64(1))], false).unwrap();
-        w.create_item("nope", 1.0, &steps(&[0]), soon()).unwrap();
-        let err = w.flush(0, soon()).unwrap_err();
-        assert_eq!(err.code, Code::NotFound, "{transport}: {err:?}");
-        assert!(err.message.contains("nope"), "{transport}: {err:?}");
-        assert!(w.failed(), "{transport}");
-        let again = w.append(vec![(0, int64(2))], false).unwrap_err();
-        assert!(
-            format!("{again:?}").contains("NotFound"),
-            "{transport}: {again:?}"
+        // Created together, the three items leave in one request; only the bad one is dropped.
+        for (t, table) in ["q", "nope", "q"].into_iter().enumerate() {
+            w.append(vec![(0, int64(t as i64))], false).unwrap();
+            w.create_item(table, 1.0, &steps(&[t as u64]), soon())
+                .unwrap();
+        }
+        let errors = flush_all(&mut w);
+        assert_eq!(errors.len(), 1, "{transport}: {errors:?}");
+        assert_eq!(errors[0].code, Code::NotFound, "{transport}: {errors:?}");
+        assert!(errors[0].message.contains("nope"), "{transport}");
+        assert!(!w.failed(), "{transport}");
+        // Later items go through as if nothing happened.
+        w.append(vec![(0, int64(3))], false).unwrap();
+        w.create_item("q", 1.0, &steps(&[3]), soon()).unwrap();
+        assert!(flush_all(&mut w).is_empty(), "{transport}");
+        assert_eq!(w.unconfirmed(), 0, "{transport}");
+        assert_eq!(
+            drain(&client, "q", 3),
+            vec![vec![0], vec![2], vec![3]],
+            "{transport}"
         );
     }
+}
+
+/// Bytes snappy cannot shrink, as an int64 tensor of `n` values.
+fn incompressible(n: usize) -> Tensor {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let data = (0..n)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    Tensor::new(DataType::DtInt64 as i32, vec![n as i64], data).unwrap()
+}
+
+#[test]
+fn an_item_over_the_message_limit_fails_fast_and_the_writer_goes_on() {
+    let q = queue("q", 10);
+    let server = Server::start(vec![q.clone()], ServerOptions::default()).unwrap();
+    let client = common::grpc_client(&server).with_max_message_size(64 << 10);
+    let mut w = writer(&client, WriterOptions::default());
+    w.append(vec![(0, incompressible(16 << 10))], false)
+        .unwrap();
+    w.create_item("q", 1.0, &steps(&[0]), soon()).unwrap();
+    let started = Instant::now();
+    let errors = flush_all(&mut w);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].code, Code::InvalidArgument);
+    assert!(
+        errors[0].message.contains("65536 bytes a message may hold"),
+        "{}",
+        errors[0].message
+    );
+    // Items of a smaller column still go through.
+    w.append(vec![(1, int64(7))], false).unwrap();
+    let small = [ItemColumn {
+        refs: vec![(1, 1)],
+        squeeze: false,
+    }];
+    w.create_item("q", 1.0, &small, soon()).unwrap();
+    assert!(flush_all(&mut w).is_empty());
+    assert_eq!(q.size(), 1);
+}
+
+#[test]
+fn a_server_with_a_smaller_message_limit_refuses_the_item_not_the_writer() {
+    let q = queue("q", 10);
+    let options = ServerOptions {
+        max_message_size: 64 << 10,
+        ..ServerOptions::default()
+    };
+    let server = Server::start(vec![q.clone()], options).unwrap();
+    let client = common::grpc_client(&server);
+    let mut w = writer(&client, WriterOptions::default());
+    w.append(vec![(0, incompressible(16 << 10))], false)
+        .unwrap();
+    w.create_item("q", 1.0, &steps(&[0]), soon()).unwrap();
+    let started = Instant::now();
+    let errors = flush_all(&mut w);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].message.contains("65536"), "{:?}", errors[0]);
+    w.append(vec![(1, int64(7))], false).unwrap();
+    let small = [ItemColumn {
+        refs: vec![(1, 1)],
+        squeeze: false,
+    }];
+    w.create_item("q", 1.0, &small, soon()).unwrap();
+    assert!(flush_all(&mut w).is_empty());
+    assert_eq!(q.size(), 1);
 }
 
 #[test]

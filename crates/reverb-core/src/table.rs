@@ -200,6 +200,11 @@ impl Table {
         };
         if ok {
             Ok(())
+        } else if priority.is_nan() {
+            Err(invalid_arg!(
+                "Priority NaN is not valid for table '{}': a priority must be a number",
+                self.config.name
+            ))
         } else {
             Err(invalid_arg!(
                 "Priority {priority} is not valid for table '{}' (prioritized selectors need a finite priority >= 0)",

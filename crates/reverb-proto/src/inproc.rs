@@ -31,6 +31,9 @@ pub struct Sample {
 /// What a server of this process offers, with the semantics of the RPCs of the same names.
 /// Every call fails with UNAVAILABLE once the server has stopped.
 pub trait Service: Send + Sync {
+    /// Whether a client holding `token` may call this server (the server's auth token, if
+    /// it has one); a client that may not goes over gRPC and is refused there.
+    fn accepts(&self, token: Option<&str>) -> bool;
     /// Opens an insert stream (`InsertStream`).
     fn insert_stream(&self) -> Box<dyn InsertStream>;
 
@@ -139,6 +142,9 @@ mod tests {
     struct Nothing;
 
     impl Service for Nothing {
+        fn accepts(&self, _: Option<&str>) -> bool {
+            true
+        }
         fn insert_stream(&self) -> Box<dyn InsertStream> {
             unimplemented!()
         }

@@ -9,6 +9,7 @@
 pub mod codec;
 #[cfg(feature = "service")]
 pub mod inproc;
+pub mod payload;
 pub mod shm;
 
 /// TensorFlow's TensorProto, TensorShapeProto and DataType (the subset chunks carry).
@@ -30,3 +31,25 @@ pub use deepmind::reverb::*;
 /// real protobuf message classes without protoc.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/descriptor_set.bin"));
+
+/// Largest message a client sends or a server accepts when nothing says otherwise (1 GiB).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 1 << 30;
+
+/// The largest message a client sends or a server accepts: `REVERB_MAX_MESSAGE_BYTES` when it
+/// is set to a positive number of bytes, else [`DEFAULT_MAX_MESSAGE_SIZE`]. Clients and
+/// servers should agree: a server refuses a larger message at the transport.
+pub fn max_message_size() -> usize {
+    std::env::var("REVERB_MAX_MESSAGE_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(DEFAULT_MAX_MESSAGE_SIZE)
+}
+
+/// `REVERB_AUTH_TOKEN` when it is set and not empty: the token servers require and clients
+/// send when none is given to them.
+pub fn env_auth_token() -> Option<String> {
+    std::env::var("REVERB_AUTH_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+}

@@ -120,9 +120,16 @@ pub(crate) fn samples_out(py: Python<'_>, samples: Vec<Sample>) -> PyResult<Boun
 
 #[pymethods]
 impl PyClient {
+    /// A client of `address`, sending `auth_token` with every call (by default
+    /// `REVERB_AUTH_TOKEN`'s value, if any).
     #[new]
-    fn new(py: Python<'_>, address: &str) -> PyResult<Self> {
-        let inner = Client::new(address).py()?;
+    #[pyo3(signature = (address, auth_token=None))]
+    fn new(py: Python<'_>, address: &str, auth_token: Option<&str>) -> PyResult<Self> {
+        let mut inner = Client::new(address).py()?;
+        let auth_token = auth_token.filter(|t| !t.is_empty());
+        if auth_token.is_some() {
+            inner = inner.with_auth_token(auth_token).py()?;
+        }
         Ok(Self {
             inner: inner.with_inproc(inproc_allowed(py)),
         })

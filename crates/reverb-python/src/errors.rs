@@ -17,6 +17,7 @@ struct Classes {
     not_found: Py<PyAny>,
     unavailable: Py<PyAny>,
     resource_exhausted: Py<PyAny>,
+    unauthenticated: Py<PyAny>,
 }
 
 fn classes(py: Python<'_>) -> PyResult<&Classes> {
@@ -29,6 +30,7 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
             not_found: m.getattr("NotFoundError")?.unbind(),
             unavailable: m.getattr("UnavailableError")?.unbind(),
             resource_exhausted: m.getattr("ResourceExhaustedError")?.unbind(),
+            unauthenticated: m.getattr("UnauthenticatedError")?.unbind(),
         })
     })
 }
@@ -50,6 +52,7 @@ pub(crate) fn client_error(e: ClientError) -> PyErr {
             Code::NotFound => &classes.not_found,
             Code::Unavailable => &classes.unavailable,
             Code::ResourceExhausted => &classes.resource_exhausted,
+            Code::Unauthenticated => &classes.unauthenticated,
             _ => &classes.reverb,
         };
         match class.bind(py).call1((e.message,)) {

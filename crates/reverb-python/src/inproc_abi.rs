@@ -14,13 +14,20 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
 
-/// The port of `address` when it names a server running in this process (and in-process
-/// calls are allowed), else `None`: the TensorFlow kernels then sample it through
+/// The port of `address` when it names a server running in this process that a client
+/// holding `auth_token` (by default `REVERB_AUTH_TOKEN`'s) may call, and in-process calls
+/// are allowed; else `None`. The TensorFlow kernels then sample it through
 /// `reverb_inproc_sample_v2`.
 #[pyfunction]
-pub(crate) fn inproc_port(py: Python<'_>, address: &str) -> Option<u16> {
+#[pyo3(signature = (address, auth_token=None))]
+pub(crate) fn inproc_port(py: Python<'_>, address: &str, auth_token: Option<&str>) -> Option<u16> {
     let port = loopback_port(address).filter(|_| inproc_allowed(py))?;
-    reverb_proto::inproc::lookup(port).map(|_| port)
+    let token = auth_token
+        .map(str::to_string)
+        .or_else(reverb_proto::env_auth_token);
+    reverb_proto::inproc::lookup(port)
+        .filter(|server| server.accepts(token.as_deref()))
+        .map(|_| port)
 }
 
 /// Releases chunk bytes lent by `reverb_inproc_sample_v2`.

@@ -157,7 +157,10 @@ impl PyServer {
     #[new]
     /// Restores the latest checkpoint under `checkpoint_root` (or `fallback_checkpoint_path`)
     /// before serving; `Checkpoint` calls save there, keeping `keep_latest`.
-    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1))]
+    /// Listens on `host` (every interface when `None`); with `auth_token` (by default
+    /// `REVERB_AUTH_TOKEN`'s value, if any) serves only calls that carry it.
+    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         tables: Vec<PyRef<'_, PyTable>>,
@@ -165,6 +168,8 @@ impl PyServer {
         checkpoint_root: Option<std::path::PathBuf>,
         fallback_checkpoint_path: Option<std::path::PathBuf>,
         keep_latest: usize,
+        host: Option<String>,
+        auth_token: Option<String>,
     ) -> PyResult<Self> {
         let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
         let checkpointer = checkpoint_root.map(|root| {
@@ -174,10 +179,15 @@ impl PyServer {
                 keep_latest,
             ))
         });
+        let defaults = ServerOptions::default();
         let options = ServerOptions {
             port,
+            host,
+            auth_token: auth_token
+                .filter(|t| !t.is_empty())
+                .or(defaults.auth_token.clone()),
             checkpointer,
-            ..ServerOptions::default()
+            ..defaults
         };
         let inner = py
             .detach(|| Server::start(tables, options))

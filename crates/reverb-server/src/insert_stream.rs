@@ -10,6 +10,7 @@
 use crate::status::from_core;
 use crate::tables::Tables;
 use reverb_core::{Chunk, InsertOutcome, ItemData, Table};
+use reverb_proto::payload::{dtype_name, read_chunk};
 use reverb_proto::{ChunkData, InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -54,7 +55,25 @@ pub(crate) async fn run(tables: Tables, mut inbound: Streaming<InsertStreamReque
 /// The state of one insert stream: the chunks the client asked the server to keep.
 #[derive(Default)]
 pub(crate) struct Inserter {
-    chunks: HashMap<u64, Arc<Chunk>>,
+    chunks: HashMap<u64, Received>,
+}
+
+/// A chunk of the stream and what its tensors are, so items can be checked against it.
+struct Received {
+    chunk: Arc<Chunk>,
+    tensors: Vec<Layout>,
+}
+
+/// One tensor of a chunk: dtype and shape (the leading dimension is its rows).
+struct Layout {
+    dtype: i32,
+    shape: Vec<i64>,
+}
+
+impl Layout {
+    fn rows(&self) -> i64 {
+        self.shape.first().copied().unwrap_or(0)
+    }
 }
 
 impl Inserter {
@@ -70,16 +89,24 @@ impl Inserter {
                 "InsertStreamRequest must contain at least one chunk or item",
             ));
         }
+        // Every chunk is checked before any is kept: a rejected request stores nothing.
+        let mut received = Vec::with_capacity(request.chunks.len());
         for data in request.chunks {
-            self.chunks
-                .insert(data.chunk_key, Arc::new(Chunk::new(stored(data))));
+            received.push(check_chunk(data)?);
         }
-        let mut confirmed = Vec::with_capacity(request.items.len());
+        for r in received {
+            self.chunks.insert(r.chunk.key(), r);
+        }
+        // Every item is checked before any is inserted.
+        let mut resolved = Vec::with_capacity(request.items.len());
         for item in request.items {
             let table = tables.get(&item.table)?;
             let priority = item.priority;
+            resolved.push((table, resolve(item, &self.chunks)?, priority));
+        }
+        let mut confirmed = Vec::with_capacity(resolved.len());
+        for (table, item, priority) in resolved {
             let key = item.key;
-            let item = resolve(item, &self.chunks)?;
             insert_waiting(&table, item, priority).await?;
             confirmed.push(key);
         }
@@ -103,47 +130,101 @@ fn stored(mut data: ChunkData) -> ChunkData {
     data
 }
 
-/// Checks an item's trajectory and attaches the chunks it references.
-fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Arc<Chunk>>) -> Result<ItemData, Status> {
-    let trajectory = item.flat_trajectory.as_ref().ok_or_else(|| {
-        Status::invalid_argument(format!("Item {} has no flat_trajectory", item.key))
-    })?;
+/// Reads a received chunk's tensor headers (not its data): a chunk no sampler could decode is
+/// refused.
+fn check_chunk(data: ChunkData) -> Result<Received, Status> {
+    let tensors = read_chunk(&data)
+        .map_err(|e| Status::invalid_argument(e.message))?
+        .into_iter()
+        .map(|t| Layout {
+            dtype: t.dtype,
+            shape: t.shape,
+        })
+        .collect();
+    Ok(Received {
+        chunk: Arc::new(Chunk::new(stored(data))),
+        tensors,
+    })
+}
+
+/// Checks an item's trajectory against the chunks it references (every slice within its
+/// tensor's rows, every column of one dtype and row shape) and attaches those chunks.
+fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Received>) -> Result<ItemData, Status> {
+    let key = item.key;
+    let trajectory = item
+        .flat_trajectory
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument(format!("Item {key} has no flat_trajectory")))?;
     if trajectory.columns.is_empty() {
         return Err(Status::invalid_argument(format!(
-            "Item {} has no columns",
-            item.key
+            "Item {key} has no columns"
         )));
     }
     let mut used: Vec<Arc<Chunk>> = Vec::new();
     for (i, column) in trajectory.columns.iter().enumerate() {
+        let bad =
+            |what: String| Status::invalid_argument(format!("Column {i} of item {key} {what}"));
         if column.chunk_slices.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "Column {i} of item {} has no chunk slices",
-                item.key
-            )));
+            return Err(bad("has no chunk slices".into()));
         }
         if column.squeeze && (column.chunk_slices.len() != 1 || column.chunk_slices[0].length != 1)
         {
-            return Err(Status::invalid_argument(format!(
-                "Column {i} of item {} is squeezed but does not reference exactly one row",
-                item.key
-            )));
+            return Err(bad(
+                "is squeezed but does not reference exactly one row".into()
+            ));
         }
+        let mut first: Option<&Layout> = None;
         for slice in &column.chunk_slices {
             if slice.offset < 0 || slice.length < 1 || slice.index < 0 {
-                return Err(Status::invalid_argument(format!(
-                    "Column {i} of item {} has an invalid chunk slice (offset {}, length {}, index {})",
-                    item.key, slice.offset, slice.length, slice.index
+                return Err(bad(format!(
+                    "has an invalid chunk slice (offset {}, length {}, index {})",
+                    slice.offset, slice.length, slice.index
                 )));
             }
-            let chunk = chunks.get(&slice.chunk_key).ok_or_else(|| {
+            let received = chunks.get(&slice.chunk_key).ok_or_else(|| {
                 Status::invalid_argument(format!(
-                    "Could not find sequence chunk {} referenced by item {}",
-                    slice.chunk_key, item.key
+                    "Could not find sequence chunk {} referenced by item {key}",
+                    slice.chunk_key
                 ))
             })?;
+            let tensor = received.tensors.get(slice.index as usize).ok_or_else(|| {
+                bad(format!(
+                    "references tensor {} of chunk {}, which holds {}",
+                    slice.index,
+                    slice.chunk_key,
+                    received.tensors.len()
+                ))
+            })?;
+            let end = i64::from(slice.offset) + i64::from(slice.length);
+            if tensor.shape.is_empty() || end > tensor.rows() {
+                return Err(bad(format!(
+                    "references rows {}..{end} of chunk {}, whose tensor {} has {} rows",
+                    slice.offset,
+                    slice.chunk_key,
+                    slice.index,
+                    if tensor.shape.is_empty() {
+                        0
+                    } else {
+                        tensor.rows()
+                    }
+                )));
+            }
+            match first {
+                None => first = Some(tensor),
+                Some(f) if f.dtype != tensor.dtype || f.shape[1..] != tensor.shape[1..] => {
+                    return Err(bad(format!(
+                        "joins rows of {} {:?} and {} {:?} from chunk {}",
+                        dtype_name(f.dtype),
+                        &f.shape[1..],
+                        dtype_name(tensor.dtype),
+                        &tensor.shape[1..],
+                        slice.chunk_key
+                    )));
+                }
+                Some(_) => {}
+            }
             if !used.iter().any(|c| c.key() == slice.chunk_key) {
-                used.push(chunk.clone());
+                used.push(received.chunk.clone());
             }
         }
     }

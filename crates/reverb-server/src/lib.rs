@@ -8,6 +8,7 @@
 //! tables: a shared-memory ring for sampled chunk bytes (`shm`), and direct calls from a client
 //! of the same process (`inproc`).
 
+mod auth;
 pub mod checkpointer;
 mod insert_stream;
 mod sample_stream;
@@ -17,6 +18,7 @@ mod status;
 mod tables;
 mod transport;
 
+pub use auth::AUTHORIZATION;
 pub use checkpointer::Checkpointer;
 pub use server::{Server, ServerOptions, StartError};
 pub use service::ReverbServiceImpl;

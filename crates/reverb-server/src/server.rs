@@ -1,5 +1,6 @@
 //! A running gRPC server on its own tokio runtime: start on a chosen or free port, stop cleanly.
 
+use crate::auth::TokenCheck;
 use crate::checkpointer::Checkpointer;
 use crate::transport::inproc::{InProcServer, Stopped};
 use crate::ReverbServiceImpl;
@@ -11,12 +12,19 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
 
 /// Settings of a server.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Port to listen on; 0 picks a free one.
     pub port: u16,
+    /// Address to listen on (an IP address or a host name); `None` listens on every
+    /// interface, as the reference does.
+    pub host: Option<String>,
+    /// When set, only calls carrying this token are served (see `auth`); by default
+    /// `REVERB_AUTH_TOKEN`'s value when it is set and not empty.
+    pub auth_token: Option<String>,
     /// Worker threads of the server's runtime.
     pub worker_threads: usize,
     /// Largest message accepted or sent (bytes).
@@ -29,8 +37,10 @@ impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             port: 0,
+            host: None,
+            auth_token: reverb_proto::env_auth_token(),
             worker_threads: 2,
-            max_message_size: 1 << 30,
+            max_message_size: reverb_proto::max_message_size(),
             checkpointer: None,
         }
     }
@@ -71,10 +81,15 @@ pub struct Server {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
-fn bind(port: u16) -> std::io::Result<TcpListener> {
-    // Dual-stack [::] serves both localhost spellings; fall back to IPv4 where IPv6 is off.
-    TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
-        .or_else(|_| TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))))
+fn bind(host: Option<&str>, port: u16) -> std::io::Result<TcpListener> {
+    match host {
+        // Every address the name resolves to, in order, until one binds.
+        Some(host) => TcpListener::bind((host, port)),
+        // Dual-stack [::] serves both localhost spellings; fall back to IPv4 where IPv6 is
+        // off.
+        None => TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
+            .or_else(|_| TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))),
+    }
 }
 
 impl Server {
@@ -89,9 +104,14 @@ impl Server {
             service = service.with_checkpointer(checkpointer.clone());
         }
         let io = |e: std::io::Error| StartError::Io(e.to_string());
-        let listener = bind(options.port).map_err(|e| {
-            StartError::Io(format!("Could not listen on port {}: {e}", options.port))
-        })?;
+        let listener =
+            bind(options.host.as_deref(), options.port).map_err(|e| match &options.host {
+                Some(host) => StartError::Io(format!(
+                    "Could not listen on {host} port {}: {e}",
+                    options.port
+                )),
+                None => StartError::Io(format!("Could not listen on port {}: {e}", options.port)),
+            })?;
         let port = listener.local_addr().map_err(io)?.port();
         listener.set_nonblocking(true).map_err(io)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -102,9 +122,13 @@ impl Server {
             .map_err(|e| StartError::Io(format!("Could not start the server runtime: {e}")))?;
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let finished = Arc::new((Mutex::new(false), Condvar::new()));
-        let svc = ReverbServiceServer::new(service.clone())
-            .max_decoding_message_size(options.max_message_size)
-            .max_encoding_message_size(options.max_message_size);
+        let token_check = TokenCheck::new(options.auth_token.as_deref());
+        let svc = InterceptedService::new(
+            ReverbServiceServer::new(service.clone())
+                .max_decoding_message_size(options.max_message_size)
+                .max_encoding_message_size(options.max_message_size),
+            token_check.clone(),
+        );
         let done = finished.clone();
         runtime.spawn(async move {
             if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
@@ -130,7 +154,7 @@ impl Server {
         });
         let (stop_inproc, stopped) = Stopped::new();
         let inproc: Arc<dyn reverb_proto::inproc::Service> =
-            Arc::new(InProcServer::new(service.clone(), stopped));
+            Arc::new(InProcServer::new(service.clone(), stopped, token_check));
         reverb_proto::inproc::register(port, inproc.clone());
         Ok(Self {
             port,

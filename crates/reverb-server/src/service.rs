@@ -174,12 +174,15 @@ impl ReverbService for ReverbServiceImpl {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {
-            while let Ok(Some(_)) = inbound.message().await {
-                if tx
-                    .send(Ok(InitializeConnectionResponse { address: 0 }))
-                    .await
-                    .is_err()
-                {
+            loop {
+                let reply = match inbound.message().await {
+                    Ok(Some(_)) => Ok(InitializeConnectionResponse { address: 0 }),
+                    Ok(None) => break,
+                    // A message that does not decode: say so, then stop.
+                    Err(status) => Err(status),
+                };
+                let failed = reply.is_err();
+                if tx.send(reply).await.is_err() || failed {
                     break;
                 }
             }

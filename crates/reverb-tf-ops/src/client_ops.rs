@@ -30,13 +30,14 @@ pub mod sample {
         "server_address: string",
         "dtypes: list(type) >= 1",
         "rate_limiter_timeout_ms: int = -1",
+        "auth_token: string = ''",
     ];
 }
 
 impl Kernel for ClientSample {
     fn create(c: &Construction) -> Result<Self> {
         Ok(Self {
-            client: Client::new(&c.string("server_address")?)?,
+            client: c.client()?,
             dtypes: c.types("dtypes")?,
             rate_limiter_timeout: timeout_attr(c, "rate_limiter_timeout_ms")?,
         })
@@ -117,13 +118,14 @@ pub mod insert {
         "server_address: string",
         "T: list(type) >= 1",
         "timeout_ms: int = -1",
+        "auth_token: string = ''",
     ];
 }
 
 impl Kernel for ClientInsert {
     fn create(c: &Construction) -> Result<Self> {
         Ok(Self {
-            client: Client::new(&c.string("server_address")?)?,
+            client: c.client()?,
             timeout: timeout_attr(c, "timeout_ms")?,
             signatures: Mutex::default(),
         })
@@ -208,13 +210,17 @@ pub mod update_priorities {
     pub const OP: &str = "ReverbRsClientUpdatePriorities";
     pub const INPUTS: &[&str] = &["table: string", "keys: uint64", "priorities: double"];
     pub const OUTPUTS: &[&[&str]] = &[];
-    pub const ATTRS: &[&str] = &["server_address: string", "timeout_ms: int = -1"];
+    pub const ATTRS: &[&str] = &[
+        "server_address: string",
+        "timeout_ms: int = -1",
+        "auth_token: string = ''",
+    ];
 }
 
 impl Kernel for ClientUpdatePriorities {
     fn create(c: &Construction) -> Result<Self> {
         Ok(Self {
-            client: Client::new(&c.string("server_address")?)?,
+            client: c.client()?,
             timeout: timeout_attr(c, "timeout_ms")?,
         })
     }

@@ -43,6 +43,7 @@ pub const ATTRS: &[&str] = &[
     "inproc_library: string",
     "inproc_port: int",
     "shared_memory: bool = true",
+    "auth_token: string = ''",
 ];
 
 /// The longest one call waits for samples. TensorFlow's C API gives kernels no cancellation
@@ -54,7 +55,8 @@ pub const ATTRS: &[&str] = &[
 const WAIT: Duration = Duration::from_millis(200);
 
 pub struct DatasetSample {
-    address: String,
+    /// A client of the server, which each sampler connects afresh.
+    client: Client,
     options: SamplerOptions,
     max_batch: usize,
     batch_size: usize,
@@ -84,7 +86,7 @@ impl Kernel for DatasetSample {
         let max_samples = c.int("max_samples")?;
         let timeout = c.int("rate_limiter_timeout_ms")?;
         Ok(Self {
-            address: c.string("server_address")?,
+            client: c.client()?,
             options: SamplerOptions {
                 max_in_flight_samples_per_worker: c.int("max_in_flight_samples_per_worker")?.max(1)
                     as usize,
@@ -223,9 +225,8 @@ impl DatasetSample {
     /// Waits at most `wait` for up to `n` samples or the end of the stream, and queues them.
     fn refill(&self, st: &mut State, n: usize, wait: Duration) -> Result<()> {
         if st.sampler.is_none() {
-            let client = Client::new(&self.address)?;
             st.sampler = Some(Sampler::new(
-                client,
+                self.client.reconnected()?,
                 &self.spec.table,
                 self.options.clone(),
             )?);

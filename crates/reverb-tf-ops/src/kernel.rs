@@ -120,6 +120,18 @@ impl Construction {
     }
 
     /// A `string` attribute.
+    /// The client of the `server_address` attr, sending the `auth_token` attr (when not
+    /// empty; else `REVERB_AUTH_TOKEN`'s value, if any).
+    pub fn client(&self) -> Result<reverb_client::Client> {
+        let client = reverb_client::Client::new(&self.string("server_address")?)?;
+        let token = self.string("auth_token")?;
+        Ok(if token.is_empty() {
+            client
+        } else {
+            client.with_auth_token(Some(&token))?
+        })
+    }
+
     pub fn string(&self, name: &str) -> Result<String> {
         let (_, total) = self.size(name)?;
         let mut buf = vec![0u8; total.max(0) as usize + 1];

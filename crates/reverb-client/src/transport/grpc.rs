@@ -3,6 +3,7 @@
 //! responses are decoded straight from the received frames (a rope of `Bytes`), so the chunk
 //! bytes of a sample are slices of what the socket delivered: one copy less per byte.
 
+use crate::transport::channel::AuthChannel;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use http_body::Frame;
@@ -12,7 +13,6 @@ use reverb_proto::{SampleStreamRequest, SampleStreamResponse};
 use std::collections::VecDeque;
 use tonic::body::Body;
 use tonic::metadata::MetadataMap;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tower_service::Service;
 
@@ -34,7 +34,7 @@ pub(crate) struct SampleResponses {
 
 /// Starts a `SampleStream` call sending `requests`, with `metadata` (e.g. a ring offer).
 pub(crate) async fn sample_stream(
-    mut channel: Channel,
+    mut channel: AuthChannel,
     requests: impl Stream<Item = SampleStreamRequest> + Send + 'static,
     metadata: MetadataMap,
     max_message_size: usize,

@@ -6,6 +6,7 @@
 //! - `inproc`: a server of this process, called directly (`reverb_proto::inproc`), or
 //!   through the C ABI of the library holding it (the TensorFlow kernels).
 
+pub mod channel;
 pub mod grpc;
 pub mod inproc;
 pub mod shm;

@@ -210,9 +210,10 @@ impl TrajectoryWriter {
         Ok(())
     }
 
+    /// The stream's error, or (once) why the server refused an item.
     fn check_error(&self) -> Result<()> {
-        match &self.shared.progress.lock().unwrap().error {
-            Some(e) => Err(e.clone()),
+        match self.shared.progress.lock().unwrap().take_error() {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
@@ -369,10 +370,10 @@ impl TrajectoryWriter {
             {
                 let mut progress = self.shared.progress.lock().unwrap();
                 loop {
-                    if let Some(e) = &progress.error {
-                        return Err(e.clone());
+                    if let Some(e) = progress.take_error() {
+                        return Err(e);
                     }
-                    if self.sent - progress.confirmed < window {
+                    if self.sent - progress.settled() < window {
                         break;
                     }
                     // The window is full: the stream must send at once, not linger for more.
@@ -437,7 +438,7 @@ impl TrajectoryWriter {
 
     /// Items created but not yet confirmed by the server.
     pub fn unconfirmed(&self) -> u64 {
-        self.sent + self.pending.len() as u64 - self.shared.progress.lock().unwrap().confirmed
+        self.sent + self.pending.len() as u64 - self.shared.progress.lock().unwrap().settled()
     }
 
     /// Sends every queued item and waits until at most `block_until_num_items` are
@@ -451,11 +452,11 @@ impl TrajectoryWriter {
             return Ok(false);
         }
         loop {
-            let progress = self.shared.progress.lock().unwrap();
-            if let Some(e) = &progress.error {
-                return Err(e.clone());
+            let mut progress = self.shared.progress.lock().unwrap();
+            if let Some(e) = progress.take_error() {
+                return Err(e);
             }
-            if self.sent - progress.confirmed <= block_until_num_items {
+            if self.sent - progress.settled() <= block_until_num_items {
                 return Ok(true);
             }
             let now = Instant::now();
@@ -499,7 +500,7 @@ impl TrajectoryWriter {
 
     /// Whether the insert stream has failed for good (every call will return its error).
     pub fn failed(&self) -> bool {
-        self.check_error().is_err()
+        self.shared.progress.lock().unwrap().error.is_some()
     }
 
     /// Stops at once: drops queued items and cancels the insert stream, so items the server

@@ -3,8 +3,14 @@
 //! and resends every unconfirmed item (the server treats a re-sent key as a priority update).
 //! Each connection is a gRPC `InsertStream` ([`session`]), or an in-process insert stream when
 //! the server runs in this process ([`inproc_session`]).
+//!
+//! An item the server refuses (an unknown table, data it cannot store) or that is too large
+//! for one message is dropped and its error reported once ([`Progress::rejection`]); the
+//! stream goes on with the next items. A request of several items that fails is resent one
+//! item per request, so only the item at fault is dropped.
 
 use crate::{Client, ClientError};
+use prost::Message;
 use reverb_proto::{ChunkData, InsertStreamRequest, PrioritizedItem};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,8 +32,34 @@ pub(crate) struct Outgoing {
 /// What the stream task reports to the writer.
 #[derive(Debug, Default)]
 pub(crate) struct Progress {
+    /// Items the server stored.
     pub confirmed: u64,
+    /// Items dropped because they were refused.
+    pub rejected: u64,
+    /// Why the stream stopped for good: every later call fails with it.
     pub error: Option<ClientError>,
+    /// Why the last item was refused, until a call reports it.
+    pub rejection: Option<ClientError>,
+}
+
+impl Progress {
+    /// Items no longer in flight.
+    pub fn settled(&self) -> u64 {
+        self.confirmed + self.rejected
+    }
+
+    /// The error a call reports now: the stream's, or a refusal (reported once).
+    pub fn take_error(&mut self) -> Option<ClientError> {
+        match &self.error {
+            Some(e) => Some(e.clone()),
+            None => self.rejection.take(),
+        }
+    }
+
+    fn reject(&mut self, error: ClientError) {
+        self.rejected += 1;
+        self.rejection = Some(error);
+    }
 }
 
 /// Progress plus a condvar the writer waits on.
@@ -90,6 +122,8 @@ pub(crate) async fn run(
             return;
         }
         let confirmed_before = shared.progress.lock().unwrap().confirmed;
+        // Items of the request that failed (0 when the failure was not an answer to one).
+        let mut failed_request = 0;
         let result = match client.inproc() {
             Some(server) => {
                 inproc_session(
@@ -100,6 +134,7 @@ pub(crate) async fn run(
                     &mut unconfirmed,
                     &mut input_closed,
                     max_in_flight,
+                    &mut failed_request,
                 )
                 .await
             }
@@ -111,6 +146,7 @@ pub(crate) async fn run(
                     &mut unconfirmed,
                     &mut input_closed,
                     max_in_flight,
+                    &mut failed_request,
                 )
                 .await
             }
@@ -137,6 +173,14 @@ pub(crate) async fn run(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
+            // The server refused the only item of a request: drop it, report it, go on.
+            Err(e) if failed_request == 1 => {
+                unconfirmed.pop_front();
+                shared.update(|p| p.reject(e));
+            }
+            // A request of several items failed: resend them one per request (as every new
+            // session does) to find the one at fault.
+            Err(_) if failed_request > 1 => {}
             Err(e) => {
                 shared.update(|p| p.error = Some(e));
                 return;
@@ -145,7 +189,8 @@ pub(crate) async fn run(
     }
 }
 
-/// One connection. Returns Ok when the writer closed and everything is confirmed.
+/// One connection. Returns Ok when the writer closed and everything is confirmed. On an error
+/// answering a request, `failed_request` is the number of items it held.
 async fn session(
     client: &Client,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
@@ -153,47 +198,102 @@ async fn session(
     unconfirmed: &mut VecDeque<Outgoing>,
     input_closed: &mut bool,
     max_in_flight: usize,
+    failed_request: &mut usize,
 ) -> Result<(), ClientError> {
     // Unbounded, yet bounded in practice: at most `max_in_flight` items are unconfirmed.
     let (req_tx, req_rx) = mpsc::unbounded_channel::<InsertStreamRequest>();
     let mut stub = client.stub.clone();
-    let mut sent_chunks: HashSet<u64> = HashSet::new();
-    // Re-send what the previous connection did not confirm, in order. Queue it before awaiting
-    // the call: some servers answer headers only after the first message.
-    for o in unconfirmed.iter() {
-        req_tx
-            .send(request(std::slice::from_ref(o), &mut sent_chunks))
-            .map_err(|_| closed())?;
+    let mut sender = Sender {
+        tx: req_tx,
+        sent_chunks: HashSet::new(),
+        in_flight: VecDeque::new(),
+        limit: client.max_message_size(),
+    };
+    // Re-send what the previous connection did not confirm, in order, one item per request.
+    // Queue it before awaiting the call: some servers answer headers only after the first
+    // message.
+    for o in std::mem::take(unconfirmed) {
+        sender.send(vec![o], unconfirmed, shared)?;
     }
     // Some servers (the reference) answer headers only with their first response, so the
     // call is driven inside the loop, concurrently with sending.
     let call = stub.insert_stream(UnboundedReceiverStream::new(req_rx));
     tokio::pin!(call);
     let mut responses: Option<tonic::Streaming<reverb_proto::InsertStreamResponse>> = None;
-    loop {
+    let result = loop {
         if *input_closed && unconfirmed.is_empty() {
             return Ok(());
         }
         tokio::select! {
-            started = &mut call, if responses.is_none() => {
-                responses = Some(started.map_err(|s| client.status(s))?.into_inner());
-            }
+            started = &mut call, if responses.is_none() => match started {
+                Ok(r) => responses = Some(r.into_inner()),
+                Err(status) => break Err(client.status(status)),
+            },
             next = rx.recv(), if !*input_closed => match next {
                 None => *input_closed = true,
                 Some(first) => {
                     linger(shared).await;
                     let batch = take_batch(first, rx, max_in_flight);
-                    let req = request(&batch, &mut sent_chunks);
-                    unconfirmed.extend(batch);
-                    req_tx.send(req).map_err(|_| closed())?;
+                    sender.send(batch, unconfirmed, shared)?;
                 }
             },
             response = next_response(&mut responses), if responses.is_some() => match response {
-                Ok(Some(r)) => confirm(shared, unconfirmed, r.keys),
+                Ok(Some(r)) => {
+                    sender.in_flight.pop_front();
+                    confirm(shared, unconfirmed, r.keys);
+                }
                 Ok(None) => return Err(ClientError::new(Code::Unavailable, "the server closed the insert stream")),
-                Err(status) => return Err(client.status(status)),
+                Err(status) => break Err(client.status(status)),
             },
         }
+    };
+    *failed_request = sender.in_flight.front().copied().unwrap_or(0);
+    result
+}
+
+/// Queues requests on one gRPC insert stream.
+struct Sender {
+    tx: mpsc::UnboundedSender<InsertStreamRequest>,
+    /// Chunks the server holds for this stream.
+    sent_chunks: HashSet<u64>,
+    /// Items of each request sent and not answered yet, oldest first.
+    in_flight: VecDeque<usize>,
+    /// Largest message the stream may carry.
+    limit: usize,
+}
+
+impl Sender {
+    /// Sends `batch` as one request, or one request per item when that would be too large;
+    /// an item too large on its own is rejected instead of sent. Sent items join
+    /// `unconfirmed`.
+    fn send(
+        &mut self,
+        batch: Vec<Outgoing>,
+        unconfirmed: &mut VecDeque<Outgoing>,
+        shared: &Shared,
+    ) -> Result<(), ClientError> {
+        let req = request(&batch, &self.sent_chunks);
+        let size = req.encoded_len();
+        if size > self.limit {
+            if batch.len() > 1 {
+                for o in batch {
+                    self.send(vec![o], unconfirmed, shared)?;
+                }
+                return Ok(());
+            }
+            let item = &batch[0].item;
+            let message = format!(
+                "Item {} for table '{}' is {size} bytes once encoded, more than the {} bytes a \
+                 message may hold (REVERB_MAX_MESSAGE_BYTES); it was not sent",
+                item.key, item.table, self.limit
+            );
+            shared.update(|p| p.reject(ClientError::invalid(message)));
+            return Ok(());
+        }
+        sent(&req, &mut self.sent_chunks);
+        self.in_flight.push_back(batch.len());
+        unconfirmed.extend(batch);
+        self.tx.send(req).map_err(|_| closed())
     }
 }
 
@@ -243,6 +343,7 @@ fn confirm(shared: &Shared, unconfirmed: &mut VecDeque<Outgoing>, keys: Vec<u64>
 
 /// Like `session`, to a server of this process: each request is handled (and confirmed) in
 /// place, with chunk bytes shared rather than copied through protobuf and a socket.
+#[allow(clippy::too_many_arguments)]
 async fn inproc_session(
     client: &Client,
     mut stream: Box<dyn reverb_proto::inproc::InsertStream>,
@@ -251,12 +352,16 @@ async fn inproc_session(
     unconfirmed: &mut VecDeque<Outgoing>,
     input_closed: &mut bool,
     max_in_flight: usize,
+    failed_request: &mut usize,
 ) -> Result<(), ClientError> {
     let mut sent_chunks: HashSet<u64> = HashSet::new();
-    // What the previous connection did not confirm goes first, in order.
-    let mut resend = !unconfirmed.is_empty();
+    // What the previous connection did not confirm goes first, in order, one item per request.
+    let mut resend = unconfirmed.len();
     loop {
-        if !resend {
+        let items = if resend > 0 {
+            resend -= 1;
+            1
+        } else {
             if *input_closed {
                 return Ok(());
             }
@@ -267,14 +372,17 @@ async fn inproc_session(
             linger(shared).await;
             // (Everything before was confirmed: `unconfirmed` is empty here.)
             unconfirmed.extend(take_batch(first, rx, max_in_flight));
+            unconfirmed.len()
+        };
+        let req = request(&unconfirmed.make_contiguous()[..items], &sent_chunks);
+        sent(&req, &mut sent_chunks);
+        match stream.insert(req).await {
+            Ok(keys) => confirm(shared, unconfirmed, keys),
+            Err(status) => {
+                *failed_request = items;
+                return Err(client.inproc_status(status));
+            }
         }
-        resend = false;
-        let req = request(unconfirmed.make_contiguous(), &mut sent_chunks);
-        let keys = stream
-            .insert(req)
-            .await
-            .map_err(|s| client.inproc_status(s))?;
-        confirm(shared, unconfirmed, keys);
     }
 }
 
@@ -293,22 +401,27 @@ fn closed() -> ClientError {
 }
 
 /// Builds one request: chunks not yet on the server, the items, and what to keep.
-fn request(batch: &[Outgoing], sent_chunks: &mut HashSet<u64>) -> InsertStreamRequest {
-    let mut chunks = Vec::new();
+fn request(batch: &[Outgoing], sent_chunks: &HashSet<u64>) -> InsertStreamRequest {
+    let mut chunks: Vec<ChunkData> = Vec::new();
+    let mut added: HashSet<u64> = HashSet::new();
     for o in batch {
         for c in &o.chunks {
-            if sent_chunks.insert(c.chunk_key) {
+            if !sent_chunks.contains(&c.chunk_key) && added.insert(c.chunk_key) {
                 chunks.push(ChunkData::clone(c));
             }
         }
     }
     let keep: Vec<u64> = batch.last().map(|o| o.keep.to_vec()).unwrap_or_default();
-    // The server now holds exactly the kept chunks.
-    let kept: HashSet<u64> = keep.iter().copied().collect();
-    sent_chunks.retain(|k| kept.contains(k));
     InsertStreamRequest {
         chunks,
         items: batch.iter().map(|o| o.item.clone()).collect(),
         keep_chunk_keys: keep,
     }
+}
+
+/// Records what the server holds once it has handled `req`: exactly the kept chunks.
+fn sent(req: &InsertStreamRequest, sent_chunks: &mut HashSet<u64>) {
+    sent_chunks.extend(req.chunks.iter().map(|c| c.chunk_key));
+    let kept: HashSet<u64> = req.keep_chunk_keys.iter().copied().collect();
+    sent_chunks.retain(|k| kept.contains(k));
 }

@@ -4,6 +4,7 @@
 //! `Server` registers one per server while it serves; once the server stops, every call and
 //! every wait in progress ends with UNAVAILABLE.
 
+use crate::auth::TokenCheck;
 use crate::insert_stream::Inserter;
 use crate::sample_stream::{sample_waiting, MAX_BATCH_ITEMS};
 use crate::service::ReverbServiceImpl;
@@ -48,15 +49,28 @@ fn stopped() -> Status {
 pub(crate) struct InProcServer {
     service: ReverbServiceImpl,
     stopped: Stopped,
+    token_check: TokenCheck,
 }
 
 impl InProcServer {
-    pub(crate) fn new(service: ReverbServiceImpl, stopped: Stopped) -> Self {
-        Self { service, stopped }
+    pub(crate) fn new(
+        service: ReverbServiceImpl,
+        stopped: Stopped,
+        token_check: TokenCheck,
+    ) -> Self {
+        Self {
+            service,
+            stopped,
+            token_check,
+        }
     }
 }
 
 impl Service for InProcServer {
+    fn accepts(&self, token: Option<&str>) -> bool {
+        self.token_check.accepts(token)
+    }
+
     fn insert_stream(&self) -> Box<dyn InsertStream> {
         Box::new(InProcInsert {
             tables: self.service.tables().clone(),

@@ -1,0 +1,279 @@
+//! What a chunk's payload (`ChunkData.data`, a serialized `ChunkTensors`) holds, read without
+//! decompressing it: the dtypes chunks carry, TensorFlow's string-list encoding, and each
+//! tensor's header checked against its bytes. Shared by the clients (which decode chunks) and
+//! the server (which refuses chunks no client could decode).
+
+use crate::tensorflow::{DataType, TensorProto};
+use crate::{ChunkData, ChunkTensors};
+use bytes::Bytes;
+use prost::Message;
+
+/// TensorFlow's `DT_STRING`.
+pub const DT_STRING: i32 = DataType::DtString as i32;
+
+/// The fixed-size dtypes chunks carry (the one table of them on the Rust side): TensorFlow
+/// `DataType`, numpy's name for it, bytes per element. Strings ([`DT_STRING`]) come apart.
+pub const DTYPES: &[(DataType, &str, usize)] = &[
+    (DataType::DtFloat, "float32", 4),
+    (DataType::DtDouble, "float64", 8),
+    (DataType::DtInt32, "int32", 4),
+    (DataType::DtUint8, "uint8", 1),
+    (DataType::DtInt16, "int16", 2),
+    (DataType::DtInt8, "int8", 1),
+    (DataType::DtComplex64, "complex64", 8),
+    (DataType::DtInt64, "int64", 8),
+    (DataType::DtBool, "bool", 1),
+    (DataType::DtBfloat16, "bfloat16", 2),
+    (DataType::DtUint16, "uint16", 2),
+    (DataType::DtComplex128, "complex128", 16),
+    (DataType::DtHalf, "float16", 2),
+    (DataType::DtUint32, "uint32", 4),
+    (DataType::DtUint64, "uint64", 8),
+];
+
+fn dtype_entry(dtype: i32) -> Option<&'static (DataType, &'static str, usize)> {
+    DTYPES.iter().find(|(d, _, _)| *d as i32 == dtype)
+}
+
+/// Bytes per element of a fixed-size dtype; `None` for strings and unknown values.
+pub fn dtype_size(dtype: i32) -> Option<usize> {
+    dtype_entry(dtype).map(|e| e.2)
+}
+
+/// numpy's name of a dtype (`"dtype 7"` for unsupported values).
+pub fn dtype_name(dtype: i32) -> String {
+    match dtype_entry(dtype) {
+        Some(e) => e.1.to_string(),
+        None if dtype == DT_STRING => "string".to_string(),
+        None => format!("dtype {dtype}"),
+    }
+}
+
+/// Why a payload cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadError {
+    /// The payload is well formed but holds a dtype this code cannot decode.
+    pub unsupported: bool,
+    /// What is wrong, for people.
+    pub message: String,
+}
+
+impl PayloadError {
+    fn malformed(message: String) -> Self {
+        Self {
+            unsupported: false,
+            message,
+        }
+    }
+}
+
+/// TensorFlow's encoding of a list of strings (the `tensor_content` of a `DT_STRING`
+/// `TensorProto`, which the reference's chunks hold uncompressed): the varint length of
+/// every element, then the bytes of every element.
+pub fn encode_strings<'a, I>(elements: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = &'a [u8]>,
+    I::IntoIter: Clone,
+{
+    let elements = elements.into_iter();
+    let total: usize = elements.clone().map(|e| e.len() + 5).sum();
+    let mut out = Vec::with_capacity(total);
+    for e in elements.clone() {
+        let mut n = e.len() as u64;
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+    }
+    for e in elements {
+        out.extend_from_slice(e);
+    }
+    out
+}
+
+/// The `n` elements of a string list ([`encode_strings`]); an error (saying what is wrong)
+/// when it does not hold exactly `n` elements.
+pub fn decode_strings(data: &[u8], n: usize) -> Result<Vec<&[u8]>, String> {
+    let bad = |what: &str| format!("Malformed string tensor: {what}");
+    let mut lengths = Vec::with_capacity(n.min(data.len()));
+    let mut at = 0;
+    for _ in 0..n {
+        let mut len: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let byte = *data
+                .get(at)
+                .ok_or_else(|| bad("lengths run past its end"))?;
+            at += 1;
+            len |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+            if shift > 28 {
+                return Err(bad("a length is not a 32-bit varint"));
+            }
+        }
+        lengths.push(len as usize);
+    }
+    let mut out = Vec::with_capacity(n);
+    for len in lengths {
+        let end = at
+            .checked_add(len)
+            .filter(|&e| e <= data.len())
+            .ok_or_else(|| bad("an element runs past its end"))?;
+        out.push(&data[at..end]);
+        at = end;
+    }
+    if at != data.len() {
+        return Err(bad("bytes beyond its elements"));
+    }
+    Ok(out)
+}
+
+/// Elements of a shape, when its product fits.
+pub fn elements_of(shape: &[i64]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+}
+
+/// One tensor of a chunk, checked but not decompressed.
+#[derive(Debug, Clone)]
+pub struct TensorPayload {
+    /// TensorFlow `DataType` value.
+    pub dtype: i32,
+    /// Dimensions (all >= 0; the leading one is the rows).
+    pub shape: Vec<i64>,
+    /// The stored bytes: snappy-compressed (raw block format), or for strings the
+    /// uncompressed string list. Shared with the chunk, not copied.
+    pub content: Bytes,
+    /// Bytes once decompressed.
+    pub len: usize,
+}
+
+impl TensorPayload {
+    /// Number of rows (leading dimension; 1 for a scalar).
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(1) as usize
+    }
+}
+
+/// Reads a chunk's tensors: each one's dtype is one chunks carry, its shape fits in memory,
+/// and its bytes are what the shape says (snappy's length header for fixed-size dtypes, the
+/// whole string list for strings). A string tensor given as `string_val` is returned encoded.
+pub fn read_chunk(chunk: &ChunkData) -> Result<Vec<TensorPayload>, PayloadError> {
+    let key = chunk.chunk_key;
+    let payload = ChunkTensors::decode(chunk.data.clone()).map_err(|e| {
+        PayloadError::malformed(format!("Chunk {key} has a malformed payload: {e}"))
+    })?;
+    payload
+        .tensors
+        .into_iter()
+        .map(|proto| read_tensor(key, proto))
+        .collect()
+}
+
+fn read_tensor(key: u64, proto: TensorProto) -> Result<TensorPayload, PayloadError> {
+    let shape: Vec<i64> = proto
+        .tensor_shape
+        .as_ref()
+        .map(|s| s.dim.iter().map(|d| d.size).collect())
+        .unwrap_or_default();
+    if shape.iter().any(|&d| d < 0) {
+        return Err(PayloadError::malformed(format!(
+            "Chunk {key}: negative dimension in shape {shape:?}"
+        )));
+    }
+    if proto.dtype == DT_STRING {
+        return read_strings(key, proto, shape);
+    }
+    let size = dtype_size(proto.dtype).ok_or_else(|| PayloadError {
+        unsupported: true,
+        message: format!(
+            "Chunk {key} holds a tensor of dtype {} which this client cannot decode yet",
+            proto.dtype
+        ),
+    })?;
+    // Every partial product must fit, not only the total: a zero leading dimension must not
+    // hide an overflowing row size.
+    let too_large =
+        || PayloadError::malformed(format!("Chunk {key}: shape {shape:?} is too large"));
+    let row = shape
+        .iter()
+        .skip(1)
+        .try_fold(size, |n, &d| n.checked_mul(d as usize))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(too_large)?;
+    let len = row
+        .checked_mul(shape.first().map_or(1, |&d| d as usize))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(too_large)?;
+    // The size the shape claims must be what the payload holds (snappy's header says so),
+    // before anyone allocates for it.
+    let stored = if len == 0 && proto.tensor_content.is_empty() {
+        0
+    } else {
+        snap::raw::decompress_len(&proto.tensor_content).map_err(|e| {
+            PayloadError::malformed(format!("Chunk {key} could not be decompressed: {e}"))
+        })?
+    };
+    if stored != len {
+        return Err(PayloadError::malformed(format!(
+            "Chunk {key}: a tensor of shape {shape:?} needs {len} bytes but its payload holds \
+             {stored}"
+        )));
+    }
+    Ok(TensorPayload {
+        dtype: proto.dtype,
+        shape,
+        content: proto.tensor_content,
+        len,
+    })
+}
+
+/// The most bytes a string tensor given as a few repeated `string_val`s may expand to.
+const MAX_EXPANDED_STRINGS: usize = 1 << 26;
+
+/// A string tensor: from `tensor_content` (as the reference's chunks and ours carry it) or
+/// `string_val`; its encoding is checked here, once.
+fn read_strings(
+    key: u64,
+    proto: TensorProto,
+    shape: Vec<i64>,
+) -> Result<TensorPayload, PayloadError> {
+    let n = elements_of(&shape).ok_or_else(|| {
+        PayloadError::malformed(format!("Chunk {key}: bad string tensor shape {shape:?}"))
+    })?;
+    let content = if proto.tensor_content.is_empty() && !proto.string_val.is_empty() {
+        // As in TensorFlow, fewer values than elements repeat the last one; a few bytes must
+        // not expand into more than a message could carry.
+        let last = proto.string_val.last().expect("not empty");
+        let given: usize = proto.string_val.iter().map(|v| v.len() + 5).sum();
+        let expanded = n
+            .saturating_sub(proto.string_val.len())
+            .checked_mul(last.len() + 5)
+            .and_then(|n| n.checked_add(given))
+            .filter(|&n| n <= MAX_EXPANDED_STRINGS);
+        if expanded.is_none() {
+            return Err(PayloadError::malformed(format!(
+                "Chunk {key}: {} string values of shape {shape:?} expand past {MAX_EXPANDED_STRINGS} \
+                 bytes",
+                proto.string_val.len()
+            )));
+        }
+        let values = (0..n).map(|i| &proto.string_val.get(i).unwrap_or(last)[..]);
+        Bytes::from(encode_strings(values))
+    } else {
+        proto.tensor_content
+    };
+    decode_strings(&content, n)
+        .map_err(|e| PayloadError::malformed(format!("Chunk {key}: {e}")))?;
+    Ok(TensorPayload {
+        dtype: DT_STRING,
+        shape,
+        len: content.len(),
+        content,
+    })
+}
