@@ -188,7 +188,9 @@ class Server:
     Not in the reference: `host` is the address to listen on (every interface when None, as
     the reference does); with `auth_token` (by default the `REVERB_AUTH_TOKEN` environment
     variable, when set) only calls carrying that token are served, others get
-    UNAUTHENTICATED and change nothing.
+    UNAUTHENTICATED and change nothing. With `metrics_port` (0: a free one, see
+    `.metrics_port`) it serves Prometheus metrics over HTTP there (`/metrics`); with
+    `log_stats_every` (seconds) it writes one line per table to stderr that often.
     """
 
     def __init__(
@@ -199,6 +201,8 @@ class Server:
         *,
         host: Optional[str] = None,
         auth_token: Optional[str] = None,
+        metrics_port: Optional[int] = None,
+        log_stats_every: Optional[float] = None,
     ) -> None:
         if not tables:
             raise ValueError("At least one table must be provided")
@@ -236,6 +240,8 @@ class Server:
             keep_latest=keep_latest,
             host=host,
             auth_token=auth_token,
+            metrics_port=None if metrics_port is None else int(metrics_port),
+            log_stats_every=log_stats_every,
         )
         self._port = self._server.port
         self._host = host
@@ -245,6 +251,11 @@ class Server:
     def port(self) -> int:
         """The port being served."""
         return self._port
+
+    @property
+    def metrics_port(self) -> Optional[int]:
+        """The port Prometheus metrics are served on (None without `metrics_port`)."""
+        return self._server.metrics_port
 
     @property
     def in_process_tables(self) -> dict:

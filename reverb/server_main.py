@@ -8,6 +8,8 @@ Python >= 3.11, by file extension), which also configures checkpoints:
       "port": 8000,
       "host": "10.0.0.5",                         # optional: listen on this address only
       "auth_token_file": "/etc/reverb/token",     # optional: serve only calls with this token
+      "metrics_port": 9090,                       # optional: Prometheus metrics at /metrics
+      "log_stats_seconds": 60,                    # optional: one line per table this often
       "checkpoint_dir": "/var/lib/reverb",        # optional: restore on start, save on request
       "fallback_checkpoint_path": null,           # optional
       "keep_latest": 1,                           # optional
@@ -213,6 +215,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             checkpointer=checkpointer,
             host=config.get("host"),
             auth_token=auth_token,
+            metrics_port=config.get("metrics_port"),
+            log_stats_every=config.get("log_stats_seconds"),
         )
     except (OSError, ValueError) as e:
         log.error("cannot start: %s", e)
@@ -244,6 +248,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if auth_token or os.environ.get("REVERB_AUTH_TOKEN")
             else "",
         )
+        if server.metrics_port is not None:
+            log.info("metrics on port %d", server.metrics_port)
         server.wait()
     except KeyboardInterrupt as e:
         log.info("stopping (%s)", e or "SIGINT")

@@ -5,7 +5,9 @@ call gets UnauthenticatedError and reads or changes nothing."""
 from __future__ import annotations
 
 import pathlib
+import re
 import socket
+import urllib.request
 
 import numpy as np
 import pytest
@@ -128,17 +130,23 @@ def test_a_server_listens_only_on_its_host() -> None:
         reverb.Server([_table()], host="no-such-host.invalid")
 
 
-def test_standalone_server_takes_host_and_token_file(tmp_path: pathlib.Path) -> None:
+def test_standalone_server_takes_host_token_file_and_metrics_port(tmp_path: pathlib.Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     config = {
         "port": 0,
         "host": "127.0.0.1",
         "auth_token_file": str(token_file),
+        "metrics_port": 0,
         "tables": [{"name": "q", "queue": 10}],
     }
     proc, port, lines = start(config, tmp_path)
     try:
+        line = proc.stderr.readline()
+        lines.append(line)
+        metrics_port = int(re.search(r"metrics on port (\d+)", line).group(1))
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=T) as r:
+            assert 'reverb_table_size{table="q"} 0' in r.read().decode()
         address = f"127.0.0.1:{port}"
         with pytest.raises(reverb.errors.UnauthenticatedError):
             reverb.Client(address).server_info(timeout=T)

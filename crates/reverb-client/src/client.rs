@@ -5,6 +5,7 @@
 use crate::sample::{assemble, plan, PartialSample, Sample};
 use crate::tensor::{encode_chunk, Tensor};
 use crate::transport::channel::AuthChannel;
+use crate::transport::connect::{is_silent, Connector};
 use crate::transport::grpc::{self, SampleResponses};
 use crate::transport::inproc;
 use crate::{runtime, ClientError, Result};
@@ -75,10 +76,14 @@ fn parse_connect_wait(value: Option<&str>) -> Duration {
 /// probe again; a server that keeps dropping connections ends the call).
 const MAX_CONNECT_TRIES: u32 = 20;
 
-/// Whether a status is a connection that could not be made (nothing was sent).
+/// Whether a status is a connection that could not be made (nothing was sent). A silent
+/// server's is not: it accepted the connection, and trying again would only wait again.
 fn is_connect_failure(status: &tonic::Status) -> bool {
     use std::error::Error;
     use std::io::ErrorKind;
+    if is_silent(status) {
+        return false;
+    }
     let mut source = status.source();
     while let Some(e) = source {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
@@ -123,7 +128,6 @@ impl Client {
         let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| ClientError::invalid(format!("Invalid server address '{address}': {e}")))?
             .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
             // Large HTTP/2 windows and frames: samples and chunks are big, and hyper's defaults
             // (2 MiB stream window, 16 KiB frames) stall a stream of 2 MiB sample responses.
             .initial_stream_window_size(HTTP2_STREAM_WINDOW)
@@ -133,7 +137,7 @@ impl Client {
             .keep_alive_while_idle(true);
         let connection = {
             let _guard = runtime().enter();
-            endpoint.connect_lazy()
+            endpoint.connect_with_connector_lazy(Connector)
         };
         let auth_token = reverb_proto::env_auth_token();
         let channel = AuthChannel::new(connection, auth_token.as_deref())

@@ -1,5 +1,6 @@
 //! Client errors carry a gRPC status code and a message meant for users.
 
+use crate::transport::connect::{is_silent, Silent};
 use tonic::Code;
 
 /// An error from a client call.
@@ -43,12 +44,21 @@ impl ClientError {
     /// and every CANCELLED. Statuses the server sent keep their code.
     pub fn from_status(status: tonic::Status, address: &str) -> Self {
         use std::error::Error;
+        if is_silent(&status) {
+            return Self::with_address(Code::Unavailable, &Silent.to_string(), address);
+        }
         let code = match status.code() {
             Code::Cancelled => Code::Unavailable,
             Code::Unknown | Code::Internal if status.source().is_some() => Code::Unavailable,
             code => code,
         };
         Self::with_address(code, status.message(), address)
+    }
+
+    /// Whether this is the error of a server that accepted the connection and then sent
+    /// nothing (see `transport::connect`): trying again would only wait again.
+    pub fn is_silent_server(&self) -> bool {
+        self.code == Code::Unavailable && self.message.ends_with(&Silent.to_string())
     }
 
     /// From a status of a server of this process (which never crossed a wire: its code is

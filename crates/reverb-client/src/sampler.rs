@@ -70,10 +70,11 @@ pub struct Batch {
 
 /// The worker count when none was asked for: one for tables sampled in a fixed order (FIFO,
 /// LIFO, heaps), where parallel streams would reorder items, as the reference advises;
-/// otherwise [`AUTO_WORKERS`].
-async fn auto_workers(client: &Client, table: &str) -> usize {
+/// otherwise [`AUTO_WORKERS`]. The look-up waits no longer than `timeout` (the sampler's
+/// rate-limiter timeout, when it has one).
+async fn auto_workers(client: &Client, table: &str, timeout: Option<Duration>) -> usize {
     use reverb_proto::key_distribution_options::Distribution;
-    let infos = client.server_info(None).await.unwrap_or_default();
+    let infos = client.server_info(timeout).await.unwrap_or_default();
     let ordered = infos.iter().find(|i| i.name == table).is_none_or(|info| {
         matches!(
             info.sampler_options
@@ -107,7 +108,7 @@ impl Sampler {
         let table = table.to_string();
         let supervisor = runtime().spawn(async move {
             let workers = match options.num_workers {
-                0 => auto_workers(&client, &table).await,
+                0 => auto_workers(&client, &table, options.rate_limiter_timeout).await,
                 n => n,
             };
             let inproc = match options.inproc_abi {
@@ -251,7 +252,9 @@ async fn worker(
             Code::DeadlineExceeded if options.rate_limiter_timeout.is_some() => {
                 return Exit::TimedOut
             }
-            Code::Unavailable | Code::Cancelled if backoff < Duration::from_secs(1) => {
+            Code::Unavailable | Code::Cancelled
+                if backoff < Duration::from_secs(1) && !failure.is_silent_server() =>
+            {
                 tokio::time::sleep(backoff).await;
                 backoff *= 2;
             }
@@ -404,7 +407,24 @@ async fn stream(
         give_back(outstanding);
         return Err(e);
     }
-    let mut responses = match client.sample_stream(rx, metadata).await {
+    // With a rate-limiter timeout the server answers within it (samples, or the timeout):
+    // a server that has not even started answering a second later is not going to.
+    let started = client.sample_stream(rx, metadata);
+    let started = match options.rate_limiter_timeout {
+        Some(t) => match tokio::time::timeout(t + Duration::from_secs(1), started).await {
+            Ok(started) => started,
+            Err(_) => {
+                give_back(outstanding);
+                return Err(ClientError::deadline(format!(
+                    "The server at {} did not answer within the rate limiter timeout ({} ms)",
+                    client.address(),
+                    t.as_millis()
+                )));
+            }
+        },
+        None => started.await,
+    };
+    let mut responses = match started {
         Ok(r) => r,
         Err(status) => {
             give_back(outstanding);

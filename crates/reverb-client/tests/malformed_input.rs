@@ -365,3 +365,103 @@ fn items_no_sampler_could_decode_are_refused_and_the_table_keeps_serving() {
     let samples = block(client.sample("t", 1, None, T)).unwrap();
     assert_eq!(samples[0].columns[0].shape, vec![3, 2]);
 }
+
+/// Starts an `InsertStream` whose body is `sent` and then never ends, on a connection of its
+/// own; returns the stream's final status code (or `None` if it is still open after 5 s).
+fn unfinished_insert(port: u16, sent: Vec<u8>) -> Option<Code> {
+    use futures::StreamExt;
+    use tower_service::Service;
+    block(async move {
+        let mut channel =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+        let frames = futures::stream::iter(vec![Ok::<_, tonic::Status>(http_body::Frame::data(
+            bytes::Bytes::from(sent),
+        ))])
+        .chain(futures::stream::pending());
+        let mut request = http::Request::post("/deepmind.reverb.ReverbService/InsertStream")
+            .version(http::Version::HTTP_2)
+            .body(tonic::body::Body::new(http_body_util::StreamBody::new(
+                frames,
+            )))
+            .unwrap();
+        let headers = request.headers_mut();
+        headers.insert("content-type", "application/grpc".parse().unwrap());
+        headers.insert("te", "trailers".parse().unwrap());
+        let wait = async {
+            futures::future::poll_fn(|cx| channel.poll_ready(cx))
+                .await
+                .unwrap();
+            let response = channel.call(request).await.unwrap();
+            let (head, mut body) = response.into_parts();
+            if let Some(code) = head.headers.get("grpc-status") {
+                return Code::from_bytes(code.as_bytes());
+            }
+            use http_body_util::BodyExt;
+            while let Some(frame) = body.frame().await {
+                if let Ok(trailers) = frame.unwrap().into_trailers() {
+                    return Code::from_bytes(trailers["grpc-status"].as_bytes());
+                }
+            }
+            Code::Unknown
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .ok()
+    })
+}
+
+/// A gRPC message header announcing `len` bytes.
+fn announced(len: u32) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&len.to_be_bytes());
+    out
+}
+
+#[test]
+fn unfinished_messages_are_bounded_per_connection_and_per_server() {
+    let t = table("t", SelectorKind::Fifo, 100);
+    let options = ServerOptions {
+        max_pending_bytes_per_connection: 256 << 10,
+        max_pending_bytes: 400 << 10,
+        ..ServerOptions::default()
+    };
+    let server = Server::start(vec![t.clone()], options).unwrap();
+    let port = server.port();
+    // A peer announcing 1 MiB and sending 300 KiB of it: over the connection's bound.
+    let mut sent = announced(1 << 20);
+    sent.extend(vec![0u8; 300 << 10]);
+    assert_eq!(unfinished_insert(port, sent), Some(Code::ResourceExhausted));
+    // Two peers each holding 200 KiB (under the connection bound): the first stays open,
+    // the second passes the server's bound and fails.
+    let holder = std::thread::spawn(move || {
+        let mut sent = announced(1 << 20);
+        sent.extend(vec![0u8; 200 << 10]);
+        unfinished_insert(port, sent)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let mut sent = announced(1 << 20);
+    sent.extend(vec![0u8; 250 << 10]);
+    assert_eq!(unfinished_insert(port, sent), Some(Code::ResourceExhausted));
+    // Meanwhile, and after, well-behaved clients are served.
+    let client = Client::new(&format!("localhost:{port}"))
+        .unwrap()
+        .with_inproc(false);
+    let one = Tensor::new(
+        DataType::DtInt32 as i32,
+        vec![],
+        5i32.to_le_bytes().to_vec(),
+    )
+    .unwrap();
+    block(client.insert_step(vec![one.clone()], vec![("t".into(), 1.0)], T)).unwrap();
+    assert_eq!(
+        holder.join().unwrap(),
+        None,
+        "the holder's stream stays open"
+    );
+    block(client.insert_step(vec![one], vec![("t".into(), 1.0)], T)).unwrap();
+    assert_eq!(t.size(), 2);
+}

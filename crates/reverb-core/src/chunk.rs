@@ -3,7 +3,11 @@
 //! the last such item is gone.
 
 use reverb_proto::{ChunkData, FlatTrajectory, PrioritizedItem};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Chunks alive in this process, and their payload bytes (see [`Chunk::held`]).
+static HELD: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
 
 /// One column's rows of one episode range, as encoded bytes.
 #[derive(Debug)]
@@ -14,7 +18,18 @@ pub struct Chunk {
 impl Chunk {
     /// Wraps a received chunk.
     pub fn new(data: ChunkData) -> Self {
+        HELD.0.fetch_add(1, Ordering::Relaxed);
+        HELD.1.fetch_add(data.data.len(), Ordering::Relaxed);
         Self { data }
+    }
+
+    /// Chunks alive in this process (held by tables, insert streams or samples in flight)
+    /// and the bytes of their payloads.
+    pub fn held() -> (usize, usize) {
+        (
+            HELD.0.load(Ordering::Relaxed),
+            HELD.1.load(Ordering::Relaxed),
+        )
     }
     /// The chunk's random key.
     pub fn key(&self) -> u64 {
@@ -34,6 +49,13 @@ impl Chunk {
     /// Bytes of encoded payload (what a sample response carries).
     pub fn byte_size(&self) -> usize {
         self.data.data.len()
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        HELD.0.fetch_sub(1, Ordering::Relaxed);
+        HELD.1.fetch_sub(self.data.data.len(), Ordering::Relaxed);
     }
 }
 

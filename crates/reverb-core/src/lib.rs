@@ -12,7 +12,9 @@ pub use chunk::{Chunk, ItemData};
 pub use error::{CoreError, Result};
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};
-pub use table::{InsertOutcome, SampledItem, Table, TableConfig, TableSnapshot};
+pub use table::{
+    BlockReason, InsertOutcome, SampledItem, Table, TableConfig, TableSnapshot, Waiter, Waiting,
+};
 
 #[cfg(test)]
 mod table_tests;

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use rand::{rngs::StdRng, SeedableRng};
 use reverb_proto::{SampleInfo, TableInfo, TableWorkerTime};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 
@@ -110,6 +111,56 @@ pub struct Table {
     config: TableConfig,
     state: Mutex<State>,
     changed: Notify,
+    waits: [Waits; 2],
+}
+
+/// Which calls wait on a table's rate limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiter {
+    /// Inserts (the table is full or samples lag behind).
+    Insert = 0,
+    /// Samples (too few items, or inserts lag behind).
+    Sample = 1,
+}
+
+/// How many calls of one kind wait on the rate limiter now, and how long they waited in all.
+#[derive(Debug, Default)]
+struct Waits {
+    now: AtomicI64,
+    total_ns: AtomicU64,
+}
+
+/// A call waiting on a table's rate limiter, counted until it is dropped.
+pub struct Waiting<'a> {
+    waits: &'a Waits,
+    since: std::time::Instant,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.waits.now.fetch_sub(1, Ordering::Relaxed);
+        let ns = self.since.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.waits.total_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// Why a table's rate limiter blocks a kind of call now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockReason {
+    /// Samples wait for the table to hold `min_size_to_sample` items.
+    TooFewItems,
+    /// The sample-to-insert ratio (or a queue's size) holds the calls back.
+    SampleToInsertRatio,
+}
+
+impl BlockReason {
+    /// A short name (a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TooFewItems => "too_few_items",
+            Self::SampleToInsertRatio => "sample_to_insert_ratio",
+        }
+    }
 }
 
 impl std::fmt::Debug for Table {
@@ -156,6 +207,7 @@ impl Table {
             config,
             state: Mutex::new(state),
             changed: Notify::new(),
+            waits: Default::default(),
         })
     }
 
@@ -167,6 +219,45 @@ impl Table {
     /// The static settings.
     pub fn config(&self) -> &TableConfig {
         &self.config
+    }
+
+    /// Counts a call of kind `who` as waiting on the rate limiter until the guard is dropped.
+    pub fn waiting(&self, who: Waiter) -> Waiting<'_> {
+        let waits = &self.waits[who as usize];
+        waits.now.fetch_add(1, Ordering::Relaxed);
+        Waiting {
+            waits,
+            since: std::time::Instant::now(),
+        }
+    }
+
+    /// Calls of a kind waiting on the rate limiter now, and their total wait so far (ended
+    /// waits only).
+    pub fn waits(&self, who: Waiter) -> (i64, std::time::Duration) {
+        let waits = &self.waits[who as usize];
+        (
+            waits.now.load(Ordering::Relaxed),
+            std::time::Duration::from_nanos(waits.total_ns.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// Why the rate limiter would block one insert / one sample now (`None`: it would not).
+    pub fn block_reasons(&self) -> (Option<BlockReason>, Option<BlockReason>) {
+        let st = self.state.lock();
+        let insert = (!st.limiter.can_insert(1)).then_some(BlockReason::SampleToInsertRatio);
+        let sample = (!st.limiter.can_sample(1)).then(|| {
+            if (st.items.len() as i64) < st.limiter.config().min_size_to_sample {
+                BlockReason::TooFewItems
+            } else {
+                BlockReason::SampleToInsertRatio
+            }
+        });
+        (insert, sample)
+    }
+
+    /// The rate limiter's counters: inserts, samples and deletes.
+    pub fn counters(&self) -> (i64, i64, i64) {
+        self.state.lock().limiter.counters()
     }
 
     /// Fires (`notify_waiters`) after every change that could unblock an insert or a sample.

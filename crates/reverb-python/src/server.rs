@@ -159,7 +159,7 @@ impl PyServer {
     /// before serving; `Checkpoint` calls save there, keeping `keep_latest`.
     /// Listens on `host` (every interface when `None`); with `auth_token` (by default
     /// `REVERB_AUTH_TOKEN`'s value, if any) serves only calls that carry it.
-    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None))]
+    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -170,7 +170,18 @@ impl PyServer {
         keep_latest: usize,
         host: Option<String>,
         auth_token: Option<String>,
+        metrics_port: Option<u16>,
+        log_stats_every: Option<f64>,
     ) -> PyResult<Self> {
+        let log_stats_every = match log_stats_every {
+            None => None,
+            Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+            Some(s) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "log_stats_every must be a positive number of seconds, got {s}"
+                )))
+            }
+        };
         let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
         let checkpointer = checkpoint_root.map(|root| {
             Arc::new(Checkpointer::new(
@@ -187,6 +198,8 @@ impl PyServer {
                 .filter(|t| !t.is_empty())
                 .or(defaults.auth_token.clone()),
             checkpointer,
+            metrics_port,
+            log_stats_every,
             ..defaults
         };
         let inner = py
@@ -199,6 +212,12 @@ impl PyServer {
     #[getter]
     fn port(&self) -> u16 {
         self.inner.port()
+    }
+
+    /// The port metrics are served on, if any.
+    #[getter]
+    fn metrics_port(&self) -> Option<u16> {
+        self.inner.metrics_port()
     }
 
     /// Stops the server (open streams end with an error on the client side).

@@ -9,7 +9,7 @@
 
 use crate::status::from_core;
 use crate::tables::Tables;
-use reverb_core::{Chunk, InsertOutcome, ItemData, Table};
+use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
 use reverb_proto::payload::{dtype_name, read_chunk};
 use reverb_proto::{ChunkData, InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
 use std::collections::{HashMap, HashSet};
@@ -233,12 +233,16 @@ fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Received>) -> Result<Ite
 
 /// Inserts, waiting while the rate limiter blocks.
 async fn insert_waiting(table: &Table, mut item: ItemData, priority: f64) -> Result<(), Status> {
+    let mut _waiting = None;
     loop {
         let notified = table.changed().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         match table.try_insert(item, priority).map_err(from_core)? {
-            InsertOutcome::Blocked(back) => item = back,
+            InsertOutcome::Blocked(back) => {
+                item = back;
+                _waiting.get_or_insert_with(|| table.waiting(Waiter::Insert));
+            }
             _ => return Ok(()),
         }
         notified.await;

@@ -9,8 +9,10 @@
 //! of the same process (`inproc`).
 
 mod auth;
+mod budget;
 pub mod checkpointer;
 mod insert_stream;
+pub mod metrics;
 mod sample_stream;
 mod server;
 mod service;

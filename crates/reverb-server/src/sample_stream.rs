@@ -13,7 +13,7 @@ use crate::status::RATE_LIMITER_TIMEOUT;
 use crate::tables::Tables;
 use crate::transport::shm::RingWriter;
 use bytes::Bytes;
-use reverb_core::{SampledItem, Table};
+use reverb_core::{SampledItem, Table, Waiter};
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::MIN_CHUNK_BYTES;
 use reverb_proto::{ChunkData, SampleStreamRequest, SampleStreamResponse};
@@ -143,6 +143,7 @@ pub(crate) async fn sample_waiting(
 ) -> Result<Vec<SampledItem>, Option<Status>> {
     let deadline = timeout.map(|t| Instant::now() + t);
     tokio::pin!(gone);
+    let mut _waiting = None;
     loop {
         let notified = table.changed().notified();
         tokio::pin!(notified);
@@ -155,6 +156,7 @@ pub(crate) async fn sample_waiting(
         if !batch.is_empty() {
             return Ok(batch);
         }
+        _waiting.get_or_insert_with(|| table.waiting(Waiter::Sample));
         let expired = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,

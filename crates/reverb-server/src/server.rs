@@ -1,7 +1,9 @@
 //! A running gRPC server on its own tokio runtime: start on a chosen or free port, stop cleanly.
 
 use crate::auth::TokenCheck;
+use crate::budget::{Budget, Budgeted};
 use crate::checkpointer::Checkpointer;
+use crate::metrics;
 use crate::transport::inproc::{InProcServer, Stopped};
 use crate::ReverbServiceImpl;
 use futures::StreamExt;
@@ -29,8 +31,18 @@ pub struct ServerOptions {
     pub worker_threads: usize,
     /// Largest message accepted or sent (bytes).
     pub max_message_size: usize,
+    /// Most bytes of messages still arriving one connection may make the server hold
+    /// (see `budget`); by default twice `max_message_size`.
+    pub max_pending_bytes_per_connection: usize,
+    /// Most bytes of messages still arriving all connections together may make the server
+    /// hold; by default four times `max_message_size`.
+    pub max_pending_bytes: usize,
     /// Saves checkpoints, and restores the latest one when the server starts.
     pub checkpointer: Option<Arc<Checkpointer>>,
+    /// Serves Prometheus metrics over HTTP on this port (0 picks a free one; on `host`).
+    pub metrics_port: Option<u16>,
+    /// Writes one line per table to stderr this often.
+    pub log_stats_every: Option<Duration>,
 }
 
 impl Default for ServerOptions {
@@ -41,7 +53,11 @@ impl Default for ServerOptions {
             auth_token: reverb_proto::env_auth_token(),
             worker_threads: 2,
             max_message_size: reverb_proto::max_message_size(),
+            max_pending_bytes_per_connection: reverb_proto::max_message_size().saturating_mul(2),
+            max_pending_bytes: reverb_proto::max_message_size().saturating_mul(4),
             checkpointer: None,
+            metrics_port: None,
+            log_stats_every: None,
         }
     }
 }
@@ -71,6 +87,7 @@ impl std::error::Error for StartError {}
 /// `wait` while another calls `stop`.
 pub struct Server {
     port: u16,
+    metrics_port: Option<u16>,
     service: ReverbServiceImpl,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     /// The in-process service registered for this server.
@@ -114,6 +131,20 @@ impl Server {
             })?;
         let port = listener.local_addr().map_err(io)?.port();
         listener.set_nonblocking(true).map_err(io)?;
+        let metrics_listener = match options.metrics_port {
+            Some(p) => {
+                let l = bind(options.host.as_deref(), p).map_err(|e| {
+                    StartError::Io(format!("Could not listen on metrics port {p}: {e}"))
+                })?;
+                l.set_nonblocking(true).map_err(io)?;
+                Some(l)
+            }
+            None => None,
+        };
+        let metrics_port = match &metrics_listener {
+            Some(l) => Some(l.local_addr().map_err(io)?.port()),
+            None => None,
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(options.worker_threads.max(1))
             .thread_name("reverb-server")
@@ -123,11 +154,17 @@ impl Server {
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let finished = Arc::new((Mutex::new(false), Condvar::new()));
         let token_check = TokenCheck::new(options.auth_token.as_deref());
-        let svc = InterceptedService::new(
-            ReverbServiceServer::new(service.clone())
-                .max_decoding_message_size(options.max_message_size)
-                .max_encoding_message_size(options.max_message_size),
-            token_check.clone(),
+        let svc = Budgeted::new(
+            InterceptedService::new(
+                ReverbServiceServer::new(service.clone())
+                    .max_decoding_message_size(options.max_message_size)
+                    .max_encoding_message_size(options.max_message_size),
+                token_check.clone(),
+            ),
+            Budget::new(
+                options.max_pending_bytes_per_connection,
+                options.max_pending_bytes,
+            ),
         );
         let done = finished.clone();
         runtime.spawn(async move {
@@ -152,12 +189,34 @@ impl Server {
             *done.0.lock().unwrap() = true;
             done.1.notify_all();
         });
+        if let Some(listener) = metrics_listener {
+            let (tables, streams) = (service.tables().clone(), service.streams().clone());
+            runtime.spawn(async move {
+                if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+                    metrics::serve(listener, tables, streams).await;
+                }
+            });
+        }
+        if let Some(every) = options.log_stats_every.filter(|d| !d.is_zero()) {
+            let tables = service.tables().clone();
+            runtime.spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.tick().await;
+                loop {
+                    ticks.tick().await;
+                    for line in metrics::summary(&tables) {
+                        eprintln!("reverb server port {port}: {line}");
+                    }
+                }
+            });
+        }
         let (stop_inproc, stopped) = Stopped::new();
         let inproc: Arc<dyn reverb_proto::inproc::Service> =
             Arc::new(InProcServer::new(service.clone(), stopped, token_check));
         reverb_proto::inproc::register(port, inproc.clone());
         Ok(Self {
             port,
+            metrics_port,
             service,
             shutdown: Mutex::new(Some(shutdown_tx)),
             inproc,
@@ -170,6 +229,11 @@ impl Server {
     /// The port being served.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port metrics are served on, if any.
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.metrics_port
     }
 
     /// The service (and through it the tables).

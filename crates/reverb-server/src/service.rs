@@ -2,6 +2,7 @@
 //! in-process service (`transport/inproc.rs`).
 
 use crate::checkpointer::Checkpointer;
+use crate::metrics::{StreamKind, Streams};
 use crate::status::from_core;
 use crate::tables::Tables;
 use crate::transport::shm::RingWriter;
@@ -24,6 +25,7 @@ pub struct ReverbServiceImpl {
     tables: Tables,
     tables_state_id: Uint128,
     checkpointer: Option<Arc<Checkpointer>>,
+    streams: Arc<Streams>,
 }
 
 impl ReverbServiceImpl {
@@ -36,7 +38,13 @@ impl ReverbServiceImpl {
                 low: rand::random(),
             },
             checkpointer: None,
+            streams: Arc::default(),
         })
+    }
+
+    /// The open gRPC streams, by kind.
+    pub fn streams(&self) -> &Arc<Streams> {
+        &self.streams
     }
 
     /// Saves checkpoints with `checkpointer` when asked (the `Checkpoint` RPC).
@@ -109,11 +117,12 @@ impl ReverbService for ReverbServiceImpl {
         request: Request<Streaming<InsertStreamRequest>>,
     ) -> Result<Response<Self::InsertStreamStream>, Status> {
         let (tx, rx) = mpsc::channel(8);
-        tokio::spawn(insert_stream::run(
-            self.tables.clone(),
-            request.into_inner(),
-            tx,
-        ));
+        let open = self.streams.open(StreamKind::Insert);
+        let run = insert_stream::run(self.tables.clone(), request.into_inner(), tx);
+        tokio::spawn(async move {
+            run.await;
+            drop(open);
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -148,12 +157,12 @@ impl ReverbService for ReverbServiceImpl {
             .and_then(|offer| offer.to_str().ok())
             .and_then(RingWriter::open);
         let (tx, rx) = mpsc::channel(3);
-        tokio::spawn(sample_stream::run(
-            self.tables.clone(),
-            request.into_inner(),
-            tx,
-            ring,
-        ));
+        let open = self.streams.open(StreamKind::Sample);
+        let run = sample_stream::run(self.tables.clone(), request.into_inner(), tx, ring);
+        tokio::spawn(async move {
+            run.await;
+            drop(open);
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -7,6 +7,7 @@
 //!   through the C ABI of the library holding it (the TensorFlow kernels).
 
 pub mod channel;
+pub mod connect;
 pub mod grpc;
 pub mod inproc;
 pub mod shm;
