@@ -77,7 +77,7 @@ def test_iterators_with_a_rate_limiter_timeout_end_soon_after_it(silent_address)
     it = reverb.TrajectoryIterator(silent_address, "t", rate_limiter_timeout_ms=1000)
     took, error = _timed(lambda: next(it))
     assert isinstance(error, StopIteration), error
-    assert took < 4, took
+    assert took < 6, took
 
 
 def test_calls_without_a_timeout_end_at_the_silence_bound(silent_address) -> None:

@@ -652,6 +652,14 @@ impl Client {
             }
         }
         drop(tx);
+        if failure.is_none() {
+            // Let the server end the stream (it does once the request is served and the
+            // client is done sending): a stream the client drops open is reset, and a server
+            // seeing many resets of streams it had no time to accept (a busy server) closes
+            // the whole connection as an attack ("rapid reset").
+            let end = async { while let Ok(Some(_)) = responses.message().await {} };
+            let _ = tokio::time::timeout(Duration::from_secs(1), end).await;
+        }
         // Every sample that decodes is returned (they left the table), with the first error.
         let mut decoded = Vec::with_capacity(samples.len());
         let mut undecodable = None;

@@ -108,7 +108,14 @@ impl Sampler {
         let table = table.to_string();
         let supervisor = runtime().spawn(async move {
             let workers = match options.num_workers {
-                0 => auto_workers(&client, &table, options.rate_limiter_timeout).await,
+                // (Bounded by the rate-limiter timeout, but never so short that a live
+                // server cannot answer.)
+                0 => {
+                    let bound = options
+                        .rate_limiter_timeout
+                        .map(|t| t.max(Duration::from_secs(2)));
+                    auto_workers(&client, &table, bound).await
+                }
                 n => n,
             };
             let inproc = match options.inproc_abi {

@@ -88,3 +88,37 @@ fn a_server_listens_on_the_host_it_is_given() {
         .unwrap();
     assert!(err.to_string().contains("no-such-host.invalid"), "{err}");
 }
+
+#[test]
+fn a_writer_with_the_wrong_token_fails_for_good() {
+    use reverb_client::writer::{ItemColumn, TrajectoryWriter, WriterOptions};
+    let options = ServerOptions {
+        auth_token: Some("s3cret".into()),
+        ..ServerOptions::default()
+    };
+    let t = table("t", SelectorKind::Fifo, 100);
+    let server = Server::start(vec![t.clone()], options).unwrap();
+    let client = Client::new(&format!("localhost:{}", server.port()))
+        .unwrap()
+        .with_auth_token(Some("wrong"))
+        .unwrap();
+    let mut w = {
+        let _guard = reverb_client::runtime().enter();
+        TrajectoryWriter::new(client, WriterOptions::default()).unwrap()
+    };
+    let column = [ItemColumn {
+        refs: vec![(0, 0)],
+        squeeze: false,
+    }];
+    w.append(vec![(0, one())], false).unwrap();
+    w.create_item("t", 1.0, &column, None).unwrap();
+    let deadline = Some(std::time::Instant::now() + std::time::Duration::from_secs(10));
+    let err = w.flush(0, deadline).unwrap_err();
+    assert_eq!(err.code, Code::Unauthenticated, "{err:?}");
+    assert!(w.failed());
+    assert_eq!(
+        w.flush(0, deadline).unwrap_err().code,
+        Code::Unauthenticated
+    );
+    assert_eq!(t.size(), 0);
+}

@@ -352,6 +352,11 @@ fn items_no_sampler_could_decode_are_refused_and_the_table_keeps_serving() {
         vec![good()],
         vec![sliced(16, &[(1, 0, 1, 0)]), sliced(17, &[(1, 0, 9, 0)])],
     );
+    // ... as does one whose second item has a priority the table refuses.
+    let mut nan = sliced(21, &[(1, 0, 1, 0)]);
+    nan.priority = f64::NAN;
+    let message = refused(vec![good()], vec![sliced(20, &[(1, 0, 1, 0)]), nan]);
+    assert!(message.contains("NaN"), "{message}");
     assert_eq!(t.size(), 0);
 
     // Good items of the same shapes are stored and sampled back.
@@ -425,8 +430,8 @@ fn announced(len: u32) -> Vec<u8> {
 fn unfinished_messages_are_bounded_per_connection_and_per_server() {
     let t = table("t", SelectorKind::Fifo, 100);
     let options = ServerOptions {
-        max_pending_bytes_per_connection: 256 << 10,
-        max_pending_bytes: 400 << 10,
+        max_pending_bytes_per_connection: Some(256 << 10),
+        max_pending_bytes: Some(400 << 10),
         ..ServerOptions::default()
     };
     let server = Server::start(vec![t.clone()], options).unwrap();
@@ -464,4 +469,175 @@ fn unfinished_messages_are_bounded_per_connection_and_per_server() {
     );
     block(client.insert_step(vec![one], vec![("t".into(), 1.0)], T)).unwrap();
     assert_eq!(t.size(), 2);
+}
+
+/// Sends raw messages on any RPC (unary ones take the first); the final status code, or
+/// `None` when the call had not ended after half a second.
+fn raw_call(port: u16, method: &'static str, messages: Vec<Vec<u8>>) -> Option<Code> {
+    block(async move {
+        let call = async {
+            let channel =
+                tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .unwrap();
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.unwrap();
+            let path = http::uri::PathAndQuery::from_static(method);
+            let request = tonic::Request::new(tokio_stream::iter(messages));
+            match grpc.streaming(request, path, RawCodec).await {
+                Err(status) => status.code(),
+                Ok(response) => {
+                    let mut stream = response.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(_)) => continue,
+                            Ok(None) => return Code::Ok,
+                            Err(status) => return status.code(),
+                        }
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .ok()
+    })
+}
+
+#[test]
+fn wire_fuzz_of_every_rpc_loses_nothing_of_a_well_behaved_client() {
+    use rand::{Rng, SeedableRng};
+    const GOOD: &str = "well_behaved_client_table_0123456789";
+    let good_table = table(GOOD, SelectorKind::Uniform, 1_000_000);
+    let scratch = table("t", SelectorKind::Fifo, 100);
+    let server =
+        Server::start(vec![good_table.clone(), scratch], ServerOptions::default()).unwrap();
+    let port = server.port();
+    // Valid messages of every RPC, to mutate.
+    let chunk = rows_chunk(1, 3, 2, false);
+    let valid: Vec<(&'static str, Vec<u8>)> = vec![
+        (
+            "/deepmind.reverb.ReverbService/InsertStream",
+            InsertStreamRequest {
+                chunks: vec![chunk],
+                items: vec![sliced(5, &[(1, 0, 2, 0)])],
+                keep_chunk_keys: vec![1],
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "/deepmind.reverb.ReverbService/SampleStream",
+            SampleStreamRequest {
+                table: "t".into(),
+                num_samples: 2,
+                rate_limiter_timeout: Some(Timeout { milliseconds: 50 }),
+                shm_released: 0,
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "/deepmind.reverb.ReverbService/MutatePriorities",
+            MutatePrioritiesRequest {
+                table: "t".into(),
+                updates: vec![KeyWithPriority {
+                    key: 5,
+                    priority: 2.0,
+                }],
+                delete_keys: vec![5],
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "/deepmind.reverb.ReverbService/Reset",
+            ResetRequest { table: "t".into() }.encode_to_vec(),
+        ),
+        (
+            "/deepmind.reverb.ReverbService/ServerInfo",
+            ServerInfoRequest {}.encode_to_vec(),
+        ),
+        (
+            "/deepmind.reverb.ReverbService/Checkpoint",
+            CheckpointRequest {}.encode_to_vec(),
+        ),
+        (
+            "/deepmind.reverb.ReverbService/InitializeConnection",
+            InitializeConnectionRequest {
+                pid: 1,
+                table_name: "t".into(),
+                ownership_transferred: false,
+            }
+            .encode_to_vec(),
+        ),
+    ];
+    // The well-behaved client inserts (and samples) all along.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let client = Client::new(&format!("localhost:{port}"))
+                .unwrap()
+                .with_inproc(false);
+            let mut inserted = 0i32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let value = Tensor::new(
+                    DataType::DtInt32 as i32,
+                    vec![],
+                    inserted.to_le_bytes().to_vec(),
+                )
+                .unwrap();
+                block(client.insert_step(vec![value], vec![(GOOD.into(), 1.0)], T)).unwrap();
+                inserted += 1;
+                block(client.sample(GOOD, 1, None, T)).unwrap();
+            }
+            inserted
+        })
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let started = std::time::Instant::now();
+    let mut calls = 0;
+    while started.elapsed() < Duration::from_secs(4) {
+        let (method, message) = &valid[rng.random_range(0..valid.len())];
+        let mut bytes = message.clone();
+        match rng.random_range(0..4) {
+            // Random bytes.
+            0 => {
+                bytes = (0..rng.random_range(0..64)).map(|_| rng.random()).collect();
+            }
+            // Flipped bits.
+            1 => {
+                for _ in 0..rng.random_range(1..4) {
+                    if !bytes.is_empty() {
+                        let i = rng.random_range(0..bytes.len());
+                        bytes[i] ^= 1 << rng.random_range(0..8);
+                    }
+                }
+            }
+            // Truncated.
+            2 => bytes.truncate(rng.random_range(0..=bytes.len())),
+            // Random bytes spliced in.
+            _ => {
+                let at = rng.random_range(0..=bytes.len());
+                let junk: Vec<u8> = (0..rng.random_range(1..16)).map(|_| rng.random()).collect();
+                bytes.splice(at..at, junk);
+            }
+        }
+        let copies = rng.random_range(1..3);
+        let _ = raw_call(port, method, vec![bytes; copies]);
+        calls += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let inserted = writer.join().unwrap();
+    assert!(calls > 50, "only {calls} fuzzed calls");
+    assert!(inserted > 10, "only {inserted} inserts");
+    // Every confirmed item of the well-behaved client is there, with its data.
+    assert_eq!(good_table.size(), inserted as usize);
+    let client = Client::new(&format!("localhost:{port}"))
+        .unwrap()
+        .with_inproc(false);
+    for sample in block(client.sample(GOOD, 20, None, T)).unwrap() {
+        let v = i32::from_le_bytes(sample.columns[0].data[..4].try_into().unwrap());
+        assert!((0..inserted).contains(&v));
+    }
 }

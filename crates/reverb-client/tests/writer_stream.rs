@@ -215,6 +215,24 @@ fn a_refused_item_is_reported_once_and_the_writer_goes_on() {
             vec![vec![0], vec![2], vec![3]],
             "{transport}"
         );
+        // A refusal is raised by the next call before it changes anything: here an append,
+        // which appends nothing; the same append then goes through.
+        w.append(vec![(0, int64(4))], false).unwrap();
+        w.create_item("nope", 1.0, &steps(&[4]), soon()).unwrap();
+        w.send_ready(soon()).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while w.unconfirmed() > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let err = w.append(vec![(0, int64(5))], false).unwrap_err();
+        assert!(
+            format!("{err:?}").contains("NotFound"),
+            "{transport}: {err:?}"
+        );
+        w.append(vec![(0, int64(5))], false).unwrap();
+        w.create_item("q", 1.0, &steps(&[5]), soon()).unwrap();
+        assert!(flush_all(&mut w).is_empty(), "{transport}");
+        assert_eq!(drain(&client, "q", 1), vec![vec![5]], "{transport}");
     }
 }
 

@@ -281,7 +281,8 @@ impl Table {
         self.state.lock().limiter.can_insert(n)
     }
 
-    fn check_priority(&self, priority: f64) -> Result<()> {
+    /// Checks that `priority` is one this table's selectors take.
+    pub fn check_priority(&self, priority: f64) -> Result<()> {
         let ok = match self.config.sampler {
             SelectorKind::Prioritized { .. } => priority >= 0.0 && priority.is_finite(),
             _ => !priority.is_nan(),

@@ -168,14 +168,20 @@ pub fn read_chunk(chunk: &ChunkData) -> Result<Vec<TensorPayload>, PayloadError>
     let payload = ChunkTensors::decode(chunk.data.clone()).map_err(|e| {
         PayloadError::malformed(format!("Chunk {key} has a malformed payload: {e}"))
     })?;
+    // What `string_val`s may expand to, for the whole chunk.
+    let mut expansion = MAX_EXPANDED_STRINGS;
     payload
         .tensors
         .into_iter()
-        .map(|proto| read_tensor(key, proto))
+        .map(|proto| read_tensor(key, proto, &mut expansion))
         .collect()
 }
 
-fn read_tensor(key: u64, proto: TensorProto) -> Result<TensorPayload, PayloadError> {
+fn read_tensor(
+    key: u64,
+    proto: TensorProto,
+    expansion: &mut usize,
+) -> Result<TensorPayload, PayloadError> {
     let shape: Vec<i64> = proto
         .tensor_shape
         .as_ref()
@@ -187,7 +193,7 @@ fn read_tensor(key: u64, proto: TensorProto) -> Result<TensorPayload, PayloadErr
         )));
     }
     if proto.dtype == DT_STRING {
-        return read_strings(key, proto, shape);
+        return read_strings(key, proto, shape, expansion);
     }
     let size = dtype_size(proto.dtype).ok_or_else(|| PayloadError {
         unsupported: true,
@@ -233,7 +239,8 @@ fn read_tensor(key: u64, proto: TensorProto) -> Result<TensorPayload, PayloadErr
     })
 }
 
-/// The most bytes a string tensor given as a few repeated `string_val`s may expand to.
+/// The most bytes the string tensors of one chunk given as (a few repeated) `string_val`s may
+/// expand to, together.
 const MAX_EXPANDED_STRINGS: usize = 1 << 26;
 
 /// A string tensor: from `tensor_content` (as the reference's chunks and ours carry it) or
@@ -242,6 +249,7 @@ fn read_strings(
     key: u64,
     proto: TensorProto,
     shape: Vec<i64>,
+    expansion: &mut usize,
 ) -> Result<TensorPayload, PayloadError> {
     let n = elements_of(&shape).ok_or_else(|| {
         PayloadError::malformed(format!("Chunk {key}: bad string tensor shape {shape:?}"))
@@ -255,10 +263,12 @@ fn read_strings(
             .saturating_sub(proto.string_val.len())
             .checked_mul(last.len() + 5)
             .and_then(|n| n.checked_add(given))
-            .filter(|&n| n <= MAX_EXPANDED_STRINGS);
-        if expanded.is_none() {
+            .filter(|&n| n <= *expansion);
+        if let Some(n) = expanded {
+            *expansion -= n;
+        } else {
             return Err(PayloadError::malformed(format!(
-                "Chunk {key}: {} string values of shape {shape:?} expand past {MAX_EXPANDED_STRINGS} \
+                "Chunk {key}: {} string values of shape {shape:?} take its string values past {MAX_EXPANDED_STRINGS} \
                  bytes",
                 proto.string_val.len()
             )));
@@ -276,4 +286,46 @@ fn read_strings(
         len: content.len(),
         content,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensorflow::{tensor_shape_proto::Dim, TensorShapeProto};
+
+    fn strings(n: i64, values: &[&[u8]]) -> TensorProto {
+        TensorProto {
+            dtype: DT_STRING,
+            tensor_shape: Some(TensorShapeProto {
+                dim: vec![Dim {
+                    size: n,
+                    name: String::new(),
+                }],
+                unknown_rank: false,
+            }),
+            string_val: values.iter().map(|v| Bytes::copy_from_slice(v)).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn chunk(tensors: Vec<TensorProto>) -> ChunkData {
+        ChunkData {
+            chunk_key: 9,
+            data: ChunkTensors { tensors }.encode_to_vec().into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn repeated_string_values_expand_within_one_bound_per_chunk() {
+        let read = read_chunk(&chunk(vec![strings(3, &[b"a", b"bc"])])).unwrap();
+        let elements = decode_strings(&read[0].content, 3).unwrap();
+        assert_eq!(elements, vec![&b"a"[..], b"bc", b"bc"]);
+        // One value repeated past the bound, in one tensor or over many.
+        let huge = MAX_EXPANDED_STRINGS as i64;
+        assert!(read_chunk(&chunk(vec![strings(huge, &[b"x"])])).is_err());
+        let many = (0..100).map(|_| strings(huge / 50, &[b"x"])).collect();
+        let err = read_chunk(&chunk(many)).unwrap_err();
+        assert!(err.message.contains("past"), "{}", err.message);
+    }
 }

@@ -152,6 +152,8 @@ struct Counted {
     framing: Framing,
     /// Bytes this body holds of the budget.
     held: usize,
+    /// Whether the budget refused it (it then ends).
+    failed: bool,
 }
 
 impl HttpBody for Counted {
@@ -163,19 +165,27 @@ impl HttpBody for Counted {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let me = &mut *self;
+        if me.failed {
+            return Poll::Ready(None);
+        }
         let frame = match Pin::new(&mut me.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
             other => return other,
         };
         if let Some(data) = frame.data_ref() {
             let (added, finished) = me.framing.advance(data.chunk());
-            if let Err(status) = me.budget.take(me.peer, added) {
+            // Bytes of messages that finished within this frame were never held.
+            let within = finished.saturating_sub(me.held);
+            let more = added - within;
+            if let Err(status) = me.budget.take(me.peer, more) {
                 me.budget.give_back(me.peer, std::mem::take(&mut me.held));
+                me.failed = true;
                 return Poll::Ready(Some(Err(status)));
             }
-            me.held += added;
-            me.budget.give_back(me.peer, finished);
-            me.held -= finished;
+            me.held += more;
+            let released = finished - within;
+            me.budget.give_back(me.peer, released);
+            me.held -= released;
         }
         Poll::Ready(Some(Ok(frame)))
     }
@@ -237,6 +247,7 @@ where
                 peer,
                 framing: Framing::default(),
                 held: 0,
+                failed: false,
             })
         });
         self.inner.call(request)

@@ -102,6 +102,7 @@ impl Inserter {
         for item in request.items {
             let table = tables.get(&item.table)?;
             let priority = item.priority;
+            table.check_priority(priority).map_err(from_core)?;
             resolved.push((table, resolve(item, &self.chunks)?, priority));
         }
         let mut confirmed = Vec::with_capacity(resolved.len());

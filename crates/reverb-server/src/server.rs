@@ -32,11 +32,11 @@ pub struct ServerOptions {
     /// Largest message accepted or sent (bytes).
     pub max_message_size: usize,
     /// Most bytes of messages still arriving one connection may make the server hold
-    /// (see `budget`); by default twice `max_message_size`.
-    pub max_pending_bytes_per_connection: usize,
+    /// (see `budget`); `None`: twice `max_message_size`.
+    pub max_pending_bytes_per_connection: Option<usize>,
     /// Most bytes of messages still arriving all connections together may make the server
-    /// hold; by default four times `max_message_size`.
-    pub max_pending_bytes: usize,
+    /// hold; `None`: four times `max_message_size`.
+    pub max_pending_bytes: Option<usize>,
     /// Saves checkpoints, and restores the latest one when the server starts.
     pub checkpointer: Option<Arc<Checkpointer>>,
     /// Serves Prometheus metrics over HTTP on this port (0 picks a free one; on `host`).
@@ -53,8 +53,8 @@ impl Default for ServerOptions {
             auth_token: reverb_proto::env_auth_token(),
             worker_threads: 2,
             max_message_size: reverb_proto::max_message_size(),
-            max_pending_bytes_per_connection: reverb_proto::max_message_size().saturating_mul(2),
-            max_pending_bytes: reverb_proto::max_message_size().saturating_mul(4),
+            max_pending_bytes_per_connection: None,
+            max_pending_bytes: None,
             checkpointer: None,
             metrics_port: None,
             log_stats_every: None,
@@ -120,6 +120,13 @@ impl Server {
                 .map_err(StartError::Checkpoint)?;
             service = service.with_checkpointer(checkpointer.clone());
         }
+        if let Some(token) = &options.auth_token {
+            if http::HeaderValue::try_from(format!("Bearer {token}")).is_err() {
+                return Err(StartError::InvalidConfig(
+                    "An auth token must be printable ASCII".into(),
+                ));
+            }
+        }
         let io = |e: std::io::Error| StartError::Io(e.to_string());
         let listener =
             bind(options.host.as_deref(), options.port).map_err(|e| match &options.host {
@@ -130,6 +137,7 @@ impl Server {
                 None => StartError::Io(format!("Could not listen on port {}: {e}", options.port)),
             })?;
         let port = listener.local_addr().map_err(io)?.port();
+        let listener_ip = listener.local_addr().map_err(io)?.ip();
         listener.set_nonblocking(true).map_err(io)?;
         let metrics_listener = match options.metrics_port {
             Some(p) => {
@@ -162,8 +170,12 @@ impl Server {
                 token_check.clone(),
             ),
             Budget::new(
-                options.max_pending_bytes_per_connection,
-                options.max_pending_bytes,
+                options
+                    .max_pending_bytes_per_connection
+                    .unwrap_or(options.max_message_size.saturating_mul(2)),
+                options
+                    .max_pending_bytes
+                    .unwrap_or(options.max_message_size.saturating_mul(4)),
             ),
         );
         let done = finished.clone();
@@ -213,7 +225,13 @@ impl Server {
         let (stop_inproc, stopped) = Stopped::new();
         let inproc: Arc<dyn reverb_proto::inproc::Service> =
             Arc::new(InProcServer::new(service.clone(), stopped, token_check));
-        reverb_proto::inproc::register(port, inproc.clone());
+        // Clients of this process reach the server directly only when they would reach it
+        // through the loopback (`localhost:port`): a server bound to another address leaves
+        // `localhost:port` to whoever serves it there.
+        let bound = listener_ip;
+        if bound.is_unspecified() || bound.is_loopback() {
+            reverb_proto::inproc::register(port, inproc.clone());
+        }
         Ok(Self {
             port,
             metrics_port,

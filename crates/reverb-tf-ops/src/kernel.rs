@@ -119,7 +119,6 @@ impl Construction {
         Ok((list, total))
     }
 
-    /// A `string` attribute.
     /// The client of the `server_address` attr, sending the `auth_token` attr (when not
     /// empty; else `REVERB_AUTH_TOKEN`'s value, if any).
     pub fn client(&self) -> Result<reverb_client::Client> {
@@ -132,6 +131,7 @@ impl Construction {
         })
     }
 
+    /// A `string` attribute.
     pub fn string(&self, name: &str) -> Result<String> {
         let (_, total) = self.size(name)?;
         let mut buf = vec![0u8; total.max(0) as usize + 1];

@@ -368,10 +368,12 @@ impl TrajectoryWriter {
         while self.pending.front_ready() == Some(true) {
             // Wait for room in the in-flight window; confirmations (which make room) notify.
             {
+                // (Only the stream's failure stops here: a refusal of an earlier item is
+                // reported by the next call, before it changes anything.)
                 let mut progress = self.shared.progress.lock().unwrap();
                 loop {
-                    if let Some(e) = progress.take_error() {
-                        return Err(e);
+                    if let Some(e) = &progress.error {
+                        return Err(e.clone());
                     }
                     if self.sent - progress.settled() < window {
                         break;

@@ -158,7 +158,13 @@ pub(crate) async fn run(
         }
         match result {
             Ok(()) => return,
-            Err(e) if matches!(e.code, Code::Unavailable | Code::Cancelled) => {
+            // Transient: the connection broke, or the server is short of memory for now.
+            Err(e)
+                if matches!(
+                    e.code,
+                    Code::Unavailable | Code::Cancelled | Code::ResourceExhausted
+                ) =>
+            {
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > reconnect_timeout {
                     let message = format!(
@@ -174,19 +180,29 @@ pub(crate) async fn run(
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
             // The server refused the only item of a request: drop it, report it, go on.
-            Err(e) if failed_request == 1 => {
+            Err(e) if failed_request == 1 && refuses_item(e.code) => {
                 unconfirmed.pop_front();
                 shared.update(|p| p.reject(e));
             }
-            // A request of several items failed: resend them one per request (as every new
-            // session does) to find the one at fault.
-            Err(_) if failed_request > 1 => {}
+            // A request of several items was refused: resend them one per request (as every
+            // new session does) to find the one at fault.
+            Err(e) if failed_request > 1 && refuses_item(e.code) => {}
             Err(e) => {
                 shared.update(|p| p.error = Some(e));
                 return;
             }
         }
     }
+}
+
+/// Whether a server's answer refuses the item(s) of a request (an unknown table, data it
+/// cannot store, a message over its limit), rather than the whole stream (a wrong token, an
+/// unsupported call), which fails the writer.
+fn refuses_item(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition | Code::OutOfRange
+    )
 }
 
 /// One connection. Returns Ok when the writer closed and everything is confirmed. On an error
@@ -239,7 +255,7 @@ async fn session(
             },
             response = next_response(&mut responses), if responses.is_some() => match response {
                 Ok(Some(r)) => {
-                    sender.in_flight.pop_front();
+                    sender.retire(&r.keys);
                     confirm(shared, unconfirmed, r.keys);
                 }
                 Ok(None) => return Err(ClientError::new(Code::Unavailable, "the server closed the insert stream")),
@@ -247,7 +263,7 @@ async fn session(
             },
         }
     };
-    *failed_request = sender.in_flight.front().copied().unwrap_or(0);
+    *failed_request = sender.in_flight.front().map_or(0, Vec::len);
     result
 }
 
@@ -256,13 +272,29 @@ struct Sender {
     tx: mpsc::UnboundedSender<InsertStreamRequest>,
     /// Chunks the server holds for this stream.
     sent_chunks: HashSet<u64>,
-    /// Items of each request sent and not answered yet, oldest first.
-    in_flight: VecDeque<usize>,
+    /// Keys of the items of each request sent and not confirmed yet, oldest first.
+    in_flight: VecDeque<Vec<u64>>,
     /// Largest message the stream may carry.
     limit: usize,
 }
 
 impl Sender {
+    /// Takes confirmed keys off the requests in flight (a server may confirm a request's
+    /// items in several answers), dropping requests fully confirmed.
+    fn retire(&mut self, keys: &[u64]) {
+        let keys: HashSet<u64> = keys.iter().copied().collect();
+        let mut left = keys.len();
+        for request in self.in_flight.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            let before = request.len();
+            request.retain(|k| !keys.contains(k));
+            left = left.saturating_sub(before - request.len());
+        }
+        self.in_flight.retain(|r| !r.is_empty());
+    }
+
     /// Sends `batch` as one request, or one request per item when that would be too large;
     /// an item too large on its own is rejected instead of sent. Sent items join
     /// `unconfirmed`.
@@ -291,7 +323,8 @@ impl Sender {
             return Ok(());
         }
         sent(&req, &mut self.sent_chunks);
-        self.in_flight.push_back(batch.len());
+        self.in_flight
+            .push_back(batch.iter().map(|o| o.item.key).collect());
         unconfirmed.extend(batch);
         self.tx.send(req).map_err(|_| closed())
     }
