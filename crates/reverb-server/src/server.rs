@@ -192,6 +192,12 @@ impl Server {
                     .initial_stream_window_size(16 << 20)
                     .initial_connection_window_size(64 << 20)
                     .max_frame_size(1 << 20)
+                    // Resets are how clients stop streams early (a sampler that has enough,
+                    // a writer that is done): a busy server must not take many of them for
+                    // a rapid-reset attack and close a client's connection. The bounds stay
+                    // (an attacker's connection is still closed), far above h2's defaults.
+                    .http2_max_pending_accept_reset_streams(Some(4096))
+                    .http2_max_local_error_reset_streams(Some(65536))
                     .add_service(svc)
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = shutdown_rx.await;
