@@ -50,32 +50,36 @@ impl Codec for RawCodec {
     }
 }
 
-/// Sends raw messages on a streaming RPC and returns the final status code.
-fn raw_stream(port: u16, method: &'static str, messages: Vec<Vec<u8>>) -> Code {
-    block(async move {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://localhost:{port}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut grpc = tonic::client::Grpc::new(channel);
-        grpc.ready().await.unwrap();
-        let path = http::uri::PathAndQuery::from_static(method);
-        let request = tonic::Request::new(tokio_stream::iter(messages));
-        match grpc.streaming(request, path, RawCodec).await {
-            Err(status) => status.code(),
-            Ok(response) => {
-                let mut stream = response.into_inner();
-                loop {
-                    match stream.message().await {
-                        Ok(Some(_)) => continue,
-                        Ok(None) => return Code::Ok,
-                        Err(status) => return status.code(),
-                    }
+/// Sends raw messages on a streaming RPC (unary ones take the first) and returns the final
+/// status code.
+async fn raw_rpc(port: u16, method: &'static str, messages: Vec<Vec<u8>>) -> Code {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://localhost:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static(method);
+    let request = tonic::Request::new(tokio_stream::iter(messages));
+    match grpc.streaming(request, path, RawCodec).await {
+        Err(status) => status.code(),
+        Ok(response) => {
+            let mut stream = response.into_inner();
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return Code::Ok,
+                    Err(status) => return status.code(),
                 }
             }
         }
-    })
+    }
+}
+
+/// [`raw_rpc`], waited for.
+fn raw_stream(port: u16, method: &'static str, messages: Vec<Vec<u8>>) -> Code {
+    block(raw_rpc(port, method, messages))
 }
 
 fn item(key: u64, chunk_key: u64, table: &str) -> PrioritizedItem {
@@ -471,36 +475,10 @@ fn unfinished_messages_are_bounded_per_connection_and_per_server() {
     assert_eq!(t.size(), 2);
 }
 
-/// Sends raw messages on any RPC (unary ones take the first); the final status code, or
-/// `None` when the call had not ended after half a second.
+/// [`raw_rpc`], or `None` when the call had not ended after half a second.
 fn raw_call(port: u16, method: &'static str, messages: Vec<Vec<u8>>) -> Option<Code> {
     block(async move {
-        let call = async {
-            let channel =
-                tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-                    .unwrap()
-                    .connect()
-                    .await
-                    .unwrap();
-            let mut grpc = tonic::client::Grpc::new(channel);
-            grpc.ready().await.unwrap();
-            let path = http::uri::PathAndQuery::from_static(method);
-            let request = tonic::Request::new(tokio_stream::iter(messages));
-            match grpc.streaming(request, path, RawCodec).await {
-                Err(status) => status.code(),
-                Ok(response) => {
-                    let mut stream = response.into_inner();
-                    loop {
-                        match stream.message().await {
-                            Ok(Some(_)) => continue,
-                            Ok(None) => return Code::Ok,
-                            Err(status) => return status.code(),
-                        }
-                    }
-                }
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(2), call)
+        tokio::time::timeout(Duration::from_millis(500), raw_rpc(port, method, messages))
             .await
             .ok()
     })
