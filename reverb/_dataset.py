@@ -112,6 +112,9 @@ def build(
     batch_size: int = 0,
     drop_remainder: bool = False,
     auth_token: Optional[str] = None,
+    tls_ca: Optional[client_lib.PathLike] = None,
+    tls_cert: Optional[client_lib.PathLike] = None,
+    tls_key: Optional[client_lib.PathLike] = None,
 ) -> tf.data.Dataset:
     """The dataset of `ReplaySample`s: one per item, or per step with `timestep`; with
     `batch_size`, batches of that many items made by the kernel itself (what `.batch` on the
@@ -156,6 +159,9 @@ def build(
         # Eager mode caches one kernel per distinct attrs: keep datasets apart.
         instance=next(_instances),
         auth_token=auth_token or "",
+        tls_ca=_path(tls_ca),
+        tls_cert=_path(tls_cert),
+        tls_key=_path(tls_key),
         **_inproc_server(address, auth_token),
     )
 
@@ -189,6 +195,10 @@ def build(
     return ds.map(lambda _, batch: batch).unbatch()
 
 
+def _path(path: Optional[client_lib.PathLike]) -> str:
+    return "" if path is None else os.fspath(path)
+
+
 def _inproc_server(address: str, auth_token: Optional[str]) -> dict:
     """With a server of this process at `address` (that `auth_token` may call), the kernel
     samples its tables directly (through `reverb._native`) instead of over loopback gRPC.
@@ -204,11 +214,12 @@ def table_signature(
     table: Any,
     get_signature_timeout_secs: Optional[float],
     auth_token: Optional[str] = None,
+    **tls: Optional[client_lib.PathLike],
 ) -> Any:
     """The signature of `table` (a nest of `tf.TensorSpec`), or the reference's ValueErrors."""
     address = constant_string(server_address, "server_address")
     name = constant_string(table, "table")
-    info = client_lib.Client(address, auth_token).server_info(get_signature_timeout_secs)
+    info = client_lib.Client(address, auth_token, **tls).server_info(get_signature_timeout_secs)
     if name not in info:
         raise ValueError(
             f"Server at {address} does not contain any table named {name}. "
@@ -249,6 +260,10 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
         rate_limiter_timeout_ms: int = -1,
         max_samples: int = -1,
         auth_token: Optional[str] = None,
+        *,
+        tls_ca: Optional[client_lib.PathLike] = None,
+        tls_cert: Optional[client_lib.PathLike] = None,
+        tls_key: Optional[client_lib.PathLike] = None,
     ) -> None:
         self._args = dict(
             server_address=server_address,
@@ -262,6 +277,9 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
             max_samples=max_samples,
             timestep=self._timestep,
             auth_token=auth_token,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         self._dataset = build(**self._args)
         super().__init__()
@@ -299,10 +317,17 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
         get_signature_timeout_secs: Optional[int] = None,
         max_samples: int = -1,
         auth_token: Optional[str] = None,
+        *,
+        tls_ca: Optional[client_lib.PathLike] = None,
+        tls_cert: Optional[client_lib.PathLike] = None,
+        tls_key: Optional[client_lib.PathLike] = None,
     ) -> Any:
         """A dataset whose dtypes and shapes are the table's signature. ValueError when the
         table does not exist or has no signature; DeadlineExceededError on timeout."""
-        signature = table_signature(server_address, table, get_signature_timeout_secs, auth_token)
+        tls = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        signature = table_signature(
+            server_address, table, get_signature_timeout_secs, auth_token, **tls
+        )
         return cls(
             server_address=server_address,
             table=table,
@@ -314,6 +339,7 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples=max_samples,
             auth_token=auth_token,
+            **tls,
         )
 
     def _inputs(self) -> list:

@@ -95,6 +95,9 @@ class Server:
         auth_token: Optional[str] = None,
         metrics_port: Optional[int] = None,
         log_stats_every: Optional[float] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        tls_client_ca: Optional[str] = None,
     ) -> Server: ...
     @property
     def port(self) -> int: ...
@@ -107,7 +110,14 @@ class Server:
 class Client:
     """A client of one server address."""
 
-    def __new__(cls, address: str, auth_token: Optional[str] = None) -> Client: ...
+    def __new__(
+        cls,
+        address: str,
+        auth_token: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+    ) -> Client: ...
     @property
     def address(self) -> str: ...
     def server_info(self, timeout: Optional[float] = None) -> List[bytes]: ...

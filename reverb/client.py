@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
+import os
 import threading
 from typing import Any, Dict, Generator, List, Optional, Union
 
@@ -23,6 +25,9 @@ from reverb import (
 
 Writer = legacy_writer.Writer
 
+# A file's path (the TLS settings).
+PathLike = Union[str, "os.PathLike[str]"]
+
 
 class Client:
     """A client of the Reverb server at `server_address` (`host:port`).
@@ -30,17 +35,32 @@ class Client:
     Creating a client does not connect; calls connect (and reconnect) as needed. Blocking calls
     take an optional `timeout` in seconds and can be interrupted with Ctrl-C. Not in the
     reference: `auth_token` is sent with every call, for servers that require one (by default
-    the `REVERB_AUTH_TOKEN` environment variable, when set).
+    the `REVERB_AUTH_TOKEN` environment variable, when set); with `tls_ca` (a PEM file of the
+    authority that signed the server's certificate) calls go over TLS, presenting the
+    certificate `tls_cert` with its key `tls_key` to servers that require one (by default
+    the `REVERB_TLS_CA`, `REVERB_TLS_CLIENT_CERT` and `REVERB_TLS_CLIENT_KEY` variables).
     """
 
-    def __init__(self, server_address: str, auth_token: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        server_address: str,
+        auth_token: Optional[str] = None,
+        *,
+        tls_ca: Optional[PathLike] = None,
+        tls_cert: Optional[PathLike] = None,
+        tls_key: Optional[PathLike] = None,
+    ) -> None:
         if not isinstance(server_address, str) or not server_address:
             raise ValueError(f"server_address must be a non-empty string, got {server_address!r}")
         if auth_token is not None and not isinstance(auth_token, str):
             raise TypeError(f"auth_token must be a string, got {type(auth_token).__name__}")
         self._server_address = server_address
         self._auth_token = auth_token or None
-        self._client = _native.Client(server_address, self._auth_token)
+        self._tls = {
+            k: None if v is None else os.fspath(v)
+            for k, v in dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key).items()
+        }
+        self._client = self._connect()
         self._signature_cache: Dict[str, Any] = {}
         # Per table: the signature's leaves as (numpy dtype, shape or None), for inserts.
         self._flat_specs: Dict[str, list] = {}
@@ -51,7 +71,18 @@ class Client:
         self._insert_client: Optional[_native.Client] = None
         self._insert_columns: Dict[tuple, int] = {}
 
+    def _connect(self) -> _native.Client:
+        """A native client of the server with this client's token and TLS settings (a
+        connection of its own)."""
+        return _native.Client(self._server_address, self._auth_token, **self._tls)
+
     def __reduce__(self) -> Any:
+        tls = {k: v for k, v in self._tls.items() if v is not None}
+        if tls:
+            return functools.partial(type(self), **tls), (
+                self._server_address,
+                self._auth_token,
+            )
         if self._auth_token is None:
             return type(self), (self._server_address,)
         return type(self), (self._server_address, self._auth_token)
@@ -112,7 +143,7 @@ class Client:
                     if not reused or attempt == 1:
                         raise
                     self._insert_writer = None
-                    self._insert_client = _native.Client(self._server_address, self._auth_token)
+                    self._insert_client = self._connect()
 
     def _check_signature(self, table: str, arrays: List[np.ndarray]) -> None:
         """ValueError (nothing is inserted) when one step of `arrays` does not fit the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import os
 from typing import Any, Optional, Sequence
 
 from reverb import (
@@ -182,6 +183,10 @@ class Table:
         )
 
 
+def _path(path: Optional[client_lib.PathLike]) -> Optional[str]:
+    return None if path is None else os.fspath(path)
+
+
 class Server:
     """A Reverb gRPC server serving `tables` on `port` (a free port when None).
 
@@ -190,7 +195,10 @@ class Server:
     variable, when set) only calls carrying that token are served, others get
     UNAUTHENTICATED and change nothing. With `metrics_port` (0: a free one, see
     `.metrics_port`) it serves Prometheus metrics over HTTP there (`/metrics`); with
-    `log_stats_every` (seconds) it writes one line per table to stderr that often.
+    `log_stats_every` (seconds) it writes one line per table to stderr that often. With
+    `tls_cert` and `tls_key` (PEM files) it serves TLS only; with `tls_client_ca` as well,
+    only to clients presenting a certificate that authority signed (mutual TLS). By default
+    the `REVERB_TLS_CERT`, `REVERB_TLS_KEY` and `REVERB_TLS_CLIENT_CA` variables.
     """
 
     def __init__(
@@ -203,6 +211,9 @@ class Server:
         auth_token: Optional[str] = None,
         metrics_port: Optional[int] = None,
         log_stats_every: Optional[float] = None,
+        tls_cert: Optional[client_lib.PathLike] = None,
+        tls_key: Optional[client_lib.PathLike] = None,
+        tls_client_ca: Optional[client_lib.PathLike] = None,
     ) -> None:
         if not tables:
             raise ValueError("At least one table must be provided")
@@ -242,6 +253,9 @@ class Server:
             auth_token=auth_token,
             metrics_port=None if metrics_port is None else int(metrics_port),
             log_stats_every=log_stats_every,
+            tls_cert=_path(tls_cert),
+            tls_key=_path(tls_key),
+            tls_client_ca=_path(tls_client_ca),
         )
         self._port = self._server.port
         self._host = host

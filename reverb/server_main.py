@@ -8,6 +8,9 @@ Python >= 3.11, by file extension), which also configures checkpoints:
       "port": 8000,
       "host": "10.0.0.5",                         # optional: listen on this address only
       "auth_token_file": "/etc/reverb/token",     # optional: serve only calls with this token
+      "tls_cert": "/etc/reverb/server.pem",       # optional: serve TLS with this certificate
+      "tls_key": "/etc/reverb/server.key",        #   and key (PEM files)
+      "tls_client_ca": "/etc/reverb/ca.pem",      # optional: only clients it signed (mTLS)
       "metrics_port": 9090,                       # optional: Prometheus metrics at /metrics
       "log_stats_seconds": 60,                    # optional: one line per table this often
       "checkpoint_dir": "/var/lib/reverb",        # optional: restore on start, save on request
@@ -26,7 +29,8 @@ Selectors: "uniform", "fifo", "lifo", "min_heap", "max_heap", {"prioritized": ex
 Rate limiters: {"min_size": n}, {"sample_to_insert_ratio": [spi, min_size, error_buffer]}
 (error_buffer may be a [min_diff, max_diff] pair), {"queue": size}, {"stack": size},
 {"explicit": [samples_per_insert, min_size_to_sample, min_diff, max_diff]}.
-Without "auth_token_file", the REVERB_AUTH_TOKEN environment variable (when set) is the token.
+Without "auth_token_file", the REVERB_AUTH_TOKEN environment variable (when set) is the token;
+without "tls_cert", REVERB_TLS_CERT, REVERB_TLS_KEY and REVERB_TLS_CLIENT_CA name the files.
 SIGTERM and SIGINT stop the server cleanly (exit status 0).
 """
 
@@ -217,6 +221,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             auth_token=auth_token,
             metrics_port=config.get("metrics_port"),
             log_stats_every=config.get("log_stats_seconds"),
+            tls_cert=config.get("tls_cert"),
+            tls_key=config.get("tls_key"),
+            tls_client_ca=config.get("tls_client_ca"),
         )
     except (OSError, ValueError) as e:
         log.error("cannot start: %s", e)
@@ -241,9 +248,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if checkpointer is not None:
             log.info("checkpoints in %s", checkpointer.path)
         log.info(
-            "serving on port %d (%s%s)",
+            "serving on port %d (%s%s%s)",
             server.port,
             config.get("host") or "every interface",
+            ", TLS" if config.get("tls_cert") or os.environ.get("REVERB_TLS_CERT") else "",
             ", calls need the auth token"
             if auth_token or os.environ.get("REVERB_AUTH_TOKEN")
             else "",

@@ -3,11 +3,13 @@ sessions) through Reverb's C-API kernels."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
 from reverb import _tf_ops, replay_sample
+from reverb import client as client_lib
 
 
 class TFClient:
@@ -22,10 +24,21 @@ class TFClient:
         name: str = "reverb",
         *,
         auth_token: Optional[str] = None,
+        tls_ca: Optional[client_lib.PathLike] = None,
+        tls_cert: Optional[client_lib.PathLike] = None,
+        tls_key: Optional[client_lib.PathLike] = None,
     ) -> None:
         # `shared_name` is accepted for compatibility: there is no client resource to share.
         self._server_address = server_address
-        self._auth_token = auth_token or ""
+        # The connection settings every op carries.
+        self._connection = dict(
+            server_address=server_address,
+            auth_token=auth_token or "",
+            **{
+                k: "" if v is None else os.fspath(v)
+                for k, v in dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key).items()
+            },
+        )
         self._name = name
         self._ops = _tf_ops.ops()
 
@@ -48,8 +61,7 @@ class TFClient:
             key, probability, table_size, priority, times_sampled, data = (
                 self._ops.reverb_rs_client_sample(
                     table,
-                    server_address=self._server_address,
-                    auth_token=self._auth_token,
+                    **self._connection,
                     dtypes=flat,
                     rate_limiter_timeout_ms=rate_limiter_timeout_ms,
                 )
@@ -79,8 +91,7 @@ class TFClient:
                 [tf.convert_to_tensor(d) for d in data],
                 tables,
                 priorities,
-                server_address=self._server_address,
-                auth_token=self._auth_token,
+                **self._connection,
                 timeout_ms=timeout_ms,
             )
 
@@ -109,8 +120,7 @@ class TFClient:
                 table,
                 keys,
                 priorities,
-                server_address=self._server_address,
-                auth_token=self._auth_token,
+                **self._connection,
                 timeout_ms=timeout_ms,
             )
 

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from reverb import _nest, replay_sample
+from reverb import client as client_lib
 from reverb.trajectory_iterator import TrajectoryIterator, check_iterator_arguments
 
 # SampleInfo fields' dtypes, as in the datasets: key, probability, table_size, priority,
@@ -50,6 +51,9 @@ class TorchDataset(IterableDataset):
         rate_limiter_timeout_ms: int = -1,
         unpack_as_table_signature: bool = False,
         auth_token: Optional[str] = None,
+        tls_ca: Optional[client_lib.PathLike] = None,
+        tls_cert: Optional[client_lib.PathLike] = None,
+        tls_key: Optional[client_lib.PathLike] = None,
     ) -> None:
         super().__init__()
         check_iterator_arguments(
@@ -66,6 +70,9 @@ class TorchDataset(IterableDataset):
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             unpack_as_table_signature=unpack_as_table_signature,
             auth_token=auth_token,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         self._address = server_address
         self._table = table

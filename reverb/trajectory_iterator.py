@@ -83,6 +83,9 @@ class TrajectoryIterator:
         rate_limiter_timeout_ms: int = -1,
         unpack_as_table_signature: bool = False,
         auth_token: Optional[str] = None,
+        tls_ca: Optional[client_lib.PathLike] = None,
+        tls_cert: Optional[client_lib.PathLike] = None,
+        tls_key: Optional[client_lib.PathLike] = None,
     ) -> None:
         check_iterator_arguments(
             batch_size,
@@ -91,7 +94,9 @@ class TrajectoryIterator:
             rate_limiter_timeout_ms,
             max_samples,
         )
-        self._client = client_lib.Client(server_address, auth_token)
+        self._client = client_lib.Client(
+            server_address, auth_token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        )
         self._table = table
         self._batch_size = batch_size
         self._signature = (

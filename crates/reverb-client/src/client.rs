@@ -8,6 +8,7 @@ use crate::transport::channel::AuthChannel;
 use crate::transport::connect::{is_silent, Connector};
 use crate::transport::grpc::{self, SampleResponses};
 use crate::transport::inproc;
+use crate::transport::tls::Tls;
 use crate::{runtime, ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::inproc::Service;
@@ -33,6 +34,8 @@ pub struct Client {
     channel: AuthChannel,
     /// The auth token sent with every call.
     auth_token: Option<String>,
+    /// TLS settings of the connection (none: plain TCP).
+    tls: Option<Arc<Tls>>,
     /// The port, when `address` names this host and calls may skip gRPC for a server of
     /// this process.
     inproc_port: Option<u16>,
@@ -117,28 +120,47 @@ const HTTP2_STREAM_WINDOW: u32 = 16 << 20;
 const HTTP2_CONNECTION_WINDOW: u32 = 64 << 20;
 const HTTP2_MAX_FRAME: u32 = 1 << 20;
 
+/// A lazy connection to `address`: over TLS with `tls`, else plain TCP.
+fn connection(address: &str, tls: Option<&Tls>) -> Result<tonic::transport::Channel> {
+    let rest = address.split_once("://");
+    let uri = match (rest, tls) {
+        (Some(("https", _)), None) => {
+            return Err(ClientError::invalid(format!(
+                "The address '{address}' asks for TLS, but no authority to check the server \
+                 with was given (tls_ca, or the REVERB_TLS_CA environment variable)"
+            )))
+        }
+        (Some((_, rest)), Some(_)) => format!("https://{rest}"),
+        (None, Some(_)) => format!("https://{address}"),
+        (Some(_), None) => address.to_string(),
+        (None, None) => format!("http://{address}"),
+    };
+    let mut endpoint = Endpoint::from_shared(uri)
+        .map_err(|e| ClientError::invalid(format!("Invalid server address '{address}': {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        // Large HTTP/2 windows and frames: samples and chunks are big, and hyper's defaults
+        // (2 MiB stream window, 16 KiB frames) stall a stream of 2 MiB sample responses.
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .max_frame_size(HTTP2_MAX_FRAME)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true);
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.config())
+            .map_err(|e| ClientError::invalid(format!("Invalid TLS settings: {e}")))?;
+    }
+    let _guard = runtime().enter();
+    Ok(endpoint.connect_with_connector_lazy(Connector))
+}
+
 impl Client {
-    /// A client for `address` (`host:port`, optionally with a scheme). Does not connect yet.
+    /// A client for `address` (`host:port`, optionally with a scheme), over TLS when
+    /// `REVERB_TLS_CA` names an authority ([`Tls::from_env`]). Does not connect yet.
     pub fn new(address: &str) -> Result<Self> {
-        let uri = if address.contains("://") {
-            address.to_string()
-        } else {
-            format!("http://{address}")
-        };
-        let endpoint = Endpoint::from_shared(uri)
-            .map_err(|e| ClientError::invalid(format!("Invalid server address '{address}': {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            // Large HTTP/2 windows and frames: samples and chunks are big, and hyper's defaults
-            // (2 MiB stream window, 16 KiB frames) stall a stream of 2 MiB sample responses.
-            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-            .max_frame_size(HTTP2_MAX_FRAME)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(true);
-        let connection = {
-            let _guard = runtime().enter();
-            endpoint.connect_with_connector_lazy(Connector)
-        };
+        let tls = Tls::from_env()
+            .map_err(|e| ClientError::invalid(format!("The REVERB_TLS_* settings: {e}")))?;
+        let connection = connection(address, tls.as_ref())?;
         let auth_token = reverb_proto::env_auth_token();
         let channel = AuthChannel::new(connection, auth_token.as_deref())
             .map_err(|e| ClientError::invalid(format!("REVERB_AUTH_TOKEN cannot be used: {e}")))?;
@@ -148,10 +170,22 @@ impl Client {
             stub: stub(&channel, max_message_size),
             channel,
             auth_token,
+            tls: tls.map(Arc::new),
             inproc_port: inproc::loopback_port(address),
             reach: Arc::default(),
             max_message_size,
         })
+    }
+
+    /// This client over a new connection with these TLS settings (`None`: plain TCP).
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Result<Self> {
+        let connection = connection(&self.address, tls.as_ref())?;
+        self.channel = AuthChannel::new(connection, self.auth_token.as_deref())
+            .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
+        self.tls = tls.map(Arc::new);
+        self.stub = stub(&self.channel, self.max_message_size);
+        self.reach = Arc::default();
+        Ok(self)
     }
 
     /// This client sending `token` with every call instead (`None`: no token), over the same
@@ -252,6 +286,7 @@ impl Client {
     /// A client like this one (address, token, limits) over a connection of its own.
     pub fn reconnected(&self) -> Result<Self> {
         Ok(Self::new(&self.address)?
+            .with_tls(self.tls.as_deref().cloned())?
             .with_auth_token(self.auth_token.as_deref())?
             .with_max_message_size(self.max_message_size)
             .with_inproc(self.inproc_port.is_some()))
@@ -303,7 +338,48 @@ impl Client {
         if is_connect_failure(&status) {
             self.reach.up.store(false, Ordering::Relaxed);
         }
-        ClientError::from_status(status, &self.address)
+        let mut error = ClientError::from_status(status.clone(), &self.address);
+        if let Some(hint) = self.tls_hint(&status) {
+            error.message = format!("{} ({hint})", error.message);
+        }
+        error
+    }
+
+    /// What may be wrong when a connection failed the way a TLS mismatch makes it fail
+    /// (the transport says only that the connection closed, or that its first bytes were
+    /// not TLS).
+    fn tls_hint(&self, status: &tonic::Status) -> Option<&'static str> {
+        use std::error::Error;
+        let mut causes = Vec::new();
+        let mut source = status.source();
+        while let Some(e) = source {
+            causes.push(e.to_string());
+            source = e.source();
+        }
+        let closed = causes.iter().any(|c| {
+            c == "connection closed" || c.contains("broken pipe") || c.contains("reset by peer")
+        });
+        // A TLS server's answer to a plain HTTP/2 preface is not HTTP/2.
+        let garbled = causes.iter().any(|c| c.contains("http2 error"));
+        match self.tls.as_deref() {
+            None if closed || garbled => Some(
+                "if the server serves TLS, give the client the authority of its certificate \
+                 with tls_ca or REVERB_TLS_CA",
+            ),
+            Some(_) if causes.iter().any(|c| c.contains("InvalidContentType")) => {
+                Some("the server did not answer in TLS: does it serve TLS?")
+            }
+            Some(tls)
+                if !tls.has_client_certificate()
+                    && (closed || causes.iter().any(|c| c.contains("CertificateRequired"))) =>
+            {
+                Some(
+                    "the server closed the connection: if it requires client certificates, give \
+                 the client one with tls_cert and tls_key",
+                )
+            }
+            _ => None,
+        }
     }
 
     /// Waits for the server (see [`Client::wait_reachable`]), then runs one `attempt` of the

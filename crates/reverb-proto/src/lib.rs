@@ -11,6 +11,8 @@ pub mod codec;
 pub mod inproc;
 pub mod payload;
 pub mod shm;
+#[cfg(feature = "service")]
+pub mod tls;
 
 /// TensorFlow's TensorProto, TensorShapeProto and DataType (the subset chunks carry).
 pub mod tensorflow {

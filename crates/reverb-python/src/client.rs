@@ -9,6 +9,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList};
+use reverb_client::transport::tls::Tls;
 use reverb_client::{Client, Sample};
 
 /// A client call's future, owning what it needs.
@@ -118,17 +119,37 @@ pub(crate) fn samples_out(py: Python<'_>, samples: Vec<Sample>) -> PyResult<Boun
     Ok(out)
 }
 
+/// `p` unless it is empty (Python passes "" for "not given" too).
+fn nonempty(p: Option<&str>) -> Option<&str> {
+    p.filter(|p| !p.is_empty())
+}
+
 #[pymethods]
 impl PyClient {
     /// A client of `address`, sending `auth_token` with every call (by default
-    /// `REVERB_AUTH_TOKEN`'s value, if any).
+    /// `REVERB_AUTH_TOKEN`'s value, if any); over TLS trusting the authority `tls_ca`
+    /// (presenting `tls_cert`/`tls_key` when given), by default as `REVERB_TLS_*` say.
     #[new]
-    #[pyo3(signature = (address, auth_token=None))]
-    fn new(py: Python<'_>, address: &str, auth_token: Option<&str>) -> PyResult<Self> {
+    #[pyo3(signature = (address, auth_token=None, tls_ca=None, tls_cert=None, tls_key=None))]
+    fn new(
+        py: Python<'_>,
+        address: &str,
+        auth_token: Option<&str>,
+        tls_ca: Option<&str>,
+        tls_cert: Option<&str>,
+        tls_key: Option<&str>,
+    ) -> PyResult<Self> {
         let mut inner = Client::new(address).py()?;
         let auth_token = auth_token.filter(|t| !t.is_empty());
         if auth_token.is_some() {
             inner = inner.with_auth_token(auth_token).py()?;
+        }
+        let (ca, cert, key) = (nonempty(tls_ca), nonempty(tls_cert), nonempty(tls_key));
+        if ca.is_some() || cert.is_some() || key.is_some() {
+            let server_name = reverb_proto::tls::env_path(reverb_proto::tls::ENV_SERVER_NAME);
+            let tls = Tls::from_paths(ca, cert, key, server_name.as_deref())
+                .map_err(pyo3::exceptions::PyValueError::new_err)?;
+            inner = inner.with_tls(tls).py()?;
         }
         Ok(Self {
             inner: inner.with_inproc(inproc_allowed(py)),

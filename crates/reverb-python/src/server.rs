@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
-use reverb_server::{Checkpointer, Server, ServerOptions};
+use reverb_server::{Checkpointer, Server, ServerOptions, ServerTls};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -158,8 +158,10 @@ impl PyServer {
     /// Restores the latest checkpoint under `checkpoint_root` (or `fallback_checkpoint_path`)
     /// before serving; `Checkpoint` calls save there, keeping `keep_latest`.
     /// Listens on `host` (every interface when `None`); with `auth_token` (by default
-    /// `REVERB_AUTH_TOKEN`'s value, if any) serves only calls that carry it.
-    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None))]
+    /// `REVERB_AUTH_TOKEN`'s value, if any) serves only calls that carry it. Serves TLS with
+    /// the certificate `tls_cert` and key `tls_key` (PEM files; with `tls_client_ca`, only to
+    /// clients presenting a certificate it signed), by default as `REVERB_TLS_*` say.
+    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None, tls_cert=None, tls_key=None, tls_client_ca=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -172,7 +174,18 @@ impl PyServer {
         auth_token: Option<String>,
         metrics_port: Option<u16>,
         log_stats_every: Option<f64>,
+        tls_cert: Option<String>,
+        tls_key: Option<String>,
+        tls_client_ca: Option<String>,
     ) -> PyResult<Self> {
+        let given = |p: Option<String>| p.filter(|p| !p.is_empty());
+        let (cert, key, ca) = (given(tls_cert), given(tls_key), given(tls_client_ca));
+        let tls = if cert.is_none() && key.is_none() && ca.is_none() {
+            ServerTls::from_env()
+        } else {
+            ServerTls::from_paths(cert.as_deref(), key.as_deref(), ca.as_deref())
+        }
+        .map_err(pyo3::exceptions::PyValueError::new_err)?;
         let log_stats_every = match log_stats_every {
             None => None,
             Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
@@ -197,6 +210,7 @@ impl PyServer {
             auth_token: auth_token
                 .filter(|t| !t.is_empty())
                 .or(defaults.auth_token.clone()),
+            tls,
             checkpointer,
             metrics_port,
             log_stats_every,

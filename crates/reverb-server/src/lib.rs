@@ -18,6 +18,7 @@ mod server;
 mod service;
 mod status;
 mod tables;
+mod tls;
 mod transport;
 
 pub use auth::AUTHORIZATION;
@@ -26,3 +27,4 @@ pub use server::{Server, ServerOptions, StartError};
 pub use service::ReverbServiceImpl;
 pub use status::RATE_LIMITER_TIMEOUT;
 pub use tables::Tables;
+pub use tls::ServerTls;

@@ -4,6 +4,7 @@ use crate::auth::TokenCheck;
 use crate::budget::{Budget, Budgeted};
 use crate::checkpointer::Checkpointer;
 use crate::metrics;
+use crate::tls::ServerTls;
 use crate::transport::inproc::{InProcServer, Stopped};
 use crate::ReverbServiceImpl;
 use futures::StreamExt;
@@ -27,6 +28,8 @@ pub struct ServerOptions {
     /// When set, only calls carrying this token are served (see `auth`); by default
     /// `REVERB_AUTH_TOKEN`'s value when it is set and not empty.
     pub auth_token: Option<String>,
+    /// Serve over TLS with these settings (see [`ServerTls::from_env`] for the environment's).
+    pub tls: Option<ServerTls>,
     /// Worker threads of the server's runtime.
     pub worker_threads: usize,
     /// Largest message accepted or sent (bytes).
@@ -51,6 +54,7 @@ impl Default for ServerOptions {
             port: 0,
             host: None,
             auth_token: reverb_proto::env_auth_token(),
+            tls: None,
             worker_threads: 2,
             max_message_size: reverb_proto::max_message_size(),
             max_pending_bytes_per_connection: None,
@@ -178,6 +182,12 @@ impl Server {
                     .unwrap_or(options.max_message_size.saturating_mul(4)),
             ),
         );
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &options.tls {
+            builder = builder
+                .tls_config(tls.config())
+                .map_err(|e| StartError::InvalidConfig(format!("Invalid TLS settings: {e}")))?;
+        }
         let done = finished.clone();
         runtime.spawn(async move {
             if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
@@ -188,7 +198,7 @@ impl Server {
                 });
                 // Large HTTP/2 windows and frames for big chunks (hyper's server defaults are a
                 // 1 MiB window and 16 KiB frames).
-                let _ = tonic::transport::Server::builder()
+                let _ = builder
                     .initial_stream_window_size(16 << 20)
                     .initial_connection_window_size(64 << 20)
                     .max_frame_size(1 << 20)

@@ -31,6 +31,9 @@ pub mod sample {
         "dtypes: list(type) >= 1",
         "rate_limiter_timeout_ms: int = -1",
         "auth_token: string = ''",
+        "tls_ca: string = ''",
+        "tls_cert: string = ''",
+        "tls_key: string = ''",
     ];
 }
 
@@ -119,6 +122,9 @@ pub mod insert {
         "T: list(type) >= 1",
         "timeout_ms: int = -1",
         "auth_token: string = ''",
+        "tls_ca: string = ''",
+        "tls_cert: string = ''",
+        "tls_key: string = ''",
     ];
 }
 
@@ -214,6 +220,9 @@ pub mod update_priorities {
         "server_address: string",
         "timeout_ms: int = -1",
         "auth_token: string = ''",
+        "tls_ca: string = ''",
+        "tls_cert: string = ''",
+        "tls_key: string = ''",
     ];
 }
 

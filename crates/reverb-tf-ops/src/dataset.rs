@@ -44,6 +44,9 @@ pub const ATTRS: &[&str] = &[
     "inproc_port: int",
     "shared_memory: bool = true",
     "auth_token: string = ''",
+    "tls_ca: string = ''",
+    "tls_cert: string = ''",
+    "tls_key: string = ''",
 ];
 
 /// The longest one call waits for samples. TensorFlow's C API gives kernels no cancellation

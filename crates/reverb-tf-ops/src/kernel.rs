@@ -120,15 +120,28 @@ impl Construction {
     }
 
     /// The client of the `server_address` attr, sending the `auth_token` attr (when not
-    /// empty; else `REVERB_AUTH_TOKEN`'s value, if any).
+    /// empty; else `REVERB_AUTH_TOKEN`'s value, if any), over TLS when the `tls_ca` attr
+    /// names an authority (with `tls_cert`/`tls_key`; else as `REVERB_TLS_*` say).
     pub fn client(&self) -> Result<reverb_client::Client> {
-        let client = reverb_client::Client::new(&self.string("server_address")?)?;
+        let mut client = reverb_client::Client::new(&self.string("server_address")?)?;
         let token = self.string("auth_token")?;
-        Ok(if token.is_empty() {
-            client
-        } else {
-            client.with_auth_token(Some(&token))?
-        })
+        if !token.is_empty() {
+            client = client.with_auth_token(Some(&token))?;
+        }
+        let attr = |name| self.string(name).map(|v| (!v.is_empty()).then_some(v));
+        let (ca, cert, key) = (attr("tls_ca")?, attr("tls_cert")?, attr("tls_key")?);
+        if ca.is_some() || cert.is_some() || key.is_some() {
+            let server_name = reverb_proto::tls::env_path(reverb_proto::tls::ENV_SERVER_NAME);
+            let tls = reverb_client::transport::tls::Tls::from_paths(
+                ca.as_deref(),
+                cert.as_deref(),
+                key.as_deref(),
+                server_name.as_deref(),
+            )
+            .map_err(reverb_client::ClientError::invalid)?;
+            client = client.with_tls(tls)?;
+        }
+        Ok(client)
     }
 
     /// A `string` attribute.

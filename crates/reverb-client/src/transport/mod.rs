@@ -5,9 +5,13 @@
 //!   sampled chunks arrive as positions instead of bytes on the socket;
 //! - `inproc`: a server of this process, called directly (`reverb_proto::inproc`), or
 //!   through the C ABI of the library holding it (the TensorFlow kernels).
+//!
+//! gRPC connections are plain TCP, or TLS (`tls`) when the client is given an authority
+//! to check the server with.
 
 pub mod channel;
 pub mod connect;
 pub mod grpc;
 pub mod inproc;
 pub mod shm;
+pub mod tls;
