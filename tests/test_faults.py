@@ -1,5 +1,6 @@
 """Faults users meet: an actor process killed (SIGKILL) in the middle of an episode leaves
-every item the server confirmed intact and sampleable, and the server keeps serving."""
+every item the server confirmed intact and sampleable, and the server keeps serving; a server
+process killed and started again under running writers and samplers fails neither."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
+from _standalone import start, stop
 
 import reverb
 
@@ -77,3 +80,79 @@ def test_an_actor_killed_mid_episode_loses_nothing_confirmed() -> None:
         assert client.server_info(timeout=T)["replay"].current_size == size + 1
     finally:
         server.stop()
+
+
+def test_writers_and_samplers_carry_on_across_a_server_restart(tmp_path) -> None:
+    """The server process is killed (SIGKILL) and a new one started on the same port while a
+    writer and a sampler run: neither fails, the writer's later items reach the new server
+    and the sampler goes on with them."""
+    table = {
+        "name": "replay",
+        "sampler": "uniform",
+        "remover": "fifo",
+        "max_size": 1_000_000,
+        "rate_limiter": {"min_size": 1},
+    }
+    proc, port, lines = start({"port": 0, "tables": [table]}, tmp_path)
+    address = f"localhost:{port}"
+    stop_event = threading.Event()
+    errors: list = []
+    confirmed: list = []
+    seen: list = []
+
+    def write() -> None:
+        try:
+            with reverb.Client(address).trajectory_writer(1) as writer:
+                step = 0
+                while not stop_event.is_set():
+                    writer.append({"step": np.int64(step)})
+                    writer.create_item("replay", 1.0, {"step": writer.history["step"][-1:]})
+                    if step % 10 == 9:
+                        writer.flush(timeout_ms=60_000)
+                        confirmed.append(step)
+                    step += 1
+                    time.sleep(0.002)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    def sample() -> None:
+        try:
+            with reverb.TrajectoryIterator(address, "replay") as samples:
+                for s in samples:
+                    seen.append(int(np.ravel(s.data[0])[0]))
+                    if stop_event.is_set():
+                        return
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    def wait_for(condition, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert not errors, errors
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=sample)]
+    restarted = None
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(confirmed) >= 5 and len(seen) >= 5, "items before the restart")
+        proc.kill()
+        proc.communicate(timeout=T)
+        last_before = confirmed[-1]
+        restarted, _, restarted_lines = start({"port": port, "tables": [table]}, tmp_path)
+        # Items written after the restart are confirmed by the new server and sampled.
+        wait_for(lambda: confirmed[-1] >= last_before + 50, "items confirmed after the restart")
+        wait_for(lambda: max(seen) > last_before + 10, "samples of items after the restart")
+    finally:
+        stop_event.set()
+        for t in threads:
+            t.join(T * 3)
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate(timeout=T)
+        if restarted is not None:
+            stop(restarted, restarted_lines)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)

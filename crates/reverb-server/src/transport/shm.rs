@@ -225,6 +225,14 @@ mod tests {
 
     const SIZE: usize = 1 << 20;
 
+    /// The ring budget is process-wide: the test that fills it runs alone (write lock),
+    /// the others beside each other (read locks).
+    static BUDGET: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+    fn share_budget() -> std::sync::RwLockReadGuard<'static, ()> {
+        BUDGET.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn offer_with(ring: &Ring, f: impl FnOnce(&mut RingOffer)) -> String {
         let mut offer = RingOffer::parse(&ring.offer()).unwrap();
         f(&mut offer);
@@ -233,6 +241,7 @@ mod tests {
 
     #[test]
     fn chunks_written_are_read_back_and_a_full_ring_refuses_until_released() {
+        let _budget = share_budget();
         let ring = Ring::create(SIZE).unwrap();
         let mut writer = RingWriter::open(&ring.offer()).expect("a ring of this process opens");
         let chunk: Vec<u8> = (0..SIZE / 3).map(|i| (i % 251) as u8).collect();
@@ -258,6 +267,7 @@ mod tests {
 
     #[test]
     fn a_client_claiming_too_much_only_hurts_itself() {
+        let _budget = share_budget();
         // Claims are capped at what was written: the server reuses space the client still
         // reads (its own data gets overwritten), but never writes outside the ring.
         let ring = Ring::create(SIZE).unwrap();
@@ -275,6 +285,7 @@ mod tests {
 
     #[test]
     fn offers_that_are_not_this_clients_ring_are_refused() {
+        let _budget = share_budget();
         let ring = Ring::create(SIZE).unwrap();
         assert!(RingWriter::open("junk").is_none());
         assert!(RingWriter::open(&offer_with(&ring, |o| o.token[0] ^= 1)).is_none());
@@ -306,6 +317,7 @@ mod tests {
 
     #[test]
     fn rings_share_a_budget_of_bytes() {
+        let _budget = BUDGET.write().unwrap_or_else(|e| e.into_inner());
         let size = MAX_RING_BYTES as usize; // sparse: no memory is used
         let rings: Vec<Ring> = (0..17).map(|_| Ring::create(size).unwrap()).collect();
         let mut writers: Vec<RingWriter> = rings
