@@ -22,7 +22,9 @@ from typing import Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = [
     "writer_small",
+    "writer_small_nosig",
     "writer_frames",
+    "writer_frames_nosig",
     "writer_strings",
     "legacy_writer",
     "writer_batched",
@@ -97,7 +99,9 @@ def main() -> None:
     modes = args.modes.split(",")
     units = {
         "writer_small": "steps/s",
+        "writer_small_nosig": "steps/s",
         "writer_frames": "MB/s",
+        "writer_frames_nosig": "MB/s",
         "writer_strings": "steps/s",
         "legacy_writer": "steps/s",
         "writer_batched": "steps/s",

@@ -2,6 +2,10 @@
 virtualenv holding dm-reverb 0.14 (the reference). Only the API both share is used, except
 for workloads marked ours-only. Prints one JSON line with the result.
 
+Writer workloads write, as users do, to tables with signatures (Acme and TF-Agents always
+set them) through writers that validate items (the default), and end their episodes; the
+`*_nosig` workloads are the same writers on a table without a signature.
+
     python bench/workloads.py WORKLOAD MODE SECONDS
     MODE: inproc (server in this process) | remote (server in another process)
 """
@@ -18,8 +22,13 @@ import numpy as np
 
 import reverb
 
-TABLE = "bench"
+TABLE = "bench"  # no signature
 PRIORITIZED = "prioritized"
+# Tables with the signatures of the writer workloads' items.
+SMALL = "small"  # obs float32[2, 8], action int32[2], reward float32[2]
+FRAMES = "frames"  # frame uint8[10, 84, 84]
+STRINGS = "strings"  # obs float32[2, 8], text string[2]
+EPISODE = 1000  # steps per episode of the writer workloads
 
 
 def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
@@ -29,6 +38,31 @@ def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
         import structured_workloads
 
         extra = structured_workloads.tables(max_size)
+    import tensorflow as tf
+
+    def signed(name: str, signature: dict) -> reverb.Table:
+        return reverb.Table(
+            name=name,
+            sampler=reverb.selectors.Uniform(),
+            remover=reverb.selectors.Fifo(),
+            max_size=max_size,
+            rate_limiter=reverb.rate_limiters.MinSize(1),
+            signature=signature,
+        )
+
+    small = {
+        "obs": tf.TensorSpec([2, 8], tf.float32),
+        "action": tf.TensorSpec([2], tf.int32),
+        "reward": tf.TensorSpec([2], tf.float32),
+    }
+    extra += [
+        signed(SMALL, small),
+        signed(FRAMES, {"frame": tf.TensorSpec([10, 84, 84], tf.uint8)}),
+        signed(
+            STRINGS,
+            {"obs": tf.TensorSpec([2, 8], tf.float32), "text": tf.TensorSpec([2], tf.string)},
+        ),
+    ]
     return extra + [
         reverb.Table(
             name=TABLE,
@@ -96,23 +130,37 @@ def last_two(history: dict) -> dict:
     }
 
 
-def writer_small(setup: Setup, seconds: float) -> dict:
-    """Small steps (obs float32[8], action int32, reward float32), 2-step items."""
-    client = reverb.Client(setup.address)
+def _write_small(address: str, table: str, seconds: float, end_episodes: bool) -> tuple:
+    """Small steps (obs float32[8], action int32, reward float32), a 2-step item every step,
+    for `seconds`; returns (steps, seconds from the first append until all are confirmed)."""
+    client = reverb.Client(address)
     obs = np.zeros(8, np.float32)
     steps = 0
+    start = time.perf_counter()
     with client.trajectory_writer(num_keep_alive_refs=2) as writer:
-        start = time.perf_counter()
         while True:
-            for _ in range(1000):
+            for _ in range(EPISODE):
                 writer.append({"obs": obs, "action": np.int32(steps), "reward": np.float32(1.0)})
                 if writer.episode_steps >= 2:
-                    writer.create_item(TABLE, 1.0, last_two(writer.history))
+                    writer.create_item(table, 1.0, last_two(writer.history))
                 steps += 1
+            if end_episodes:
+                writer.end_episode()
             if time.perf_counter() - start > seconds:
                 break
         writer.flush()
-        elapsed = time.perf_counter() - start
+    return steps, time.perf_counter() - start
+
+
+def writer_small(setup: Setup, seconds: float) -> dict:
+    """Small steps, 2-step items, episodes of 1000 steps, into a table with a signature."""
+    steps, elapsed = _write_small(setup.address, SMALL, seconds, end_episodes=True)
+    return {"value": steps / elapsed, "unit": "steps/s"}
+
+
+def writer_small_nosig(setup: Setup, seconds: float) -> dict:
+    """writer_small as it ran before signatures: no signature, one endless episode."""
+    steps, elapsed = _write_small(setup.address, TABLE, seconds, end_episodes=False)
     return {"value": steps / elapsed, "unit": "steps/s"}
 
 
@@ -130,7 +178,7 @@ def writer_strings(setup: Setup, seconds: float) -> dict:
                 writer.append({"obs": obs, "text": texts[steps % 100]})
                 if writer.episode_steps >= 2:
                     writer.create_item(
-                        TABLE, 1.0, {k: writer.history[k][-2:] for k in ("obs", "text")}
+                        STRINGS, 1.0, {k: writer.history[k][-2:] for k in ("obs", "text")}
                     )
                 steps += 1
             writer.end_episode()
@@ -153,7 +201,7 @@ def legacy_writer(setup: Setup, seconds: float) -> dict:
             for _ in range(1000):
                 writer.append({"obs": obs, "action": np.int32(steps), "reward": np.float32(1.0)})
                 if steps % 1000 >= 1:
-                    writer.create_item(TABLE, 2, 1.0)
+                    writer.create_item(SMALL, 2, 1.0)
                 steps += 1
         if time.perf_counter() - start > seconds:
             break
@@ -162,7 +210,17 @@ def legacy_writer(setup: Setup, seconds: float) -> dict:
 
 
 def writer_frames(setup: Setup, seconds: float) -> dict:
-    """84x84 uint8 frames, 10-step items every step."""
+    """84x84 uint8 frames, 10-step items every step, episodes of 1000 steps, into a table
+    with a signature."""
+    return _write_frames(setup, seconds, FRAMES)
+
+
+def writer_frames_nosig(setup: Setup, seconds: float) -> dict:
+    """writer_frames into a table without a signature."""
+    return _write_frames(setup, seconds, TABLE)
+
+
+def _write_frames(setup: Setup, seconds: float, table: str) -> dict:
     client = reverb.Client(setup.address)
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 255, (84, 84), dtype=np.uint8) for _ in range(16)]
@@ -173,9 +231,9 @@ def writer_frames(setup: Setup, seconds: float) -> dict:
             for _ in range(100):
                 writer.append({"frame": frames[steps % 16]})
                 if writer.episode_steps >= 10:
-                    writer.create_item(TABLE, 1.0, {"frame": writer.history["frame"][-10:]})
+                    writer.create_item(table, 1.0, {"frame": writer.history["frame"][-10:]})
                 steps += 1
-                if steps % 1000 == 0:
+                if steps % EPISODE == 0:
                     writer.end_episode()
             if time.perf_counter() - start > seconds:
                 break
@@ -223,7 +281,7 @@ def writer_vector(setup: Setup, seconds: float) -> dict:
         while time.perf_counter() - start < seconds:
             for _ in range(50):
                 writer.append(step)
-                writer.create_item(TABLE, 1.0, trajectory)
+                writer.create_item(SMALL, 1.0, trajectory)
                 steps += n
         writer.flush()
         elapsed = time.perf_counter() - start
@@ -329,51 +387,51 @@ def prioritized(setup: Setup, seconds: float) -> dict:
     return {"value": samples / (time.perf_counter() - start), "unit": "samples/s"}
 
 
-def _actor(address: str, seconds: float, out: str) -> None:
-    """One actor process: small steps, 2-step items, for `seconds`; writes its step count."""
-    client = reverb.Client(address)
-    obs = np.zeros(8, np.float32)
-    steps = 0
-    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in range(100):
-                writer.append({"obs": obs, "action": np.int32(steps), "reward": np.float32(1.0)})
-                if writer.episode_steps >= 2:
-                    writer.create_item(TABLE, 1.0, last_two(writer.history))
-                steps += 1
+def _actor(address: str, seconds: float, go: str, out: str) -> None:
+    """One actor process: waits for the file `go`, then writes small steps (2-step items,
+    episodes of 1000 steps) to the signed table for `seconds`; writes its steps and the time
+    from its first append until its last item was confirmed."""
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    steps, elapsed = _write_small(address, SMALL, seconds, end_episodes=True)
     with open(out, "w") as f:
-        f.write(str(steps / seconds))
+        json.dump({"steps": steps, "seconds": elapsed}, f)
 
 
 def _actors(setup: Setup, seconds: float, n: int) -> dict:
-    """`n` actor processes write while a learner samples in this process."""
-    outs = [f"/tmp/reverb-bench-actor-{os.getpid()}-{i}" for i in range(n)]
+    """`n` actor processes, started together, write while a learner samples here."""
+    tag = f"/tmp/reverb-bench-actor-{os.getpid()}"
+    go = f"{tag}-go"
+    outs = [f"{tag}-{i}" for i in range(n)]
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "actor", setup.address, str(seconds), out],
+            [sys.executable, __file__, "actor", setup.address, str(seconds), go, out],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         for out in outs
     ]
+    time.sleep(1.0)  # the interpreters start; what they import before writing is not timed
+    open(go, "w").close()
     client = reverb.Client(setup.address)
     start = time.perf_counter()
     samples = 0
     while any(p.poll() is None for p in procs) and time.perf_counter() - start < seconds * 5 + 60:
         try:
-            if client.server_info()[TABLE].current_size:
-                samples += sum(1 for _ in client.sample(TABLE, 256, emit_timesteps=False))
+            if client.server_info()[SMALL].current_size:
+                samples += sum(1 for _ in client.sample(SMALL, 256, emit_timesteps=False))
             else:
                 time.sleep(0.01)
         except Exception:  # noqa: BLE001 - keep sampling while the actors run
             time.sleep(0.01)
     for p in procs:
         p.wait(60)
+    os.remove(go)
     total = 0.0
     for out in outs:
         with open(out) as f:
-            total += float(f.read())
+            result = json.load(f)
+        total += result["steps"] / result["seconds"]
         os.remove(out)
     return {"value": total, "unit": "steps/s", "learner_samples": samples}
 
@@ -461,7 +519,9 @@ def latency_sample(setup: Setup, seconds: float) -> dict:
 
 WORKLOADS = {
     "writer_small": writer_small,
+    "writer_small_nosig": writer_small_nosig,
     "writer_frames": writer_frames,
+    "writer_frames_nosig": writer_frames_nosig,
     "writer_strings": writer_strings,
     "legacy_writer": legacy_writer,
     "writer_batched": writer_batched,
@@ -487,7 +547,7 @@ def main() -> None:
         serve(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
         return
     if sys.argv[1] == "actor":
-        _actor(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+        _actor(sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5])
         os._exit(0)
     workload, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     structured = workload in STRUCTURED

@@ -21,6 +21,7 @@ __all__ = [
     "_shm_chunks_received",
     "descriptor_set",
     "inproc_port",
+    "signature_specs",
 ]
 __version__: str
 
@@ -168,6 +169,7 @@ class TrajectoryWriter:
         delta_encode: bool = False,
         reconnect_timeout: float = 60.0,
         num_envs: Optional[int] = None,
+        validate_items: bool = False,
     ) -> TrajectoryWriter: ...
     def append(
         self, columns: Sequence[int], values: Sequence[object], partial: bool = False
@@ -259,5 +261,8 @@ class Sampler:
     def close(self) -> None: ...
 
 def descriptor_set() -> bytes: ...
+def signature_specs(
+    signature: bytes,
+) -> Optional[List[Tuple[str, int, Optional[List[int]]]]]: ...
 def inproc_port(address: str, auth_token: Optional[str] = None) -> Optional[int]: ...
 def _shm_chunks_received() -> int: ...

@@ -14,6 +14,8 @@ from reverb import (
     _dtypes,
     _native,
     _nest,
+    _proto,
+    _signature,
     errors,
     legacy_writer,
     replay_sample,
@@ -61,8 +63,11 @@ class Client:
             for k, v in dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key).items()
         }
         self._client = self._connect()
+        # What the server said of each table (`TableInfo` protos), by name, from the last
+        # `server_info`; signatures decoded from them lazily: as nests of `tf.TensorSpec`
+        # (needs TensorFlow) and as flat specs (native, for the checks of inserts).
+        self._tables: Dict[str, Any] = {}
         self._signature_cache: Dict[str, Any] = {}
-        # Per table: the signature's leaves as (numpy dtype, shape or None), for inserts.
         self._flat_specs: Dict[str, list] = {}
         self._max_times_sampled_cache: Dict[str, int] = {}
         self._insert_lock = threading.Lock()
@@ -107,12 +112,12 @@ class Client:
         if not priorities:
             raise ValueError("priorities must contain at least one item")
         # Like the reference, check the tables first: a bad name stores nothing anywhere.
-        missing = [t for t in priorities if t not in self._signature_cache]
+        missing = [t for t in priorities if t not in self._tables]
         if missing:
-            self.server_info(timeout)
-            missing = [t for t in priorities if t not in self._signature_cache]
+            self._table_protos(timeout)
+            missing = [t for t in priorities if t not in self._tables]
             if missing:
-                tables = sorted(self._signature_cache)
+                tables = sorted(self._tables)
                 raise ValueError(
                     f"Unable to find signatures for table '{missing[0]}' in signature cache.  "
                     f"Available tables: {tables}. (The server at {self._server_address} has no "
@@ -149,11 +154,7 @@ class Client:
         """ValueError (nothing is inserted) when one step of `arrays` does not fit the
         table's signature. As in the reference, a leaf fits a spec of its own shape or of
         its shape with a leading time dimension of 1."""
-        specs = self._flat_specs.get(table)
-        if specs is None:
-            signature = self._signature_cache.get(table)
-            specs = [] if signature is None else _flat_specs(signature)
-            self._flat_specs[table] = specs
+        specs = self._specs(table, None)
         if not specs:
             return
         leaves = [(_dtypes.canonical(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
@@ -254,22 +255,32 @@ class Client:
 
     def server_info(self, timeout: Optional[int] = None) -> Dict[str, reverb_types.TableInfo]:
         """Every table's `TableInfo`, by name. `timeout` in seconds (None or 0: no deadline)."""
-        infos = [
-            reverb_types.TableInfo.from_serialized_proto(b)
-            for b in self._client.server_info(timeout or None)
-        ]
-        result = {info.name: info for info in infos}
+        result = {
+            name: reverb_types.TableInfo.from_proto(proto)
+            for name, proto in self._table_protos(timeout).items()
+        }
         self._signature_cache = {name: info.signature for name, info in result.items()}
-        self._flat_specs = {}
-        self._max_times_sampled_cache = {n: i.max_times_sampled for n, i in result.items()}
         return result
+
+    def _table_protos(self, timeout: Optional[float]) -> Dict[str, Any]:
+        """Asks the server for its tables (`TableInfo` protos by name) and caches them;
+        decodes no signature (so needs no TensorFlow)."""
+        tables = {}
+        for serialized in self._client.server_info(timeout or None):
+            proto = _proto.TableInfo.FromString(serialized)
+            tables[proto.name] = proto
+        self._tables = tables
+        self._signature_cache = {}
+        self._flat_specs = {}
+        self._max_times_sampled_cache = {n: p.max_times_sampled for n, p in tables.items()}
+        return tables
 
     def _max_times_sampled(self, table: str, timeout: Optional[float]) -> int:
         """The table's max_times_sampled (cached; 1 if the server cannot tell us).
         DeadlineExceededError when the server did not answer within `timeout`."""
         if table not in self._max_times_sampled_cache:
             try:
-                self.server_info(timeout)
+                self._table_protos(timeout)
             except errors.DeadlineExceededError:
                 raise
             except errors.ReverbError:
@@ -304,8 +315,9 @@ class Client:
             num_keep_alive_refs=num_keep_alive_refs,
             max_in_flight_items=max_in_flight_items,
             delta_encode=delta_encode,
+            validate_items=validate_items,
         )
-        return trajectory_writer.TrajectoryWriter(native, self, validate_items)
+        return trajectory_writer.TrajectoryWriter(native)
 
     def writer(
         self,
@@ -345,7 +357,7 @@ class Client:
         )
         return legacy_writer.Writer(
             # The legacy writer checks signatures itself (they may describe one step).
-            trajectory_writer.TrajectoryWriter(native, self, validate_items=False),
+            trajectory_writer.TrajectoryWriter(native),
             self,
             max_sequence_length=max_sequence_length,
             chunk_length=chunk_length,
@@ -404,31 +416,46 @@ class Client:
             max_in_flight_items=max_in_flight_items,
             delta_encode=delta_encode,
             num_envs=num_envs,
+            validate_items=validate_items,
         )
-        return vector_trajectory_writer.VectorTrajectoryWriter(
-            native, num_envs, self, validate_items
-        )
+        return vector_trajectory_writer.VectorTrajectoryWriter(native, num_envs)
 
-    def _signature(self, table: str, timeout: Optional[float]) -> Any:
-        if table not in self._signature_cache:
-            self.server_info(timeout)
-        if table not in self._signature_cache:
+    def _table(self, table: str, timeout: Optional[float]) -> Any:
+        """The `TableInfo` proto of `table` (asks the server if it is not known yet);
+        NotFoundError if the server has no such table."""
+        if table not in self._tables:
+            self._table_protos(timeout)
+        if table not in self._tables:
             raise errors.NotFoundError(
                 f"Table {table} was not found on {self._server_address}. "
-                f"Available tables: [{', '.join(sorted(self._signature_cache))}]"
+                f"Available tables: [{', '.join(sorted(self._tables))}]"
             )
+        return self._tables[table]
+
+    def _signature(self, table: str, timeout: Optional[float]) -> Any:
+        """The signature of `table` as a nest of `tf.TensorSpec` (None without one)."""
+        proto = self._table(table, timeout)
+        if table not in self._signature_cache:
+            self._signature_cache[table] = _signature.decode(proto.signature)
         return self._signature_cache[table]
 
-
-def _flat_specs(signature: Any) -> list:
-    """The leaves of a signature as (name, numpy dtype, dims with None for unknown, or None);
-    a spec without a name is named by its path (`obs/x`), as the reference names them."""
-    out = []
-    for path, spec in _nest.flatten_with_path(signature):
-        dims = None if spec.shape.rank is None else list(spec.shape.as_list())
-        name = spec.name or "/".join(str(key) for key in path)
-        out.append((name, np.dtype(spec.dtype.as_numpy_dtype), dims))
-    return out
+    def _specs(self, table: str, timeout: Optional[float]) -> list:
+        """The leaves of `table`'s signature as (name, numpy dtype, dims with None for
+        unknown sizes, or None for an unknown rank); [] without a signature. Decoded
+        natively: no TensorFlow needed."""
+        proto = self._table(table, timeout)
+        specs = self._flat_specs.get(table)
+        if specs is None:
+            specs = [
+                (
+                    name,
+                    _dtypes.numpy_dtype(dtype),
+                    None if dims is None else [None if d < 0 else d for d in dims],
+                )
+                for name, dtype, dims in _native.signature_specs(proto.signature) or []
+            ]
+            self._flat_specs[table] = specs
+        return specs
 
 
 def _fits(shape: tuple, dims: Optional[list]) -> bool:

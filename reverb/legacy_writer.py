@@ -122,21 +122,19 @@ class Writer:
     def _table_specs(self, table: str) -> list:
         """The flat specs of `table`'s signature ([] without one), looked up once;
         ValueError if the table is unknown."""
-        from reverb import client as client_lib
 
         if table in self._specs:
             return self._specs[table]
         client = self._client
         try:
-            signature = client._signature(table, None)
+            specs = self._specs[table] = client._specs(table, None)
         except errors.NotFoundError:
             # The reference's legacy writer refuses unknown tables with a ValueError.
             raise ValueError(
                 f"Unable to find signatures for table '{table}' in signature cache.  "
-                f"Available tables: {sorted(client._signature_cache)}. (The server at "
+                f"Available tables: {sorted(client._tables)}. (The server at "
                 f"{client.server_address} has no such table.)"
             ) from None
-        specs = self._specs[table] = [] if signature is None else client_lib._flat_specs(signature)
         return specs
 
     def flush(self) -> None:

@@ -39,7 +39,12 @@ class TableInfo:
     @classmethod
     def from_serialized_proto(cls, proto_string: bytes) -> TableInfo:
         """Builds a TableInfo from a serialized `deepmind.reverb.TableInfo`."""
-        proto = _proto.TableInfo.FromString(proto_string)
+        return cls.from_proto(_proto.TableInfo.FromString(proto_string))
+
+    @classmethod
+    def from_proto(cls, proto: Any) -> TableInfo:
+        """Builds a TableInfo from a `deepmind.reverb.TableInfo` message (decoding its
+        signature needs TensorFlow when there is one)."""
         return cls(
             name=proto.name,
             sampler_options=proto.sampler_options,

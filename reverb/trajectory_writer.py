@@ -16,7 +16,6 @@ import numpy as np
 from reverb import _dtypes, _native, _nest, errors
 
 Path = Tuple[Any, ...]
-_UNKNOWN = object()
 # How long leaving a `with` block because of an exception waits for unconfirmed items.
 _FLUSH_ON_ERROR_TIMEOUT_MS = 10_000
 
@@ -236,21 +235,13 @@ class TrajectoryWriter:
     Calls from several threads are serialized (safe, but the history then interleaves).
     """
 
-    def __init__(
-        self,
-        internal_writer: _native.TrajectoryWriter,
-        client: Any = None,
-        validate_items: bool = True,
-    ) -> None:
+    def __init__(self, internal_writer: _native.TrajectoryWriter) -> None:
         self._writer = internal_writer
-        self._client = client
-        self._validate_items = validate_items
         self._paths: List[Path] = []
         self._path_index: Dict[Path, int] = {}
         self._structure: Any = None
         self._history: Any = None
         self._fast: Optional[Tuple[tuple, List[Any], List[int]]] = None
-        self._signatures: Dict[str, Any] = {}
         self._specs: Dict[int, Tuple[np.dtype, Tuple[int, ...]]] = {}
         self._closed = False
         # Mirrors of the native episode position (saves a native call per history access).
@@ -374,48 +365,8 @@ class TrajectoryWriter:
             if leaf._writer is not self:
                 raise ValueError("Trajectory columns must come from this writer's history")
             columns.append((leaf._cells, leaf._squeeze))
-        if self._validate_items and self._signatures.get(table, _UNKNOWN) is not None:
-            self._validate(table, leaves)
+        # With validate_items, the native writer checks the item against the table signature.
         self._writer.create_item(table, float(priority), columns)
-
-    def _validate(self, table: str, leaves: List[TrajectoryColumn]) -> None:
-        if table not in self._signatures:
-            if self._client is None:
-                return
-            infos = self._client.server_info()
-            self._signatures.update({name: info.signature for name, info in infos.items()})
-            if table not in self._signatures:
-                raise errors.NotFoundError(
-                    f"Unable to create item in table '{table}': the server at "
-                    f"{self._client.server_address} has no such table. Available tables: "
-                    f"[{', '.join(sorted(self._signatures))}]"
-                )
-        signature = self._signatures[table]
-        if signature is None:
-            return
-        specs = _nest.flatten(signature)
-        problem = None
-        if len(specs) != len(leaves):
-            problem = (
-                f"The table signature has {len(specs)} columns but the trajectory has "
-                f"{len(leaves)}."
-            )
-        for i, (spec, column) in enumerate(zip(specs, leaves)):
-            dtype = np.dtype(spec.dtype.as_numpy_dtype)
-            if problem is None and (
-                dtype != column.dtype or not spec.shape.is_compatible_with(column.shape)
-            ):
-                want = "?" if spec.shape.rank is None else _dims(spec.shape.as_list())
-                problem = (
-                    f"The table expects column {i} to be a {_dtypes.tf_name(dtype)} {want} "
-                    f"tensor but got a {_dtypes.tf_name(column.dtype)} "
-                    f"{_dims(list(column.shape))} tensor."
-                )
-        if problem is not None:
-            raise ValueError(
-                f"Unable to create item in table '{table}' since the provided trajectory is "
-                f"inconsistent with the table signature. {problem}"
-            )
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         """Sends every created item and blocks until at most `block_until_num_items` are

@@ -127,14 +127,8 @@ class VectorTrajectoryWriter(TrajectoryWriter):
     `num_unconfirmed_items` and the context manager work as in `TrajectoryWriter`.
     """
 
-    def __init__(
-        self,
-        internal_writer: _native.TrajectoryWriter,
-        num_envs: int,
-        client: Any = None,
-        validate_items: bool = True,
-    ) -> None:
-        super().__init__(internal_writer, client, validate_items)
+    def __init__(self, internal_writer: _native.TrajectoryWriter, num_envs: int) -> None:
+        super().__init__(internal_writer)
         self._num_envs = num_envs
 
     @property
@@ -218,8 +212,6 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         if not selected:
             return
         priorities = np.asarray(priority, dtype=np.float64).reshape(-1).tolist()
-        if self._validate_items and self._signatures.get(table, object()) is not None:
-            self._validate(table, leaves)
         self._writer.create_env_items(table, priorities, selected, columns)
 
     def end_episode(

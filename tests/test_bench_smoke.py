@@ -27,6 +27,8 @@ def _has_tensorflow() -> bool:
         "writer_small",
         "writer_frames",
         "writer_vector",
+        "legacy_writer",
+        "actors2",
         "client_sample",
         "prioritized",
         pytest.param(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _no_tensorflow import run_without_tensorflow
 
 import reverb
 
@@ -96,3 +97,64 @@ def test_trajectory_writer_validates_items_against_the_signature() -> None:
         writer.flush(timeout_ms=10_000)
         unchecked.flush(timeout_ms=10_000)
         assert client.server_info(timeout=10)["sig"].current_size == 2
+
+
+def test_actors_check_items_against_signatures_without_tensorflow() -> None:
+    """An actor process without TensorFlow (blocked here) checks every kind of write against
+    the table signatures natively: refused items raise and are not stored, good ones are."""
+    item_signature = {
+        "obs": tf.TensorSpec([2, 3], tf.float32),
+        "action": tf.TensorSpec([], tf.int64),
+    }
+    step_signature = {"obs": tf.TensorSpec([3], tf.float32), "action": tf.TensorSpec([], tf.int64)}
+    with reverb.Server([_table("item", item_signature), _table("step", step_signature)]) as server:
+        result = run_without_tensorflow(
+            f"""
+            import sys
+
+            import numpy as np
+            import pytest
+            import reverb
+
+            client = reverb.Client("localhost:{server.port}")
+            step = {{"obs": np.zeros(3, np.float32), "action": np.int64(1)}}
+            writer = client.trajectory_writer(2)
+            for _ in range(2):
+                writer.append(step)
+            obs, action = writer.history["obs"], writer.history["action"]
+            with pytest.raises(ValueError, match="expects column 0 to be a int64 \\[\\] "
+                               "tensor but got a float \\[3\\] tensor"):
+                writer.create_item("item", 1.0, {{"obs": obs[-2:], "action": obs[-1]}})
+            with pytest.raises(reverb.errors.NotFoundError, match="no such table"):
+                writer.create_item("nope", 1.0, {{"obs": obs[-2:], "action": action[-1]}})
+            writer.create_item("item", 1.0, {{"obs": obs[-2:], "action": action[-1]}})
+            writer.flush(timeout_ms=10_000)
+
+            vector = client.vector_trajectory_writer(2, 2)
+            vector.append({{"obs": np.zeros((2, 3), np.float32), "action": np.ones(2, np.int64)}})
+            with pytest.raises(ValueError, match="inconsistent with the table signature"):
+                vector.create_item("item", 1.0, {{"obs": vector.history["obs"][-1:],
+                                                  "action": vector.history["action"][-1]}})
+            vector.flush(timeout_ms=10_000)
+
+            with pytest.raises(ValueError, match="flattened index 1"):
+                client.insert({{"obs": np.zeros(4, np.float32), "action": np.int64(1)}},
+                              {{"step": 1.0}})
+            client.insert(step, {{"step": 1.0}})
+
+            with client.writer(2) as legacy:
+                legacy.append(step)
+                with pytest.raises(ValueError, match="inconsistent with the table signature"):
+                    legacy.create_item("item", 1, 1.0)
+                legacy.append(step)
+                legacy.create_item("item", 2, 1.0)
+
+            assert "tensorflow" not in sys.modules, "an actor imported TensorFlow"
+            print("ok")
+            """
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "ok"
+        infos = server.localhost_client().server_info(timeout=10)
+        assert infos["item"].current_size == 2  # the trajectory writer's and the legacy one's
+        assert infos["step"].current_size == 1

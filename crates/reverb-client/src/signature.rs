@@ -8,6 +8,8 @@ use crate::{ClientError, Result};
 use prost::Message;
 use reverb_proto::tensorflow::structured_value::Kind;
 use reverb_proto::tensorflow::{StructuredValue, TensorShapeProto};
+use reverb_proto::TableInfo;
+use std::collections::HashMap;
 
 /// One key of a leaf's path: a dict key or field name, or a sequence index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,6 +205,48 @@ pub fn check_step(table: &str, specs: &[Spec], leaves: &[(i32, &[i64])]) -> Resu
     Ok(())
 }
 
+/// The flat signature of every table of a `ServerInfo` answer, by name (`None`: no
+/// signature).
+pub fn table_signatures(infos: &[TableInfo]) -> Result<HashMap<String, Option<Vec<Spec>>>> {
+    infos
+        .iter()
+        .map(|info| Ok((info.name.clone(), decode_signature(&info.signature)?)))
+        .collect()
+}
+
+/// Checks that an item (`columns`: dtype and shape of each of its columns, in flattened
+/// order) fits `table`'s signature, as the reference's trajectory writer does before it
+/// sends one. The error (INVALID_ARGUMENT) names the table and the first mismatch.
+pub fn check_item(table: &str, specs: &[Spec], columns: &[(i32, Vec<i64>)]) -> Result<()> {
+    let problem = if specs.len() != columns.len() {
+        format!(
+            "The table signature has {} columns but the trajectory has {}.",
+            specs.len(),
+            columns.len()
+        )
+    } else {
+        let Some((i, (spec, (dtype, shape)))) = specs
+            .iter()
+            .zip(columns)
+            .enumerate()
+            .find(|(_, (spec, (dtype, shape)))| !spec.accepts(*dtype, shape))
+        else {
+            return Ok(());
+        };
+        let want = spec.shape.as_ref().map_or("?".to_string(), |d| dims(d));
+        format!(
+            "The table expects column {i} to be a {} {want} tensor but got a {} {} tensor.",
+            tf_name(spec.dtype),
+            tf_name(*dtype),
+            dims(shape)
+        )
+    };
+    Err(ClientError::invalid(format!(
+        "Unable to create item in table '{table}' since the provided trajectory is \
+         inconsistent with the table signature. {problem}"
+    )))
+}
+
 /// `[2, ?]`, as TensorFlow's errors print dimensions.
 fn dims(dims: &[i64]) -> String {
     let dims: Vec<String> = dims
@@ -349,5 +393,40 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn an_item_fits_column_by_column_and_the_first_mismatch_is_named() {
+        let specs = vec![
+            Spec {
+                path: "('obs',)".into(),
+                name: "obs".into(),
+                dtype: 1,
+                shape: Some(vec![-1, 8]),
+            },
+            Spec {
+                path: "('action',)".into(),
+                name: "action".into(),
+                dtype: 3,
+                shape: None,
+            },
+        ];
+        assert!(check_item("t", &specs, &[(1, vec![2, 8]), (3, vec![5, 1])]).is_ok());
+        let e = check_item("t", &specs, &[(1, vec![2, 9]), (1, vec![])]).unwrap_err();
+        assert_eq!(e.code, tonic::Code::InvalidArgument);
+        assert_eq!(
+            e.message,
+            "Unable to create item in table 't' since the provided trajectory is inconsistent \
+             with the table signature. The table expects column 0 to be a float [?, 8] tensor \
+             but got a float [2, 9] tensor."
+        );
+        let e = check_item("t", &specs, &[(1, vec![2, 8]), (1, vec![])]).unwrap_err();
+        assert!(e
+            .message
+            .ends_with("column 1 to be a int32 ? tensor but got a float [] tensor."));
+        let e = check_item("t", &specs, &[(1, vec![2, 8])]).unwrap_err();
+        assert!(e
+            .message
+            .ends_with("The table signature has 2 columns but the trajectory has 1."));
     }
 }

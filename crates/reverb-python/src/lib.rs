@@ -26,6 +26,20 @@ fn descriptor_set<'py>(py: Python<'py>) -> Bound<'py, PyBytes> {
     PyBytes::new(py, reverb_proto::FILE_DESCRIPTOR_SET)
 }
 
+/// The leaves of a serialized table signature (`TableInfo.signature`) as `(name, TF dtype,
+/// dims or None for an unknown rank)`, decoded without TensorFlow; None when it is empty.
+#[pyfunction]
+fn signature_specs(signature: &[u8]) -> PyResult<Option<Vec<(String, i32, Option<Vec<i64>>)>>> {
+    let specs =
+        reverb_client::signature::decode_signature(signature).map_err(errors::client_error)?;
+    Ok(specs.map(|specs| {
+        specs
+            .into_iter()
+            .map(|s| (s.name, s.dtype, s.shape))
+            .collect()
+    }))
+}
+
 /// Chunks this library's samplers received through shared memory (tests check the path).
 #[pyfunction]
 fn _shm_chunks_received() -> u64 {
@@ -44,6 +58,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<structured_writer::PyStructuredWriter>()?;
     m.add_class::<sampler::PySampler>()?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
+    m.add_function(wrap_pyfunction!(signature_specs, m)?)?;
     m.add_function(wrap_pyfunction!(inproc_abi::inproc_port, m)?)?;
     m.add_function(wrap_pyfunction!(_shm_chunks_received, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

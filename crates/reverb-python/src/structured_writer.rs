@@ -9,13 +9,10 @@ use crate::writer::{append_error, locked, wait_locked, with_views, PyAppendError
 use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use reverb_client::writer::{StructuredWriter, TrajectoryWriter, WriterOptions};
+use reverb_client::writer::{StructuredWriter, TrajectoryWriter, WriterOptions, TABLES_TIMEOUT};
 use reverb_proto::StructuredWriterConfig;
 use std::sync::Mutex;
 use std::time::Duration;
-
-/// How long the first append may wait for the server to list its tables.
-const TABLES_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Native half of `reverb.StructuredWriter`. Calls from several threads are serialized.
 #[pyclass(name = "StructuredWriter", module = "reverb._native", frozen)]

@@ -1,7 +1,7 @@
 //! `reverb._native.TrajectoryWriter`: the native half of `TrajectoryWriter`,
 //! `VectorTrajectoryWriter` and `Client.insert`.
 
-use crate::blocking::{deadline_ms, slices};
+use crate::blocking::{deadline_ms, run, slices};
 use crate::client::PyClient;
 use crate::errors::{client_error, IntoPyResult};
 use crate::numpy::{column_out, to_array, Array};
@@ -9,7 +9,9 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use reverb_client::tensor::{AsView, TensorView};
-use reverb_client::writer::{AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions};
+use reverb_client::writer::{
+    AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions, TABLES_TIMEOUT,
+};
 use reverb_client::{ClientError, Tensor};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -161,6 +163,33 @@ impl PyTrajectoryWriter {
         }
     }
 
+    /// Runs `f` on the writer once it knows `table`'s signature: with `validate_items`, the
+    /// first item of a table asks the server for its tables, waiting without the GIL.
+    fn with_table<T: Send>(
+        &self,
+        py: Python<'_>,
+        table: &str,
+        mut f: impl FnMut(&mut TrajectoryWriter) -> reverb_client::Result<T> + Send,
+    ) -> PyResult<T> {
+        let known = self.with(py, |w| match w.needs_tables(table) {
+            true => Err(w.client().clone()),
+            false => Ok(f(w)),
+        });
+        let client = match known {
+            Ok(result) => return result.py(),
+            Err(client) => client,
+        };
+        let infos = run(
+            py,
+            async move { client.server_info(Some(TABLES_TIMEOUT)).await },
+        )?;
+        self.with(py, |w| {
+            w.set_tables(&infos)?;
+            f(w)
+        })
+        .py()
+    }
+
     /// Waits as [`wait_locked`] on this writer.
     fn wait_until(
         &self,
@@ -176,7 +205,7 @@ impl PyTrajectoryWriter {
 #[pymethods]
 impl PyTrajectoryWriter {
     #[new]
-    #[pyo3(signature = (client, *, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0, num_envs=None))]
+    #[pyo3(signature = (client, *, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0, num_envs=None, validate_items=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -187,6 +216,7 @@ impl PyTrajectoryWriter {
         delta_encode: bool,
         reconnect_timeout: f64,
         num_envs: Option<usize>,
+        validate_items: bool,
     ) -> PyResult<Self> {
         if !(reconnect_timeout.is_finite() && reconnect_timeout >= 0.0) {
             return Err(PyValueError::new_err(
@@ -199,6 +229,7 @@ impl PyTrajectoryWriter {
             max_in_flight_items,
             delta_encode,
             reconnect_timeout: Duration::from_secs_f64(reconnect_timeout),
+            validate_items,
         };
         let client = client.fresh(py);
         let writer = match num_envs {
@@ -247,9 +278,9 @@ impl PyTrajectoryWriter {
             .map(|(refs, squeeze)| ItemColumn { refs, squeeze })
             .collect();
         let now = Some(Instant::now());
-        let (key, sent) = self
-            .with(py, |w| w.create_item(&table, priority, &columns, now))
-            .py()?;
+        let (key, sent) = self.with_table(py, &table, |w| {
+            w.create_item(&table, priority, &columns, now)
+        })?;
         if !sent {
             self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
         }
@@ -425,11 +456,9 @@ impl PyTrajectoryWriter {
             .map(|(field, steps, squeeze)| Ok((field, steps_of(&steps)?, squeeze)))
             .collect::<PyResult<Vec<_>>>()?;
         let now = Some(Instant::now());
-        let sent = self
-            .with(py, |w| {
-                w.create_env_items(&table, &priorities, &envs, &columns, now)
-            })
-            .py()?;
+        let sent = self.with_table(py, &table, |w| {
+            w.create_env_items(&table, &priorities, &envs, &columns, now)
+        })?;
         if !sent {
             self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
         }

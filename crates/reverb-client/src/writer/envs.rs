@@ -4,6 +4,7 @@
 //! the resolution of history positions (`Steps`) in each env's own episode.
 
 use super::columns::Row;
+use super::pending::build_item;
 use super::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
 use crate::tensor::AsView;
 use crate::{Client, ClientError, Result, Tensor};
@@ -356,9 +357,18 @@ impl TrajectoryWriter {
             }
             items.push(item);
         }
-        for (i, item) in items.iter().enumerate() {
-            let priority = priorities[if priorities.len() == 1 { 0 } else { i }];
-            self.queue_item(table, priority, item)?;
+        let built = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let priority = priorities[if priorities.len() == 1 { 0 } else { i }];
+                build_item(table, priority, item, &self.columns)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let columns: Vec<&[ItemColumn]> = items.iter().map(Vec::as_slice).collect();
+        self.check_signature(table, &columns)?;
+        for (item, slots) in built {
+            self.pending.push(item, slots);
         }
         self.ship_promptly();
         self.pump(deadline)

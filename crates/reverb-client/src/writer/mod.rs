@@ -18,11 +18,14 @@ mod structured;
 pub use envs::Steps;
 pub use structured::StructuredWriter;
 
+use crate::signature::{check_item, table_signatures, Spec};
 use crate::tensor::{AsView, Tensor, TensorView};
 use crate::{runtime, Client, ClientError, Result};
 use columns::{check_lengths, Columns, Row};
 use envs::Envs;
 use pending::{build_item, Pending};
+use reverb_proto::TableInfo;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stream::{Outgoing, Shared};
@@ -43,6 +46,10 @@ pub struct WriterOptions {
     pub reconnect_timeout: Duration,
     /// Delta-encode integer columns along time before compressing.
     pub delta_encode: bool,
+    /// Check every item against its table's signature before it is queued (the reference's
+    /// `validate_items`): an unknown table or a mismatch fails `create_item` and nothing is
+    /// queued. The signatures come from the server (see [`TrajectoryWriter::set_tables`]).
+    pub validate_items: bool,
 }
 
 impl Default for WriterOptions {
@@ -53,6 +60,7 @@ impl Default for WriterOptions {
             max_in_flight_items: 1024,
             reconnect_timeout: Duration::from_secs(60),
             delta_encode: false,
+            validate_items: false,
         }
     }
 }
@@ -102,7 +110,13 @@ pub struct TrajectoryWriter {
     /// When the last step closed, and whether steps come slower than [`SLOW_STEP`].
     last_step_at: Option<Instant>,
     slow_steps: bool,
+    /// With `validate_items`: the flat signature of each table the server had when asked.
+    signatures: HashMap<String, Option<Vec<Spec>>>,
 }
+
+/// How long the first item of a table waits for the server's list of tables (with
+/// `validate_items`), unless its call has an earlier deadline.
+pub const TABLES_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Steps that come slower than this (fewer than 10k a second: environments and policies in
 /// the loop) send each item as soon as it is created: the open chunks of automatically sized
@@ -144,6 +158,7 @@ impl TrajectoryWriter {
             sent: 0,
             last_step_at: None,
             slow_steps: true,
+            signatures: HashMap::new(),
         })
     }
 
@@ -353,9 +368,82 @@ impl TrajectoryWriter {
     /// Checks an item and queues it (it leaves with the next `pump`); returns its key.
     fn queue_item(&mut self, table: &str, priority: f64, columns: &[ItemColumn]) -> Result<u64> {
         let (item, slots) = build_item(table, priority, columns, &self.columns)?;
+        self.check_signature(table, &[columns])?;
         let key = item.key;
         self.pending.push(item, slots);
         Ok(key)
+    }
+
+    /// Whether `create_item` into `table` needs the server's tables first (see
+    /// [`Self::set_tables`]); without it, `create_item` asks the server itself.
+    pub fn needs_tables(&self, table: &str) -> bool {
+        self.options.validate_items && !self.signatures.contains_key(table)
+    }
+
+    /// Takes the tables' signatures from a `ServerInfo` answer (with `validate_items`).
+    pub fn set_tables(&mut self, infos: &[TableInfo]) -> Result<()> {
+        self.signatures = table_signatures(infos)?;
+        Ok(())
+    }
+
+    /// With `validate_items`, checks items of `table` (their columns, which reference cells
+    /// that exist) against its signature; asks the server for its tables when `table` is
+    /// not known yet.
+    fn check_signature(&mut self, table: &str, items: &[&[ItemColumn]]) -> Result<()> {
+        if !self.options.validate_items {
+            return Ok(());
+        }
+        if self.needs_tables(table) {
+            self.load_tables()?;
+        }
+        let Some(entry) = self.signatures.get(table) else {
+            let mut names: Vec<&str> = self.signatures.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            return Err(ClientError::new(
+                Code::NotFound,
+                format!(
+                    "Unable to create item in table '{table}': the server at {} has no such \
+                     table. Available tables: [{}]",
+                    self.client.address(),
+                    names.join(", ")
+                ),
+            ));
+        };
+        let Some(specs) = entry else {
+            return Ok(());
+        };
+        for columns in items {
+            let shapes: Vec<(i32, Vec<i64>)> = columns
+                .iter()
+                .filter_map(|c| {
+                    let (dtype, row) = self.columns.spec(c.refs.first()?.0)?;
+                    Some(if c.squeeze {
+                        (dtype, row)
+                    } else {
+                        let rows = c.refs.len() as i64;
+                        (dtype, std::iter::once(rows).chain(row).collect())
+                    })
+                })
+                .collect();
+            check_item(table, specs, &shapes)?;
+        }
+        Ok(())
+    }
+
+    /// Asks the server for its tables (at most [`TABLES_TIMEOUT`]). Callers that must not
+    /// block here (e.g. while holding Python's GIL) call [`Self::set_tables`] first.
+    fn load_tables(&mut self) -> Result<()> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(ClientError::new(
+                Code::FailedPrecondition,
+                "A validating writer used from async code needs set_tables() before its first \
+                 item of a table",
+            ));
+        }
+        let client = self.client.clone();
+        let infos =
+            runtime().block_on(async move { client.server_info(Some(TABLES_TIMEOUT)).await })?;
+        self.set_tables(&infos)
     }
 
     /// Sends ready items from the front of the queue. Returns false if it stopped at
