@@ -26,10 +26,13 @@ fn descriptor_set<'py>(py: Python<'py>) -> Bound<'py, PyBytes> {
     PyBytes::new(py, reverb_proto::FILE_DESCRIPTOR_SET)
 }
 
+/// One leaf of a table signature: name, TF dtype, dims (None: unknown rank).
+type FlatSpec = (String, i32, Option<Vec<i64>>);
+
 /// The leaves of a serialized table signature (`TableInfo.signature`) as `(name, TF dtype,
 /// dims or None for an unknown rank)`, decoded without TensorFlow; None when it is empty.
 #[pyfunction]
-fn signature_specs(signature: &[u8]) -> PyResult<Option<Vec<(String, i32, Option<Vec<i64>>)>>> {
+fn signature_specs(signature: &[u8]) -> PyResult<Option<Vec<FlatSpec>>> {
     let specs =
         reverb_client::signature::decode_signature(signature).map_err(errors::client_error)?;
     Ok(specs.map(|specs| {

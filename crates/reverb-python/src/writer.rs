@@ -171,14 +171,11 @@ impl PyTrajectoryWriter {
         table: &str,
         mut f: impl FnMut(&mut TrajectoryWriter) -> reverb_client::Result<T> + Send,
     ) -> PyResult<T> {
-        let known = self.with(py, |w| match w.needs_tables(table) {
-            true => Err(w.client().clone()),
-            false => Ok(f(w)),
-        });
-        let client = match known {
-            Ok(result) => return result.py(),
-            Err(client) => client,
-        };
+        let known = self.with(py, |w| (!w.needs_tables(table)).then(|| f(w)));
+        if let Some(result) = known {
+            return result.py();
+        }
+        let client = self.with(py, |w| w.client().clone());
         let infos = run(
             py,
             async move { client.server_info(Some(TABLES_TIMEOUT)).await },
