@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
         extra = structured_workloads.tables(max_size)
     import tensorflow as tf
 
-    def signed(name: str, signature: dict) -> reverb.Table:
+    def table(name: str, signature: Optional[dict] = None) -> reverb.Table:
         return reverb.Table(
             name=name,
             sampler=reverb.selectors.Uniform(),
@@ -56,21 +57,15 @@ def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
         "reward": tf.TensorSpec([2], tf.float32),
     }
     extra += [
-        signed(SMALL, small),
-        signed(FRAMES, {"frame": tf.TensorSpec([10, 84, 84], tf.uint8)}),
-        signed(
+        table(SMALL, small),
+        table(FRAMES, {"frame": tf.TensorSpec([10, 84, 84], tf.uint8)}),
+        table(
             STRINGS,
             {"obs": tf.TensorSpec([2, 8], tf.float32), "text": tf.TensorSpec([2], tf.string)},
         ),
     ]
     return extra + [
-        reverb.Table(
-            name=TABLE,
-            sampler=reverb.selectors.Uniform(),
-            remover=reverb.selectors.Fifo(),
-            max_size=max_size,
-            rate_limiter=reverb.rate_limiters.MinSize(1),
-        ),
+        table(TABLE),
         reverb.Table(
             name=PRIORITIZED,
             sampler=reverb.selectors.Prioritized(0.6),

@@ -415,19 +415,22 @@ impl TrajectoryWriter {
         for columns in items {
             let shapes: Vec<(i32, Vec<i64>)> = columns
                 .iter()
-                .filter_map(|c| {
-                    let (dtype, row) = self.columns.spec(c.refs.first()?.0)?;
-                    Some(if c.squeeze {
-                        (dtype, row)
-                    } else {
-                        let rows = c.refs.len() as i64;
-                        (dtype, std::iter::once(rows).chain(row).collect())
-                    })
-                })
+                .filter_map(|c| self.item_column_spec(c))
                 .collect();
             check_item(table, specs, &shapes)?;
         }
         Ok(())
+    }
+
+    /// `(dtype, shape)` of an item column: its rows' spec with the number of rows in front,
+    /// or without it when squeezed; `None` until the column it references has a value.
+    fn item_column_spec(&self, column: &ItemColumn) -> Option<(i32, Vec<i64>)> {
+        let (dtype, row) = self.columns.spec(column.refs.first()?.0)?;
+        if column.squeeze {
+            return Some((dtype, row));
+        }
+        let rows = column.refs.len() as i64;
+        Some((dtype, std::iter::once(rows).chain(row).collect()))
     }
 
     /// Asks the server for its tables (at most [`TABLES_TIMEOUT`]). Callers that must not

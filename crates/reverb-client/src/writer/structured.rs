@@ -456,15 +456,8 @@ impl StructuredWriter {
         }
         for ((spec, column), path) in specs.iter().zip(columns).zip(&pattern.paths) {
             let leaf = column.refs[0].0;
-            let Some((dtype, row)) = self.writer.column_spec(leaf) else {
+            let Some((dtype, shape)) = self.writer.item_column_spec(column) else {
                 continue;
-            };
-            let shape: Vec<i64> = if column.squeeze {
-                row
-            } else {
-                std::iter::once(column.refs.len() as i64)
-                    .chain(row)
-                    .collect()
             };
             if !spec.accepts(dtype, &shape) {
                 problems.push(format!(
