@@ -8,8 +8,37 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from reverb import _native
 
+
+def _files() -> list:
+    """The compiled files, dependencies first. `PriorityTableCheckpoint.signature` becomes a
+    `tensorflow.StructuredValue`, as the reference declares it (the native side keeps it as
+    bytes; both encode alike), so textproto configs write a table's signature as a message."""
+    files = {
+        f.name: f
+        for f in descriptor_pb2.FileDescriptorSet.FromString(_native.descriptor_set()).file
+    }
+    checkpoint = files["reverb/checkpoint.proto"]
+    checkpoint.dependency.append("tensorflow/struct.proto")
+    for message in checkpoint.message_type:
+        for field in message.field:
+            if (message.name, field.name) == ("PriorityTableCheckpoint", "signature"):
+                field.type = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+                field.type_name = ".tensorflow.StructuredValue"
+    ordered: list = []
+
+    def add(name: str) -> None:
+        if name not in ordered:
+            for dependency in files[name].dependency:
+                add(dependency)
+            ordered.append(name)
+
+    for name in files:
+        add(name)
+    return [files[name] for name in ordered]
+
+
 _pool = descriptor_pool.DescriptorPool()
-for _file in descriptor_pb2.FileDescriptorSet.FromString(_native.descriptor_set()).file:
+for _file in _files():
     _pool.Add(_file)
 
 

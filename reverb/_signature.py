@@ -20,9 +20,17 @@ def _tf() -> Any:
 
 
 def encode(signature: Any) -> Optional[bytes]:
-    """Serializes a nest of TensorSpecs; ValueError on other leaves."""
+    """Serializes a nest of TensorSpecs (or a `tensorflow.StructuredValue` message, taken
+    as it is); ValueError on other leaves."""
     if signature is None:
         return None
+    descriptor = getattr(signature, "DESCRIPTOR", None)
+    if getattr(descriptor, "full_name", None) == "tensorflow.StructuredValue":
+        data = signature.SerializeToString()
+        from reverb import _native
+
+        _native.signature_specs(data)  # ValueError unless it is a nest of tensor specs
+        return data
     tf = _tf()
     for leaf in _nest.flatten(signature):
         if not isinstance(leaf, tf.TensorSpec):

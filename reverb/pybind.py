@@ -1,15 +1,18 @@
 """The names of the reference's native module (`reverb.pybind`) that user code touches: the
 selector classes (`HeapSelector` is the class of `MinHeap()` and `MaxHeap()`),
 `Sampler.NUM_INFO_TENSORS`, the `Checkpointer` a checkpointer's `internal_checkpointer()`
-returns (and `create_default_checkpointer`, which makes one), the chunker options, and
-`WeakCellRef` (the cells of a trajectory writer's history). No TensorFlow needed."""
+returns (and `create_default_checkpointer`, which makes one), the chunker options,
+`WeakCellRef` (the cells of a trajectory writer's history), and the native classes behind
+the Python ones (`Table` is the class of `reverb.Table(...).internal_table`, `RateLimiter` of
+a limiter's `internal_limiter`; `Client`, `Server`, `TrajectoryWriter`, `StructuredWriter`).
+No TensorFlow needed."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
-from reverb import item_selectors, trajectory_writer
+from reverb import _native, item_selectors, trajectory_writer
 
 ItemSelector = item_selectors.ItemSelector
 UniformSelector = item_selectors.Uniform
@@ -18,6 +21,13 @@ FifoSelector = item_selectors.Fifo
 LifoSelector = item_selectors.Lifo
 HeapSelector = item_selectors.HeapSelector
 WeakCellRef = trajectory_writer.TrajectoryColumn
+
+Client = _native.Client
+Server = _native.Server
+Table = _native.Table
+RateLimiter = _native.RateLimiter
+TrajectoryWriter = _native.TrajectoryWriter
+StructuredWriter = _native.StructuredWriter
 
 
 class Sampler:

@@ -44,6 +44,11 @@ class RateLimiter:
     def _params(self) -> tuple[float, int, float, float]:
         return (self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff)
 
+    @property
+    def internal_limiter(self) -> _native.RateLimiter:
+        """The native limiter (`reverb.pybind.RateLimiter`) a table is built with."""
+        return self._native()
+
     def _native(self) -> _native.RateLimiter:
         """The bounds as the native table takes them."""
         return _native.RateLimiter(

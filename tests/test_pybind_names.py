@@ -28,6 +28,28 @@ def test_selector_classes_and_type_aliases() -> None:
     assert pybind.WeakCellRef is reverb.TrajectoryColumn
 
 
+def test_native_classes_behind_the_python_ones() -> None:
+    table = reverb.Table.queue("q", 10)
+    assert isinstance(table.internal_table, pybind.Table)
+    limiter = reverb.rate_limiters.SampleToInsertRatio(2.0, 3, 10.0)
+    assert isinstance(limiter.internal_limiter, pybind.RateLimiter)
+    server = reverb.Server([table])
+    try:
+        client = server.localhost_client()
+        assert isinstance(server._server, pybind.Server)
+        assert isinstance(client._client, pybind.Client)
+        writer = client.trajectory_writer(1)
+        assert isinstance(writer._writer, pybind.TrajectoryWriter)
+        writer.close()
+        config = reverb.structured_writer.create_config(
+            reverb.structured_writer.pattern_from_transform({"x": 0}, lambda s: s["x"][-1]), "q"
+        )
+        structured = client.structured_writer([config])
+        assert isinstance(structured._writer, pybind.StructuredWriter)
+    finally:
+        server.stop()
+
+
 def test_a_custom_checkpointer_made_as_in_the_reference(tmp_path) -> None:
     class GroupCheckpointer(reverb.checkpointers.CheckpointerBase):
         def internal_checkpointer(self) -> pybind.Checkpointer:

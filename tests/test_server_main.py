@@ -152,6 +152,56 @@ def test_tables_from_proto_as_the_reference() -> None:
         server_from_proto.selector_from_proto(bad)
 
 
+SIGNED_TEXTPROTO = """
+tables {
+  table_name: "signed"
+  sampler { uniform: true }
+  remover { fifo: true }
+  max_size: 10
+  rate_limiter { samples_per_insert: 1.0 min_size_to_sample: 1 min_diff: -1e9 max_diff: 1e9 }
+  signature {
+    dict_value {
+      fields {
+        key: "obs"
+        value { tensor_spec_value { name: "obs" shape { dim { size: 3 } } dtype: DT_FLOAT } }
+      }
+    }
+  }
+}
+"""
+
+
+def test_a_textproto_table_keeps_its_signature(tmp_path: pathlib.Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    proc, port, lines = start(SIGNED_TEXTPROTO, tmp_path)
+    try:
+        client = reverb.Client(f"localhost:{port}")
+        info = client.server_info(timeout=T)["signed"]
+        assert info.signature == {"obs": tf.TensorSpec([3], tf.float32, name="obs")}
+        with pytest.raises(ValueError, match="signed"):
+            client.insert({"obs": np.zeros(3, np.int32)}, {"signed": 1.0})
+        client.insert({"obs": np.ones(3, np.float32)}, {"signed": 1.0})
+        (step,) = next(client.sample("signed", timeout=T))
+        assert step.data[0].tolist() == [1.0, 1.0, 1.0]
+    finally:
+        stop(proc, lines)
+
+
+def test_a_textproto_signature_that_is_not_specs_is_named() -> None:
+    bad = SIGNED_TEXTPROTO.replace(
+        'tensor_spec_value { name: "obs" shape { dim { size: 3 } } dtype: DT_FLOAT }',
+        "float64_value: 1.0",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "reverb.server_main", "--config", bad],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "table 'signed'" in out.stderr and "not a tensor spec" in out.stderr
+
+
 def test_a_malformed_textproto_exits_with_an_error() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "reverb.server_main", "--config", "tables { nope: 1 }"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence
 
-from reverb import item_selectors, rate_limiters, server
+from reverb import errors, item_selectors, rate_limiters, server
 
 
 def selector_from_proto(options: Any) -> item_selectors.ItemSelector:
@@ -37,16 +37,24 @@ def rate_limiter_from_proto(proto: Any) -> rate_limiters.RateLimiter:
 
 
 def tables_from_proto(configs: Sequence[Any]) -> List[server.Table]:
-    """The tables `PriorityTableCheckpoint` messages describe (their items and signatures are
-    not used, as in the reference)."""
-    return [
-        server.Table(
-            name=config.table_name,
-            sampler=selector_from_proto(config.sampler),
-            remover=selector_from_proto(config.remover),
-            max_size=config.max_size,
-            rate_limiter=rate_limiter_from_proto(config.rate_limiter),
-            max_times_sampled=config.max_times_sampled,
-        )
-        for config in configs
-    ]
+    """The tables `PriorityTableCheckpoint` messages describe, with their signatures (as
+    the reference's `reverb_server` keeps them); their items are not used. ValueError naming
+    the table if a signature is not a nest of tensor specs."""
+    tables = []
+    for config in configs:
+        signature = config.signature if config.HasField("signature") else None
+        try:
+            tables.append(
+                server.Table(
+                    name=config.table_name,
+                    sampler=selector_from_proto(config.sampler),
+                    remover=selector_from_proto(config.remover),
+                    max_size=config.max_size,
+                    rate_limiter=rate_limiter_from_proto(config.rate_limiter),
+                    max_times_sampled=config.max_times_sampled,
+                    signature=signature,
+                )
+            )
+        except (errors.ReverbError, ValueError) as e:
+            raise ValueError(f"table '{config.table_name}': {e}") from None
+    return tables
