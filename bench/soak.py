@@ -65,13 +65,16 @@ def write(address: str, stop_file: str) -> None:
     import reverb
 
     client = reverb.Client(address)
-    obs = np.zeros(8, np.float32)
     step = 0
     with client.trajectory_writer(num_keep_alive_refs=2) as writer:
         while not os.path.exists(stop_file):
             for _ in range(100):
                 writer.append(
-                    {"obs": obs + step, "action": np.int32(step), "reward": np.float32(1.0)}
+                    {
+                        "obs": np.full(8, step, np.float32),
+                        "action": np.int32(step),
+                        "reward": np.float32(1.0),
+                    }
                 )
                 if writer.episode_steps >= 2:
                     writer.create_item(
@@ -129,8 +132,17 @@ def main() -> None:
     tag = f"/tmp/reverb-soak-{os.getpid()}"
     port_file, stop_file = tag + "-port", tag + "-stop"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
-    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    server = subprocess.Popen([args.python, HERE, "serve", port_file, str(args.max_size)], **quiet)
+    logs: dict = {}
+
+    def spawn(name: str, *argv: str, **kwargs: object) -> subprocess.Popen:
+        # Each child's stderr goes to a file, shown if it exits early.
+        logs[name] = open(f"{tag}-{name}.err", "w+")
+        kwargs.setdefault("stdout", subprocess.DEVNULL)
+        return subprocess.Popen(
+            [args.python, HERE, *argv], stderr=logs[name], env=env, text=True, **kwargs
+        )
+
+    server = spawn("server", "serve", port_file, str(args.max_size))
     children = []
     try:
         deadline = time.time() + 120
@@ -140,23 +152,20 @@ def main() -> None:
             time.sleep(0.1)
         with open(port_file) as f:
             address = f"localhost:{f.read().strip()}"
-        writers = [
-            subprocess.Popen([args.python, HERE, "write", address, stop_file], **quiet)
-            for _ in range(4)
-        ]
+        writers = [spawn(f"writer{i}", "write", address, stop_file) for i in range(4)]
         outs = [f"{tag}-samples-{i}" for i in range(2)]
         samplers = [
-            subprocess.Popen([args.python, HERE, "sample", address, stop_file, out], **quiet)
-            for out in outs
+            spawn(f"sampler{i}", "sample", address, stop_file, out) for i, out in enumerate(outs)
         ]
-        watch = subprocess.Popen(
-            [args.python, HERE, "monitor", address, str(server.pid), str(args.interval)],
+        watch = spawn(
+            "monitor",
+            "monitor",
+            address,
+            str(server.pid),
+            str(args.interval),
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            text=True,
         )
-        children = writers + samplers + [watch]
+        children = [server] + writers + samplers + [watch]
         print(f"# {args.python}: 4 writers, 2 samplers, max_size {args.max_size}")
         print(f"{'t (s)':>6} {'items':>8} {'inserted':>10} {'server RSS (MiB)':>17}")
         start = time.time()
@@ -164,7 +173,12 @@ def main() -> None:
         while time.time() - start < args.seconds:
             line = watch.stdout.readline()
             if not line or any(p.poll() is not None for p in children):
-                raise SystemExit("a writer, sampler or the monitor exited early")
+                for name, log in logs.items():
+                    log.seek(0)
+                    tail = log.read()[-1500:].strip()
+                    if tail:
+                        print(f"--- {name} stderr:\n{tail}", file=sys.stderr)
+                raise SystemExit("the server, a writer, a sampler or the monitor exited early")
             size, inserted, rss = json.loads(line)
             row = (time.time() - start, size, inserted, rss)
             rows.append(row)
@@ -201,6 +215,9 @@ def main() -> None:
                 p.kill()
         server.kill()
         server.wait()
+        for log in logs.values():
+            log.close()
+            os.remove(log.name)
         for path in (port_file, stop_file):
             if os.path.exists(path):
                 os.remove(path)

@@ -5,7 +5,7 @@ trajectory writer, so it shares its chunking, insert stream and signature checks
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Set, Tuple
 
 from reverb import _dtypes, _nest, errors, trajectory_writer
 
@@ -34,9 +34,12 @@ class Writer:
         self._closed = False
         # The history's columns, flattened once per structure (`history` changes with it).
         self._history: Any = None
-        self._history_leaves: list = []
+        self._columns: Tuple[int, ...] = ()
         # Per table: its flat specs ([] when it has no signature), looked up once.
         self._specs: Dict[str, list] = {}
+        # (table, num_timesteps, columns) whose items fit the table's signature: a column's
+        # dtype and row shape never change, so each is checked once.
+        self._checked: Set[Tuple[str, int, Tuple[int, ...]]] = set()
 
     def __enter__(self) -> Writer:
         if self._closed:
@@ -62,8 +65,7 @@ class Writer:
             f"closed: {self._closed}"
         )
 
-    def _check_width(self, data: Any) -> None:
-        width = len(_nest.flatten(data))
+    def _check_width(self, width: int) -> None:
         if self._width is None:
             self._width = width
         elif width != self._width:
@@ -75,12 +77,16 @@ class Writer:
     def append(self, data: Any) -> None:
         """Appends one step (a nest of array-likes, the same structure every time). Nothing
         is sent until an item references it."""
-        self._check_width(data)
-        self._writer.append(data)
+        writer = self._writer
+        writer._check_open()
+        if not writer._same_flat_dict(data):  # (else: the width of the last step)
+            self._check_width(len(_nest.flatten(data)))
+        columns, values = writer._flatten(data)
+        writer._append_flat(data, columns, values, False)
 
     def append_sequence(self, sequence: Any) -> None:
         """Appends `T` steps at once: every leaf has the leading dimension `T`."""
-        self._check_width(sequence)
+        self._check_width(len(_nest.flatten(sequence)))
         self._writer.append_steps(sequence)
 
     def create_item(self, table: str, num_timesteps: int, priority: float) -> None:
@@ -96,18 +102,19 @@ class Writer:
             )
         history = self._writer.history
         if history is not self._history:
-            self._history, self._history_leaves = history, _nest.flatten(history)
-        specs = self._table_specs(table)
-        if not specs:
-            # No signature to check: the item's cells go to the native writer directly.
-            self._writer._check_open()
-            steps = self._history_leaves[0]._steps()[-num_timesteps:]
-            columns = [([(h._column, s) for s in steps], False) for h in self._history_leaves]
-            self._writer._writer.create_item(table, float(priority), columns)
-            return
-        leaves = [h[-num_timesteps:] for h in self._history_leaves]
-        self._check_signature(table, specs, leaves)
-        self._writer._create_item_of(table, priority, leaves, leaves)
+            leaves = _nest.flatten(history)
+            self._history, self._columns = history, tuple(h._column for h in leaves)
+        key = (table, num_timesteps, self._columns)
+        if key not in self._checked:
+            specs = self._table_specs(table)
+            if specs:
+                leaves = [h[-num_timesteps:] for h in _nest.flatten(history)]
+                self._check_signature(table, specs, leaves)
+            self._checked.add(key)
+        self._writer._check_open()
+        self._writer._writer.create_item_of_last(
+            table, float(priority), self._columns, num_timesteps
+        )
 
     def _check_signature(self, table: str, specs: list, columns: list) -> None:
         """ValueError unless every column fits the table's flat `specs`, as the reference

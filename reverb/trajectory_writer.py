@@ -273,12 +273,15 @@ class TrajectoryWriter:
             self._specs[column] = spec
         return spec
 
+    def _same_flat_dict(self, data: Any) -> bool:
+        """Whether `data` is a flat dict with the keys of the last step (flattened fast)."""
+        return type(data) is dict and self._fast is not None and tuple(data) == self._fast[0]
+
     def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
         # Fast path: the same flat dict keys as last time.
-        if type(data) is dict and self._fast is not None:
-            keys, sorted_keys, columns = self._fast
-            if tuple(data) == keys:
-                return columns, [data[k] for k in sorted_keys]
+        if self._same_flat_dict(data):
+            _, sorted_keys, columns = self._fast
+            return columns, [data[k] for k in sorted_keys]
         pairs = _nest.flatten_with_path(data)
         if not pairs:
             raise ValueError("append() needs at least one value")
@@ -323,6 +326,12 @@ class TrajectoryWriter:
         and later calls may add the fields it did not set. The structure may grow over time."""
         self._check_open()
         columns, values = self._flatten(data)
+        self._append_flat(data, columns, values, partial_step)
+
+    def _append_flat(
+        self, data: Any, columns: List[int], values: List[Any], partial_step: bool
+    ) -> None:
+        """`append` of `data` flattened to `columns` and `values`."""
         error = self._writer.append(columns, values, partial_step)
         if error is not None:
             self._raise_append_error(error, data)

@@ -132,3 +132,24 @@ def test_a_signature_of_one_step_accepts_items_of_several(make_server) -> None:
         ):
             bad.create_item("q", 1, 1.0)
     assert len(_items(client)) == 2
+
+
+def test_each_item_length_is_checked_and_refusals_repeat(make_server) -> None:
+    # The check of a (table, num_timesteps) is done once it passed: a different length, or
+    # another table, is checked again, and a refused length is refused every time.
+    tf = pytest.importorskip("tensorflow")
+    signed = reverb.Table.queue("q", 10, signature={"x": tf.TensorSpec([2, 2], tf.float32)})
+    plain = reverb.Table.queue("p", 10)
+    client = _client(make_server, signed, plain)
+    with client.writer(3) as writer:
+        for i in range(3):
+            writer.append({"x": np.full(2, i, np.float32)})
+            if i:
+                writer.create_item("q", 2, 1.0)
+        for _ in range(2):
+            with pytest.raises(ValueError, match="inconsistent with the table signature"):
+                writer.create_item("q", 3, 1.0)
+        writer.create_item("p", 3, 1.0)
+        writer.create_item("q", 2, 1.0)
+    assert [item[0].shape for item in _items(client)] == [(2, 2)] * 3
+    assert [item[0].shape for item in _items(client, "p")] == [(3, 2)]

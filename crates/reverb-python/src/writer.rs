@@ -284,6 +284,40 @@ impl PyTrajectoryWriter {
         Ok(key)
     }
 
+    /// Creates an item of the episode's newest `num_steps` full steps of each of `columns`
+    /// (unsqueezed): the legacy writer's items, without a Python list of cells per item.
+    fn create_item_of_last(
+        &self,
+        py: Python<'_>,
+        table: String,
+        priority: f64,
+        columns: Vec<usize>,
+        num_steps: u64,
+    ) -> PyResult<u64> {
+        let now = Some(Instant::now());
+        let (key, sent) = self.with_table(py, &table, |w| {
+            let end = w.episode_start() + w.episode_steps();
+            let Some(first) = end.checked_sub(num_steps) else {
+                return Err(ClientError::invalid(format!(
+                    "num_steps ({num_steps}) is more than the episode's {} steps",
+                    w.episode_steps()
+                )));
+            };
+            let columns: Vec<ItemColumn> = columns
+                .iter()
+                .map(|&column| ItemColumn {
+                    refs: (first..end).map(|step| (column, step)).collect(),
+                    squeeze: false,
+                })
+                .collect();
+            w.create_item(&table, priority, &columns, now)
+        })?;
+        if !sent {
+            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+        }
+        Ok(key)
+    }
+
     /// Sends everything queued and waits until at most `block_until_num_items` are unconfirmed.
     #[pyo3(signature = (block_until_num_items=0, timeout_ms=None))]
     fn flush(
