@@ -87,16 +87,23 @@ class _Program:
                 if k.WhichOneof("left") == "flat_source_index":
                     self.history.setdefault(k.flat_source_index, 1)
         self.max_history = max(max(self.history.values()), 1)
-        for i in self.history:
-            if not self.flat_spec[i].shape.is_fully_defined():
+        # Leaves whose shape is not fully defined: their rows may change shape from step to
+        # step, so their buffers are refilled when it does, and a trajectory may not span
+        # rows of two shapes (its tensors could not be stacked).
+        self.dynamic = [i for i in self.history if not self.flat_spec[i].shape.is_fully_defined()]
+        for i in self.dynamic:
+            if self.flat_spec[i].shape.rank is None:
                 raise ValueError(
-                    f"PatternDataset needs fully defined shapes for the leaves configs read; "
-                    f"leaf {i} of the step has shape {self.flat_spec[i].shape}."
+                    f"PatternDataset needs the rank of the leaves configs read; leaf {i} of "
+                    f"the step has shape {self.flat_spec[i].shape}."
                 )
 
     def initial_state(self) -> tuple:
         buffers = {
-            leaf: tf.zeros([h, *self.flat_spec[leaf].shape], self.flat_spec[leaf].dtype)
+            leaf: tf.zeros(
+                [h, *(d if d is not None else 0 for d in self.flat_spec[leaf].shape.as_list())],
+                self.flat_spec[leaf].dtype,
+            )
             for leaf, h in self.history.items()
         }
         n = len(self.configs)
@@ -105,7 +112,36 @@ class _Program:
             tf.constant(0, tf.int64),  # rows held since the buffers were cleared
             tf.constant(0, tf.int64),  # index of the next step in its episode
             tf.zeros([n], tf.int64),  # steps since each config applied
+            # Per dynamic leaf: its newest rows that have the newest row's shape.
+            {leaf: tf.constant(0, tf.int64) for leaf in self.dynamic},
         )
+
+    def _push(self, leaf: int, buffer: Any, row: Any, rows: dict) -> Any:
+        """`buffer` without its oldest row and with `row`; a dynamic leaf's buffer starts
+        over (zeros of the row's shape) when the row's shape differs from the buffer's."""
+        if leaf not in rows:
+            return tf.concat([buffer[1:], row[None]], axis=0)
+        same = tf.reduce_all(tf.equal(tf.shape(buffer)[1:], tf.shape(row)))
+        rows[leaf] = tf.where(
+            same, tf.minimum(rows[leaf] + 1, self.history[leaf]), tf.constant(1, tf.int64)
+        )
+        h = self.history[leaf]
+        return tf.cond(
+            same,
+            lambda: tf.concat([buffer[1:], row[None]], axis=0),
+            lambda: tf.concat(
+                [tf.zeros(tf.concat([[h - 1], tf.shape(row)], 0), row.dtype), row[None]], 0
+            ),
+        )
+
+    def _one_shape(self, config: Any, rows: dict) -> Any:
+        """Whether the rows a trajectory of `config` takes from dynamic leaves share a shape."""
+        ok = [
+            rows[n.flat_source_index] >= _max_age(n)
+            for n in config.flat
+            if n.flat_source_index in rows
+        ]
+        return tf.reduce_all(tf.stack(ok)) if ok else tf.constant(True)
 
     def _left(self, cond: Any, buffers: dict, held: Any, index: Any, since: Any, end: bool) -> Any:
         kind = cond.WhichOneof("left")
@@ -158,10 +194,10 @@ class _Program:
         return out
 
     def step(self, state: tuple, flat: list, end_of_episode: Any, clear: bool) -> tuple:
-        buffers, held, index, since = state
+        buffers, held, index, since, rows = state
+        rows = dict(rows)
         buffers = {
-            leaf: tf.concat([buffer[1:], flat[leaf][None]], axis=0)
-            for leaf, buffer in buffers.items()
+            leaf: self._push(leaf, buffer, flat[leaf], rows) for leaf, buffer in buffers.items()
         }
         held = tf.minimum(held + 1, self.max_history)
         since = since + 1
@@ -185,11 +221,22 @@ class _Program:
             at_end.append(tf.reduce_all(tf.stack(ok)))
         made = tf.stack(applied + at_end)
         any_applied = tf.logical_or(tf.stack(applied), tf.stack(at_end))
+        if rows:
+            one_shape = tf.stack([self._one_shape(config, rows) for config in self.configs])
+            check = tf.debugging.Assert(
+                tf.reduce_all(tf.logical_or(tf.logical_not(any_applied), one_shape)),
+                [
+                    "PatternDataset: a trajectory would span steps whose leaves the configs "
+                    "read have different shapes (it cannot be stacked)"
+                ],
+            )
+            with tf.control_dependencies([check]):
+                made = tf.identity(made)
         since = tf.where(any_applied, tf.zeros_like(since), since)
         index = tf.where(end_of_episode, tf.constant(0, tf.int64), index + 1)
         if clear:
             held = tf.where(end_of_episode, tf.constant(0, tf.int64), held)
-        return (buffers, held, index, since), (made, tuple(trajectories))
+        return (buffers, held, index, since, rows), (made, tuple(trajectories))
 
 
 class PatternDataset(tf.data.Dataset):

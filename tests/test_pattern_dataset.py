@@ -168,3 +168,48 @@ def test_an_endless_input_makes_an_endless_dataset() -> None:
     dataset = reverb.PatternDataset(steps(3).repeat(), _transitions(), True, _is_end)
     assert int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY
     assert len(list(dataset.take(4))) == 4
+
+
+def _ragged_steps(lengths: list) -> tf.data.Dataset:
+    """Step i: `x` = [i] * lengths[i] (shape [None]), `a` = i, `last` on the given steps."""
+
+    def gen():
+        for i, n in enumerate(lengths):
+            yield {"x": [i] * n, "a": i}
+
+    spec = {"x": tf.TensorSpec([None], tf.int32), "a": tf.TensorSpec([], tf.int32)}
+    return tf.data.Dataset.from_generator(gen, output_signature=spec)
+
+
+def test_leaves_with_undefined_dims_may_change_shape_between_episodes() -> None:
+    # Episodes of 3 steps; each episode's rows have one length, the next another.
+    lengths = [1, 1, 1, 3, 3, 3, 2, 2, 2]
+    ds = _ragged_steps(lengths)
+    spec = {"x": None, "a": None}
+    configs = [sw.create_config(sw.pattern_from_transform(spec, lambda s: s["x"][-2:]), "t")]
+    dataset = reverb.PatternDataset(ds, configs, True, lambda s: s["a"] % 3 == 2)
+    assert dataset.element_spec.shape.as_list() == [2, None]
+    got = [x.numpy().tolist() for x in dataset]
+    assert got == [
+        [[0], [1]],
+        [[1], [2]],
+        [[3, 3, 3], [4, 4, 4]],
+        [[4, 4, 4], [5, 5, 5]],
+        [[6, 6], [7, 7]],
+        [[7, 7], [8, 8]],
+    ]
+    # A single step of such a leaf, with the scalar beside it.
+    last = sw.pattern_from_transform(spec, lambda s: (s["x"][-1], s["a"][-1]))
+    dataset = reverb.PatternDataset(ds, [sw.create_config(last, "t")], False, lambda s: False)
+    assert [(x.numpy().tolist(), int(a)) for x, a in dataset] == [
+        ([i] * n, i) for i, n in enumerate(lengths)
+    ]
+
+
+def test_a_trajectory_across_rows_of_two_shapes_is_an_error() -> None:
+    spec = {"x": None, "a": None}
+    configs = [sw.create_config(sw.pattern_from_transform(spec, lambda s: s["x"][-2:]), "t")]
+    # Without episode boundaries the second trajectory would stack [0] and [1, 1].
+    dataset = reverb.PatternDataset(_ragged_steps([1, 2, 2]), configs, False, lambda s: False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="different shapes"):
+        list(dataset)
