@@ -180,3 +180,38 @@ def test_a_restarted_server_is_waited_for() -> None:
         assert time.monotonic() - start >= LATER * 0.5
     finally:
         later.stop()
+
+
+def test_a_sample_waits_for_a_restarted_server_in_another_process(tmp_path) -> None:
+    """`Client.sample` over gRPC: its server (another process) was killed since the last
+    call; the next sample's stream cannot be opened, so it waits for the server to be back
+    and opens it then (nothing was sampled before)."""
+    from _standalone import start, stop
+
+    port = _free_port()
+    config = {"port": port, "tables": [{"name": "q", "queue": 10}]}
+    proc, _, lines = start(config, tmp_path)
+    client = reverb.Client(f"localhost:{port}")
+    client.insert(np.float32(1.0), {"q": 1.0}, timeout=10)
+    [[first]] = list(client.sample("q", 1, timeout=10))
+    assert float(first.data[0]) == 1.0
+    proc.kill()
+    proc.wait(30)
+    proc.stderr.close()
+    restarted: list = []
+
+    def restart() -> None:
+        time.sleep(LATER)
+        restarted.append(start(config, tmp_path))
+        reverb.Client(f"localhost:{port}").insert(np.float32(2.0), {"q": 1.0}, timeout=10)
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    try:
+        [[second]] = list(client.sample("q", 1, timeout=20))
+        assert float(second.data[0]) == 2.0
+    finally:
+        thread.join(30)
+        if restarted:
+            stop(restarted[0][0], restarted[0][2])
+    assert any("serving on port" in line for line in lines)

@@ -680,19 +680,37 @@ impl Client {
                 .await;
         }
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.wait_reachable("SampleStream", timeout).await?;
         let request = sample_request(table, num_samples, rate_limiter_timeout);
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
-        let (tx, rx) = mpsc::channel(1);
-        tx.send(request).await.expect("room for one request");
-        let call = self.sample_stream(rx, MetadataMap::new());
-        let started = match deadline {
-            Some(d) => tokio::time::timeout_at(d, call)
-                .await
-                .map_err(|_| expired())?,
-            None => call.await,
+        // Opening the stream is retried while the server cannot be reached (it went away
+        // since the last call, or is not up yet), as `with_deadline` retries unary calls:
+        // nothing was sampled then. Once the stream is open, a failure ends the call.
+        let (tx, mut responses) = {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                self.wait_until("SampleStream", timeout, deadline).await?;
+                let (tx, rx) = mpsc::channel(1);
+                tx.send(request.clone())
+                    .await
+                    .expect("room for one request");
+                let call = self.sample_stream(rx, MetadataMap::new());
+                let started = match deadline {
+                    Some(d) => tokio::time::timeout_at(d, call)
+                        .await
+                        .map_err(|_| expired())?,
+                    None => call.await,
+                };
+                match started.map_err(|s| self.status(s)) {
+                    Ok(responses) => break (tx, responses),
+                    Err(e)
+                        if e.code == Code::Unavailable
+                            && !self.reach.up.load(Ordering::Relaxed)
+                            && tries < MAX_CONNECT_TRIES => {}
+                    Err(e) => return Err(e),
+                }
+            }
         };
-        let mut responses = started.map_err(|s| self.status(s))?;
         let mut samples = Vec::with_capacity(num_samples);
         let mut partial = PartialSample::default();
         let mut failure = None;
