@@ -512,6 +512,48 @@ def latency_sample(setup: Setup, seconds: float) -> dict:
     return {"value": p50 * 1e6, "unit": "us", "p99": p99 * 1e6}
 
 
+def append_only(setup: Setup, seconds: float) -> dict:
+    """Per-append cost of a 3-field small step (obs float32[8], action, reward) to a trajectory
+    writer, with no items (so only appending is timed), episodes of 1000 steps; the cost of
+    the benchmark's own loop is measured apart and taken off."""
+    client = reverb.Client(setup.address)
+    step = {"obs": np.zeros(8, np.float32), "action": np.int32(1), "reward": np.float32(1.0)}
+    steps, elapsed = 0, 0.0
+    with client.trajectory_writer(num_keep_alive_refs=2) as writer:
+        while elapsed < seconds:
+            start = time.perf_counter()
+            for _ in range(1000):
+                writer.append(step)
+            writer.end_episode()
+            elapsed += time.perf_counter() - start
+            steps += 1000
+    start = time.perf_counter()
+    for _ in range(steps):
+        pass
+    loop = time.perf_counter() - start
+    return {"value": (elapsed - loop) / steps * 1e6, "unit": "us/append"}
+
+
+def import_time(setup: Setup, seconds: float) -> dict:
+    """Wall time of `import reverb` in a fresh interpreter (median of a few), and its RSS."""
+    del setup
+    # (VmRSS, not ru_maxrss: the latter keeps the high-water mark of the forking process.)
+    code = (
+        "import time; t = time.perf_counter(); import reverb; t = time.perf_counter() - t; "
+        "rss = [l for l in open('/proc/self/status') if l.startswith('VmRSS:')][0].split()[1]; "
+        "print(t, rss)"
+    )
+    runs = []
+    deadline = time.perf_counter() + seconds
+    while len(runs) < 3 or time.perf_counter() < deadline and len(runs) < 9:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        seconds_taken, rss_kib = out.stdout.split()
+        runs.append((float(seconds_taken), int(rss_kib)))
+    runs.sort()
+    taken, rss = runs[len(runs) // 2]
+    return {"value": taken * 1e3, "unit": "ms", "rss_mb": rss / 1024}
+
+
 WORKLOADS = {
     "writer_small": writer_small,
     "writer_small_nosig": writer_small_nosig,
@@ -531,6 +573,8 @@ WORKLOADS = {
     "memory_1m": memory_1m,
     "latency_insert": latency_insert,
     "latency_sample": latency_sample,
+    "append_only": append_only,
+    "import_time": import_time,
 }
 OURS_ONLY = {"writer_batched", "writer_vector"}
 # In bench/structured_workloads.py (imported only for them: it needs TensorFlow).

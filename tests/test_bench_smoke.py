@@ -31,6 +31,8 @@ def _has_tensorflow() -> bool:
         "actors2",
         "client_sample",
         "prioritized",
+        "append_only",
+        "import_time",
         pytest.param(
             "dataset_small",
             marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
