@@ -685,15 +685,19 @@ impl Client {
         // Opening the stream is retried while the server cannot be reached (it went away
         // since the last call, or is not up yet), as `with_deadline` retries unary calls:
         // nothing was sampled then. Once the stream is open, a failure ends the call.
-        let (tx, mut responses) = {
+        let mut responses = {
             let mut tries = 0;
             loop {
                 tries += 1;
                 self.wait_until("SampleStream", timeout, deadline).await?;
+                // The one request, then the end of the request stream (half-close): the
+                // server ends the stream right after the last sample, so the call needs no
+                // further round trip to end it (and never resets it).
                 let (tx, rx) = mpsc::channel(1);
                 tx.send(request.clone())
                     .await
                     .expect("room for one request");
+                drop(tx);
                 let call = self.sample_stream(rx, MetadataMap::new());
                 let started = match deadline {
                     Some(d) => tokio::time::timeout_at(d, call)
@@ -702,7 +706,7 @@ impl Client {
                     None => call.await,
                 };
                 match started.map_err(|s| self.status(s)) {
-                    Ok(responses) => break (tx, responses),
+                    Ok(responses) => break responses,
                     Err(e)
                         if e.code == Code::Unavailable
                             && !self.reach.up.load(Ordering::Relaxed)
@@ -745,10 +749,9 @@ impl Client {
                 }
             }
         }
-        drop(tx);
         if failure.is_none() {
-            // Let the server end the stream (it does once the request is served and the
-            // client is done sending): a stream the client drops open is reset, and a server
+            // Let the server end the stream (it does once the request is served, the client
+            // having half-closed): a stream the client drops open is reset, and a server
             // seeing many resets of streams it had no time to accept (a busy server) closes
             // the whole connection as an attack ("rapid reset").
             let end = async { while let Ok(Some(_)) = responses.message().await {} };
