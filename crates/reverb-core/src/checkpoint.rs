@@ -105,8 +105,8 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
         for (item, _, _) in &snapshot.items {
             for chunk in &item.chunks {
                 if written.insert(chunk.key()) {
-                    chunk_parts(chunk.data(), &mut buf);
-                    record_parts(out, CHUNK, &[&buf, &chunk.data().data])?;
+                    chunk_parts(&chunk.data(), &mut buf);
+                    record_parts(out, CHUNK, &[&buf, chunk.payload()])?;
                     n_chunks += 1;
                 }
             }
@@ -273,7 +273,7 @@ pub fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{InsertOutcome, RateLimiterConfig, TableConfig};
+    use crate::{InsertOutcome, RateLimiterConfig, TableConfig, Trajectory};
     use reverb_proto::{flat_trajectory, FlatTrajectory, SequenceRange};
 
     fn table(name: &str, sampler: SelectorKind, max_size: i64) -> Arc<Table> {
@@ -326,7 +326,7 @@ mod tests {
         ItemData {
             key,
             table: table.into(),
-            trajectory: FlatTrajectory { columns },
+            trajectory: Trajectory::from_proto(&FlatTrajectory { columns }),
             inserted_at: None,
             chunks,
         }

@@ -8,7 +8,7 @@ pub mod rate_limiter;
 pub mod selectors;
 pub mod table;
 
-pub use chunk::{Chunk, ItemData};
+pub use chunk::{Chunk, ItemData, Trajectory};
 pub use error::{CoreError, Result};
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};

@@ -56,7 +56,7 @@ fn item(key: u64, chunks: Vec<Arc<Chunk>>) -> ItemData {
     ItemData {
         key,
         table: "t".into(),
-        trajectory: FlatTrajectory { columns },
+        trajectory: Trajectory::from_proto(&FlatTrajectory { columns }),
         inserted_at: None,
         chunks,
     }

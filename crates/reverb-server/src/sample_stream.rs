@@ -211,23 +211,20 @@ async fn send_batch(
 
 /// A chunk as sent: its bytes written into the ring when they are large and fit, else inline
 /// (never with ring fields of its own: those are this stream's to set).
-fn to_send(chunk: &ChunkData, ring: &mut Option<RingWriter>) -> ChunkData {
-    let mut sent = ChunkData {
-        shm_position: 0,
-        shm_length: 0,
-        ..chunk.clone()
-    };
+/// `chunk` (a stored chunk's wire form, without transport fields) as sent: its payload moved
+/// into the client's ring when it is large and fits.
+fn to_send(mut chunk: ChunkData, ring: &mut Option<RingWriter>) -> ChunkData {
     if let Some(ring) = ring
         .as_mut()
         .filter(|_| chunk.data.len() >= MIN_CHUNK_BYTES)
     {
         if let Some(position) = ring.put(&chunk.data) {
-            sent.data = Bytes::new();
-            sent.shm_position = position;
-            sent.shm_length = chunk.data.len() as u64;
+            chunk.shm_position = position;
+            chunk.shm_length = chunk.data.len() as u64;
+            chunk.data = Bytes::new();
         }
     }
-    sent
+    chunk
 }
 
 async fn send(response: SampleStreamResponse, tx: &Tx) -> Result<(), Option<Status>> {
