@@ -514,8 +514,9 @@ def latency_sample(setup: Setup, seconds: float) -> dict:
 
 def append_only(setup: Setup, seconds: float) -> dict:
     """Per-append cost of a 3-field small step (obs float32[8], action, reward) to a trajectory
-    writer, with no items (so only appending is timed), episodes of 1000 steps; the cost of
-    the benchmark's own loop is measured apart and taken off."""
+    writer, with no items (so only appending is timed), in episodes of 1000 steps (their
+    `end_episode` timed too); the cost of the benchmark's own loop is measured apart and
+    taken off."""
     client = reverb.Client(setup.address)
     step = {"obs": np.zeros(8, np.float32), "action": np.int32(1), "reward": np.float32(1.0)}
     steps, elapsed = 0, 0.0

@@ -18,7 +18,8 @@ def _files() -> list:
         for f in descriptor_pb2.FileDescriptorSet.FromString(_native.descriptor_set()).file
     }
     checkpoint = files["reverb/checkpoint.proto"]
-    checkpoint.dependency.append("tensorflow/struct.proto")
+    if "tensorflow/struct.proto" not in checkpoint.dependency:
+        checkpoint.dependency.append("tensorflow/struct.proto")
     for message in checkpoint.message_type:
         for field in message.field:
             if (message.name, field.name) == ("PriorityTableCheckpoint", "signature"):

@@ -79,9 +79,12 @@ class Writer:
         is sent until an item references it."""
         writer = self._writer
         writer._check_open()
-        if not writer._same_flat_dict(data):  # (else: the width of the last step)
+        values = writer._fast_values(data)  # (a flat dict with the last step's keys)
+        if values is not None:
+            columns = writer._fast[2]
+        else:
             self._check_width(len(_nest.flatten(data)))
-        columns, values = writer._flatten(data)
+            columns, values = writer._flatten(data)
         writer._append_flat(data, columns, values, False)
 
     def append_sequence(self, sequence: Any) -> None:

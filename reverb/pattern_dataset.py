@@ -135,7 +135,8 @@ class _Program:
         )
 
     def _one_shape(self, config: Any, rows: dict) -> Any:
-        """Whether the rows a trajectory of `config` takes from dynamic leaves share a shape."""
+        """Whether, for each dynamic leaf a trajectory of `config` reads, the rows from the
+        oldest it takes to the newest share a shape (a buffer keeps only those)."""
         ok = [
             rows[n.flat_source_index] >= _max_age(n)
             for n in config.flat
@@ -154,20 +155,33 @@ class _Program:
         if kind == "is_end_episode":
             return tf.constant(int(end), tf.int64)
         value = buffers[cond.flat_source_index][-1]
-        if value.shape.num_elements() != 1 or not (
-            value.dtype.is_integer or value.dtype == tf.bool
-        ):
-            # The reference's condition on such a leaf is never true.
+        if not (value.dtype.is_integer or value.dtype == tf.bool):
+            return None  # the reference's condition on such a leaf is never true
+        valid = None
+        if cond.flat_source_index in self.dynamic:
+            # Known at run time only: a row of one element holds a value, others never do.
+            valid = tf.equal(tf.size(value), 1)
+            value = tf.reshape(value, [-1])
+            value = tf.cond(valid, lambda: value[0], lambda: tf.zeros([], value.dtype))
+        elif value.shape.num_elements() != 1:
             return None
-        value = tf.reshape(value, [])
+        else:
+            value = tf.reshape(value, [])
         if value.dtype == tf.bool:
-            return tf.cast(value, tf.int64)
-        # Compared as a 32-bit integer, as the reference does.
-        return tf.cast(tf.cast(value, tf.int32), tf.int64)
+            value = tf.cast(value, tf.int64)
+        else:
+            # Compared as a 32-bit integer, as the reference does.
+            value = tf.cast(tf.cast(value, tf.int32), tf.int64)
+        return value if valid is None else (value, valid)
 
     def _holds(self, cond: Any, left: Any) -> Any:
+        """Whether `cond` holds for `left` (what `_left` gave: None never holds; a
+        `(value, valid)` pair holds only where `valid`)."""
         if left is None:
             return tf.constant(False)
+        valid = None
+        if isinstance(left, tuple):
+            left, valid = left
         kind = cond.WhichOneof("cmp")
         if kind == "eq":
             result = tf.equal(left, cond.eq)
@@ -178,7 +192,8 @@ class _Program:
             result = tf.equal(tf.truncatemod(left, cond.mod_eq.mod), cond.mod_eq.eq)
         else:
             raise ValueError(f"Condition {cond} has no comparison (`cmp`).")
-        return tf.logical_not(result) if cond.inverse else result
+        result = tf.logical_not(result) if cond.inverse else result
+        return result if valid is None else tf.logical_and(valid, result)
 
     def trajectory(self, config: Any, buffers: dict) -> list:
         out = []
@@ -226,8 +241,9 @@ class _Program:
             check = tf.debugging.Assert(
                 tf.reduce_all(tf.logical_or(tf.logical_not(any_applied), one_shape)),
                 [
-                    "PatternDataset: a trajectory would span steps whose leaves the configs "
-                    "read have different shapes (it cannot be stacked)"
+                    "PatternDataset: a trajectory reads a leaf of undefined shape whose rows "
+                    "have different shapes between the oldest step it takes and the newest "
+                    "step (rows are kept only since the last change of shape)"
                 ],
             )
             with tf.control_dependencies([check]):

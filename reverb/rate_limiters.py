@@ -10,6 +10,7 @@ With counters `inserts`, `samples`, `deletes` (all since the last reset):
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from typing import Tuple, Union
@@ -44,7 +45,7 @@ class RateLimiter:
     def _params(self) -> tuple[float, int, float, float]:
         return (self.samples_per_insert, self.min_size_to_sample, self.min_diff, self.max_diff)
 
-    @property
+    @functools.cached_property
     def internal_limiter(self) -> _native.RateLimiter:
         """The native limiter (`reverb.pybind.RateLimiter`) a table is built with."""
         return self._native()

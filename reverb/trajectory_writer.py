@@ -273,15 +273,22 @@ class TrajectoryWriter:
             self._specs[column] = spec
         return spec
 
-    def _same_flat_dict(self, data: Any) -> bool:
-        """Whether `data` is a flat dict with the keys of the last step (flattened fast)."""
-        return type(data) is dict and self._fast is not None and tuple(data) == self._fast[0]
+    def _fast_values(self, data: Any) -> Optional[List[Any]]:
+        """The values of `data` in column order when it is a flat dict with the keys of the
+        last step (no value a nest), else None."""
+        fast = self._fast
+        if type(data) is not dict or fast is None or tuple(data) != fast[0]:
+            return None
+        values = [data[k] for k in fast[1]]
+        if any(isinstance(v, _nest._NESTED) for v in values):
+            return None
+        return values
 
     def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
-        # Fast path: the same flat dict keys as last time.
-        if self._same_flat_dict(data):
-            _, sorted_keys, columns = self._fast
-            return columns, [data[k] for k in sorted_keys]
+        # Fast path: a flat dict with the keys of the last step.
+        values = self._fast_values(data)
+        if values is not None:
+            return self._fast[2], values
         pairs = _nest.flatten_with_path(data)
         if not pairs:
             raise ValueError("append() needs at least one value")

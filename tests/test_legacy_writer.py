@@ -151,5 +151,36 @@ def test_each_item_length_is_checked_and_refusals_repeat(make_server) -> None:
                 writer.create_item("q", 3, 1.0)
         writer.create_item("p", 3, 1.0)
         writer.create_item("q", 2, 1.0)
+        # The table is part of the key: an unsigned table's items do not vouch for the
+        # signed one's.
+        writer.create_item("p", 3, 1.0)
+        with pytest.raises(ValueError, match="inconsistent with the table signature"):
+            writer.create_item("q", 3, 1.0)
     assert [item[0].shape for item in _items(client)] == [(2, 2)] * 3
-    assert [item[0].shape for item in _items(client, "p")] == [(3, 2)]
+    assert [item[0].shape for item in _items(client, "p")] == [(3, 2)] * 2
+
+
+def test_a_new_structure_of_the_same_width_is_checked_again(make_server) -> None:
+    tf = pytest.importorskip("tensorflow")
+    signed = reverb.Table.queue("q", 10, signature={"x": tf.TensorSpec([], tf.float32)})
+    client = _client(make_server, signed)
+    with client.writer(3) as writer:
+        writer.append({"x": np.float32(1)})
+        writer.create_item("q", 1, 1.0)
+        # Same number of leaves, another key: another column, of another dtype.
+        writer.append({"y": np.int32(1)})
+        with pytest.raises(ValueError, match="2 tensors, but table requires 1"):
+            writer.create_item("q", 1, 1.0)
+    assert len(_items(client)) == 1
+
+
+def test_a_nested_value_under_the_same_keys_changes_the_width(make_server) -> None:
+    client = _client(make_server)
+    with client.writer(2) as writer:
+        writer.append({"a": np.zeros(2, np.float32), "b": np.float32(0)})
+        with pytest.raises(ValueError, match="Previously it was 2, but is now 3"):
+            writer.append({"a": [np.float32(1), np.float32(2)], "b": np.float32(1)})
+        writer.append({"a": np.ones(2, np.float32), "b": np.float32(1)})
+        writer.create_item("q", 2, 1.0)
+    [item] = _items(client)
+    assert item[0].tolist() == [[0.0, 0.0], [1.0, 1.0]]

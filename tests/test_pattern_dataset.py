@@ -213,3 +213,22 @@ def test_a_trajectory_across_rows_of_two_shapes_is_an_error() -> None:
     dataset = reverb.PatternDataset(_ragged_steps([1, 2, 2]), configs, False, lambda s: False)
     with pytest.raises(tf.errors.InvalidArgumentError, match="different shapes"):
         list(dataset)
+
+
+def test_data_conditions_on_leaves_of_undefined_shape_hold_for_one_element_rows() -> None:
+    # `x` has shape [None]; rows of one element are compared, others never hold.
+    def gen():
+        for i, row in enumerate([[1], [0], [1, 1], [1], []]):
+            yield {"x": row, "a": i}
+
+    spec = {"x": tf.TensorSpec([None], tf.int32), "a": tf.TensorSpec([], tf.int32)}
+    ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
+    steps = {"x": None, "a": None}
+    pattern = sw.pattern_from_transform(steps, lambda s: s["a"][-1])
+    for condition, expected in (
+        (C.data(steps)["x"] == 1, [0, 3]),
+        (C.data(steps)["x"] != 1, [1]),
+    ):
+        configs = [sw.create_config(pattern, "t", [condition])]
+        dataset = reverb.PatternDataset(ds, configs, False, lambda s: False)
+        assert [int(a) for a in dataset] == expected

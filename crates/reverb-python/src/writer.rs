@@ -296,13 +296,14 @@ impl PyTrajectoryWriter {
     ) -> PyResult<u64> {
         let now = Some(Instant::now());
         let (key, sent) = self.with_table(py, &table, |w| {
-            let end = w.episode_start() + w.episode_steps();
-            let Some(first) = end.checked_sub(num_steps) else {
+            if num_steps == 0 || num_steps > w.episode_steps() {
                 return Err(ClientError::invalid(format!(
-                    "num_steps ({num_steps}) is more than the episode's {} steps",
+                    "num_steps ({num_steps}) must be within 1 and the episode's {} steps",
                     w.episode_steps()
                 )));
-            };
+            }
+            let end = w.episode_start() + w.episode_steps();
+            let first = end - num_steps;
             let columns: Vec<ItemColumn> = columns
                 .iter()
                 .map(|&column| ItemColumn {
