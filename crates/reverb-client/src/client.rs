@@ -102,7 +102,9 @@ fn is_connect_failure(status: &tonic::Status) -> bool {
         }
         let text = e.to_string();
         // (A request the transport dropped unsent because its connection went away, e.g. a
-        // server killed since the last call, is "canceled": nothing reached the server.)
+        // server killed since the last call, is "canceled": nothing reached the server. So
+        // is one whose new connection a TLS server closed at once: retried, it fails the
+        // same way and keeps its TLS hint.)
         if text.starts_with("tcp connect error")
             || text.starts_with("dns error")
             || text.starts_with("operation was canceled")
@@ -360,9 +362,6 @@ impl Client {
         while let Some(e) = source {
             causes.push(e.to_string());
             source = e.source();
-        }
-        if is_connect_failure(status) {
-            return None; // nothing was answered: no sign of TLS either way
         }
         let closed = causes.iter().any(|c| {
             c == "connection closed" || c.contains("broken pipe") || c.contains("reset by peer")

@@ -114,8 +114,7 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
     }
     for (table, snapshot) in tables {
         for (item, priority, times_sampled) in &snapshot.items {
-            let mut proto = item.to_proto(*priority, *times_sampled);
-            proto.table = table.name().to_string();
+            let proto = item.to_proto(table.name(), *priority, *times_sampled);
             buf.clear();
             proto.encode(&mut buf).expect("vec has room");
             record(out, ITEM, &buf)?;
@@ -215,7 +214,9 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
                 let saved = tables.get_mut(&item.table).ok_or_else(|| {
                     corrupt(format!("item {} of unknown table {}", item.key, item.table))
                 })?;
-                let data = ItemData::from_proto(item, used);
+                let key = item.key;
+                let data = ItemData::from_proto(item, used)
+                    .map_err(|e| corrupt(format!("item {key} {e}")))?;
                 saved
                     .snapshot
                     .items
@@ -273,7 +274,7 @@ pub fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{InsertOutcome, RateLimiterConfig, TableConfig, Trajectory};
+    use crate::{InsertOutcome, RateLimiterConfig, TableConfig};
     use reverb_proto::{flat_trajectory, FlatTrajectory, SequenceRange};
 
     fn table(name: &str, sampler: SelectorKind, max_size: i64) -> Arc<Table> {
@@ -310,7 +311,7 @@ mod tests {
         }))
     }
 
-    fn item(key: u64, table: &str, chunks: Vec<Arc<Chunk>>) -> ItemData {
+    fn item(key: u64, chunks: Vec<Arc<Chunk>>) -> ItemData {
         let columns = chunks
             .iter()
             .map(|c| flat_trajectory::Column {
@@ -323,13 +324,7 @@ mod tests {
                 squeeze: false,
             })
             .collect();
-        ItemData {
-            key,
-            table: table.into(),
-            trajectory: Trajectory::from_proto(&FlatTrajectory { columns }),
-            inserted_at: None,
-            chunks,
-        }
+        ItemData::new(key, &FlatTrajectory { columns }, chunks).unwrap()
     }
 
     fn filled() -> (Arc<Table>, Arc<Table>, Vec<u8>) {
@@ -339,12 +334,10 @@ mod tests {
         for k in 1..=4u64 {
             let chunks = vec![shared.clone(), chunk(100 + k)];
             assert!(matches!(
-                a.try_insert(item(k, "a", chunks.clone()), k as f64)
-                    .unwrap(),
+                a.try_insert(item(k, chunks.clone()), k as f64).unwrap(),
                 InsertOutcome::Inserted
             ));
-            b.try_insert(item(10 + k, "b", chunks), 5.0 - k as f64)
-                .unwrap();
+            b.try_insert(item(10 + k, chunks), 5.0 - k as f64).unwrap();
         }
         a.try_sample(3, usize::MAX);
         let snaps = [a.snapshot(), b.snapshot()];

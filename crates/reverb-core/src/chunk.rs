@@ -85,30 +85,50 @@ impl Drop for Chunk {
 
 /// An item's columns as chunk slices, held in one allocation: the wire form
 /// (`FlatTrajectory`) takes one per column and one more, which for the small items of RL
-/// replay is a large part of what a stored item costs.
+/// replay is a large part of what a stored item costs. A slice names its chunk by position
+/// in the item's chunk list (see [`ItemData::chunks`]), not by key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trajectory(Box<[Slice]>);
 
 /// One chunk slice of a column, or the place of a column that has none.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Slice {
-    chunk_key: u64,
     offset: i32,
     length: i32,
     index: i32,
-    flags: u8,
+    /// The chunk's position in the item's chunk list, with the flags above `FLAG_SHIFT`.
+    chunk: u32,
 }
 
+const FLAG_SHIFT: u32 = 29;
 /// The slice starts a column.
-const FIRST: u8 = 1;
+const FIRST: u32 = 1 << FLAG_SHIFT;
 /// The column it starts is squeezed.
-const SQUEEZE: u8 = 2;
+const SQUEEZE: u32 = 2 << FLAG_SHIFT;
 /// A column without slices (only its flags mean anything).
-const EMPTY: u8 = 4;
+const EMPTY: u32 = 4 << FLAG_SHIFT;
+/// Most chunks an item may reference.
+pub const MAX_ITEM_CHUNKS: usize = 1 << FLAG_SHIFT;
 
 impl Trajectory {
-    /// The compact form of `trajectory`.
-    pub fn from_proto(trajectory: &FlatTrajectory) -> Self {
+    /// The compact form of `trajectory`, whose slices reference `chunks` (by key). Errs if a
+    /// slice's chunk is not among them or there are more than [`MAX_ITEM_CHUNKS`].
+    pub fn new(trajectory: &FlatTrajectory, chunks: &[Arc<Chunk>]) -> Result<Self, String> {
+        if chunks.len() > MAX_ITEM_CHUNKS {
+            return Err(format!(
+                "references {} chunks, more than {MAX_ITEM_CHUNKS}",
+                chunks.len()
+            ));
+        }
+        let by_key: Option<std::collections::HashMap<u64, u32>> =
+            (chunks.len() > 16).then(|| (0u32..).zip(chunks).map(|(i, c)| (c.key(), i)).collect());
+        let position = |key: u64| -> Result<u32, String> {
+            let found = match &by_key {
+                Some(map) => map.get(&key).copied(),
+                None => chunks.iter().position(|c| c.key() == key).map(|i| i as u32),
+            };
+            found.ok_or_else(|| format!("references chunk {key}, which it does not hold"))
+        };
         let mut slices = Vec::with_capacity(
             trajectory
                 .columns
@@ -120,40 +140,40 @@ impl Trajectory {
             let squeeze = if column.squeeze { SQUEEZE } else { 0 };
             if column.chunk_slices.is_empty() {
                 slices.push(Slice {
-                    chunk_key: 0,
                     offset: 0,
                     length: 0,
                     index: 0,
-                    flags: FIRST | squeeze | EMPTY,
+                    chunk: FIRST | squeeze | EMPTY,
                 });
             }
             for (i, s) in column.chunk_slices.iter().enumerate() {
+                let flags = if i == 0 { FIRST | squeeze } else { 0 };
                 slices.push(Slice {
-                    chunk_key: s.chunk_key,
                     offset: s.offset,
                     length: s.length,
                     index: s.index,
-                    flags: if i == 0 { FIRST | squeeze } else { 0 },
+                    chunk: position(s.chunk_key)? | flags,
                 });
             }
         }
-        Self(slices.into_boxed_slice())
+        Ok(Self(slices.into_boxed_slice()))
     }
 
-    /// The wire form.
-    pub fn to_proto(&self) -> FlatTrajectory {
+    /// The wire form, with the keys of `chunks` (the list it was made with).
+    pub fn to_proto(&self, chunks: &[Arc<Chunk>]) -> FlatTrajectory {
         let mut columns: Vec<flat_trajectory::Column> = Vec::new();
         for s in self.0.iter() {
-            if s.flags & FIRST != 0 {
+            if s.chunk & FIRST != 0 {
                 columns.push(flat_trajectory::Column {
                     chunk_slices: Vec::new(),
-                    squeeze: s.flags & SQUEEZE != 0,
+                    squeeze: s.chunk & SQUEEZE != 0,
                 });
             }
-            if s.flags & EMPTY == 0 {
+            if s.chunk & EMPTY == 0 {
                 let column = columns.last_mut().expect("a slice starts every column");
+                let position = (s.chunk & (FIRST - 1)) as usize;
                 column.chunk_slices.push(flat_trajectory::ChunkSlice {
-                    chunk_key: s.chunk_key,
+                    chunk_key: chunks[position].key(),
                     offset: s.offset,
                     length: s.length,
                     index: s.index,
@@ -164,43 +184,84 @@ impl Trajectory {
     }
 }
 
-/// The immutable part of an item, shared between a table and in-flight samples.
-#[derive(Debug)]
+/// `at` in nanoseconds since the Unix epoch (saturating; 1 for the epoch itself, so that it
+/// stays distinct from "not set").
+fn timestamp_ns(at: &prost_types::Timestamp) -> i64 {
+    let ns = at
+        .seconds
+        .saturating_mul(1_000_000_000)
+        .saturating_add(i64::from(at.nanos));
+    if ns == 0 {
+        1
+    } else {
+        ns
+    }
+}
+
+/// The immutable part of an item, shared between a table and in-flight samples. (Its table
+/// is the one holding it: the name is not stored with every item.)
+#[derive(Debug, Clone)]
 pub struct ItemData {
     /// The item's key.
     pub key: u64,
-    /// Which table it lives in.
-    pub table: String,
     /// The columns as chunk slices.
     pub trajectory: Trajectory,
-    /// When the table stored it (set on insertion).
-    pub inserted_at: Option<prost_types::Timestamp>,
+    /// When the table stored it, in nanoseconds since the Unix epoch (0: not yet; see
+    /// [`ItemData::inserted_at`]).
+    inserted_at_ns: i64,
     /// The chunks the trajectory references, in order of first reference.
-    pub chunks: Vec<Arc<Chunk>>,
+    pub chunks: Box<[Arc<Chunk>]>,
 }
 
 impl ItemData {
-    /// Builds an item from its wire form and the chunks it references.
-    pub fn from_proto(item: PrioritizedItem, mut chunks: Vec<Arc<Chunk>>) -> Self {
-        chunks.shrink_to_fit();
-        Self {
+    /// Builds an item from its wire form and the chunks it references (every chunk a slice
+    /// names must be among them).
+    pub fn from_proto(item: PrioritizedItem, chunks: Vec<Arc<Chunk>>) -> Result<Self, String> {
+        let trajectory = item.flat_trajectory.unwrap_or_default();
+        Ok(Self {
             key: item.key,
-            table: item.table,
-            trajectory: Trajectory::from_proto(&item.flat_trajectory.unwrap_or_default()),
-            inserted_at: item.inserted_at,
-            chunks,
-        }
+            trajectory: Trajectory::new(&trajectory, &chunks)?,
+            inserted_at_ns: item.inserted_at.map_or(0, |t| timestamp_ns(&t)),
+            chunks: chunks.into_boxed_slice(),
+        })
     }
 
-    /// The wire form with the given mutable fields.
-    pub fn to_proto(&self, priority: f64, times_sampled: i32) -> PrioritizedItem {
+    /// When the table stored it (None before).
+    pub fn inserted_at(&self) -> Option<prost_types::Timestamp> {
+        (self.inserted_at_ns != 0).then(|| prost_types::Timestamp {
+            seconds: self.inserted_at_ns.div_euclid(1_000_000_000),
+            nanos: self.inserted_at_ns.rem_euclid(1_000_000_000) as i32,
+        })
+    }
+
+    /// Records when the table stored it.
+    pub fn set_inserted_at(&mut self, at: &prost_types::Timestamp) {
+        self.inserted_at_ns = timestamp_ns(at);
+    }
+
+    /// An item of `trajectory` (slices of `chunks`); see [`ItemData::from_proto`].
+    pub fn new(
+        key: u64,
+        trajectory: &FlatTrajectory,
+        chunks: Vec<Arc<Chunk>>,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            key,
+            trajectory: Trajectory::new(trajectory, &chunks)?,
+            inserted_at_ns: 0,
+            chunks: chunks.into_boxed_slice(),
+        })
+    }
+
+    /// The wire form, in `table`, with the given mutable fields.
+    pub fn to_proto(&self, table: &str, priority: f64, times_sampled: i32) -> PrioritizedItem {
         PrioritizedItem {
             key: self.key,
-            table: self.table.clone(),
+            table: table.to_string(),
             priority,
             times_sampled,
-            inserted_at: self.inserted_at,
-            flat_trajectory: Some(self.trajectory.to_proto()),
+            inserted_at: self.inserted_at(),
+            flat_trajectory: Some(self.trajectory.to_proto(&self.chunks)),
             deprecated_chunk_keys: Vec::new(),
             deprecated_sequence_range: None,
         }
@@ -221,37 +282,93 @@ mod tests {
         }
     }
 
+    fn chunks(keys: impl IntoIterator<Item = u64>) -> Vec<Arc<Chunk>> {
+        keys.into_iter()
+            .map(|chunk_key| {
+                Arc::new(Chunk::new(ChunkData {
+                    chunk_key,
+                    ..Default::default()
+                }))
+            })
+            .collect()
+    }
+
     #[test]
     fn the_compact_trajectory_gives_back_the_wire_form() {
         let cases = [
-            FlatTrajectory::default(),
-            FlatTrajectory {
-                columns: vec![
-                    Column {
-                        chunk_slices: vec![slice(7, 1, 2, 0), slice(8, 0, 3, 0)],
-                        squeeze: false,
-                    },
-                    Column {
-                        chunk_slices: vec![slice(9, 4, 1, 2)],
-                        squeeze: true,
-                    },
-                    Column {
-                        chunk_slices: vec![],
-                        squeeze: true,
-                    },
-                    Column {
-                        chunk_slices: vec![],
-                        squeeze: false,
-                    },
-                    Column {
-                        chunk_slices: vec![slice(u64::MAX, i32::MAX, -1, i32::MIN)],
-                        squeeze: false,
-                    },
-                ],
-            },
+            (FlatTrajectory::default(), chunks([])),
+            (
+                FlatTrajectory {
+                    columns: vec![
+                        Column {
+                            chunk_slices: vec![slice(7, 1, 2, 0), slice(8, 0, 3, 0)],
+                            squeeze: false,
+                        },
+                        Column {
+                            chunk_slices: vec![slice(9, 4, 1, 2)],
+                            squeeze: true,
+                        },
+                        Column {
+                            chunk_slices: vec![],
+                            squeeze: true,
+                        },
+                        Column {
+                            chunk_slices: vec![],
+                            squeeze: false,
+                        },
+                        Column {
+                            chunk_slices: vec![slice(u64::MAX, i32::MAX, -1, i32::MIN)],
+                            squeeze: false,
+                        },
+                    ],
+                },
+                chunks([9, u64::MAX, 8, 7]),
+            ),
+            // Many chunks (looked up by key through a map).
+            (
+                FlatTrajectory {
+                    columns: (0..40)
+                        .map(|k| Column {
+                            chunk_slices: vec![slice(1000 - k, 0, 1, 0)],
+                            squeeze: k % 2 == 0,
+                        })
+                        .collect(),
+                },
+                chunks((0..40).map(|k| 961 + k)),
+            ),
         ];
-        for case in cases {
-            assert_eq!(Trajectory::from_proto(&case).to_proto(), case);
+        for (trajectory, chunks) in cases {
+            let compact = Trajectory::new(&trajectory, &chunks).unwrap();
+            assert_eq!(compact.to_proto(&chunks), trajectory);
         }
+    }
+
+    #[test]
+    fn insertion_times_round_trip() {
+        let mut item = ItemData::new(1, &FlatTrajectory::default(), vec![]).unwrap();
+        assert_eq!(item.inserted_at(), None);
+        for (seconds, nanos) in [(1_764_748_800, 123_456_789), (-5, 7), (0, 1), (12, 0)] {
+            let at = prost_types::Timestamp { seconds, nanos };
+            item.set_inserted_at(&at);
+            assert_eq!(item.inserted_at(), Some(at));
+        }
+        // The epoch itself is kept as one nanosecond after it (0 means "not set").
+        item.set_inserted_at(&prost_types::Timestamp::default());
+        assert_eq!(
+            item.inserted_at().map(|t| (t.seconds, t.nanos)),
+            Some((0, 1))
+        );
+    }
+
+    #[test]
+    fn a_slice_of_a_chunk_the_item_does_not_hold_is_an_error() {
+        let trajectory = FlatTrajectory {
+            columns: vec![Column {
+                chunk_slices: vec![slice(5, 0, 1, 0)],
+                squeeze: false,
+            }],
+        };
+        let error = Trajectory::new(&trajectory, &chunks([4])).unwrap_err();
+        assert!(error.contains("chunk 5"), "{error}");
     }
 }

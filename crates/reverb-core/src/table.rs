@@ -39,6 +39,8 @@ pub struct TableConfig {
 pub struct SampledItem {
     /// The item (shared; its chunks stay alive while this is held).
     pub item: Arc<ItemData>,
+    /// The name of the table it was sampled from.
+    pub table: Arc<str>,
     /// Priority at sampling time.
     pub priority: f64,
     /// Times sampled, counting this sample.
@@ -53,7 +55,10 @@ impl SampledItem {
     /// The `SampleInfo` a sample carries on the wire.
     pub fn info(&self) -> SampleInfo {
         SampleInfo {
-            item: Some(self.item.to_proto(self.priority, self.times_sampled)),
+            item: Some(
+                self.item
+                    .to_proto(&self.table, self.priority, self.times_sampled),
+            ),
             probability: self.probability,
             table_size: self.table_size,
             rate_limited: false,
@@ -108,6 +113,8 @@ struct State {
 
 /// A replay table. Share it as `Arc<Table>`.
 pub struct Table {
+    /// `config.name`, shared with every sample.
+    name: Arc<str>,
     config: TableConfig,
     state: Mutex<State>,
     changed: Notify,
@@ -204,6 +211,7 @@ impl Table {
             rng,
         };
         Ok(Self {
+            name: config.name.as_str().into(),
             config,
             state: Mutex::new(state),
             changed: Notify::new(),
@@ -322,8 +330,8 @@ impl Table {
         if !st.limiter.can_insert(1) {
             return Ok(InsertOutcome::Blocked(item));
         }
-        if item.inserted_at.is_none() {
-            item.inserted_at = Some(now());
+        if item.inserted_at().is_none() {
+            item.set_inserted_at(&now());
         }
         st.add_item(item, priority, 0)?;
         st.limiter.insert();
@@ -364,6 +372,7 @@ impl Table {
                 .sum::<usize>();
             out.push(SampledItem {
                 item: entry.data.clone(),
+                table: self.name.clone(),
                 priority: entry.priority,
                 times_sampled: entry.times_sampled,
                 probability,
@@ -482,13 +491,7 @@ impl Table {
         st.remover.clear();
         st.episode_refs.clear();
         for (item, priority, times_sampled) in snapshot.items {
-            let item = Arc::try_unwrap(item).unwrap_or_else(|shared| ItemData {
-                key: shared.key,
-                table: shared.table.clone(),
-                trajectory: shared.trajectory.clone(),
-                inserted_at: shared.inserted_at,
-                chunks: shared.chunks.clone(),
-            });
+            let item = Arc::try_unwrap(item).unwrap_or_else(|shared| (*shared).clone());
             st.add_item(item, priority, times_sampled)
                 .expect("checked above");
         }

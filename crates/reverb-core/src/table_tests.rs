@@ -53,13 +53,7 @@ fn item(key: u64, chunks: Vec<Arc<Chunk>>) -> ItemData {
             squeeze: false,
         })
         .collect();
-    ItemData {
-        key,
-        table: "t".into(),
-        trajectory: Trajectory::from_proto(&FlatTrajectory { columns }),
-        inserted_at: None,
-        chunks,
-    }
+    ItemData::new(key, &FlatTrajectory { columns }, chunks).unwrap()
 }
 
 fn insert(t: &Table, key: u64, priority: f64) {

@@ -229,7 +229,8 @@ fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Received>) -> Result<Ite
             }
         }
     }
-    Ok(ItemData::from_proto(item, used))
+    ItemData::from_proto(item, used)
+        .map_err(|e| Status::invalid_argument(format!("Item {key} {e}")))
 }
 
 /// Inserts, waiting while the rate limiter blocks.
