@@ -58,6 +58,9 @@ struct Reach {
     up: AtomicBool,
     /// When waiting began: calls without a timeout share one [`CONNECT_WAIT`] from there.
     down_since: Mutex<Option<Instant>>,
+    /// The server has answered a call of this client (so it does not serve TLS to a plain
+    /// client, or the reverse).
+    answered: AtomicBool,
 }
 
 fn connect_wait() -> Duration {
@@ -342,10 +345,12 @@ impl Client {
     /// A client error from a gRPC status; a connection that could not be made makes the
     /// next calls wait for the server.
     pub(crate) fn status(&self, status: tonic::Status) -> ClientError {
-        if is_connect_failure(&status) {
+        let unsent = is_connect_failure(&status);
+        if unsent {
             self.reach.up.store(false, Ordering::Relaxed);
         }
         let mut error = ClientError::from_status(status.clone(), &self.address);
+        error.unsent = unsent;
         if let Some(hint) = self.tls_hint(&status) {
             error.message = format!("{} ({hint})", error.message);
         }
@@ -362,6 +367,15 @@ impl Client {
         while let Some(e) = source {
             causes.push(e.to_string());
             source = e.source();
+        }
+        // A request dropped unsent by a connection that went away, to a server that has
+        // answered this client before: a server that stopped, not a TLS mismatch.
+        if self.reach.answered.load(Ordering::Relaxed)
+            && causes
+                .iter()
+                .any(|c| c.starts_with("operation was canceled"))
+        {
+            return None;
         }
         let closed = causes.iter().any(|c| {
             c == "connection closed" || c.contains("broken pipe") || c.contains("reset by peer")
@@ -412,9 +426,13 @@ impl Client {
                     .unwrap_or_else(|_| Err(self.expired(what, t))),
                 _ => attempt().await,
             };
-            let unreached = matches!(&result, Err(e) if e.code == Code::Unavailable)
-                && !self.reach.up.load(Ordering::Relaxed);
-            if !unreached || tries >= MAX_CONNECT_TRIES {
+            // Only an attempt whose request never reached the server is tried again (a
+            // failure of another call on the same connection says nothing about this one).
+            let unsent = matches!(&result, Err(e) if e.unsent);
+            if result.is_ok() {
+                self.reach.answered.store(true, Ordering::Relaxed);
+            }
+            if !unsent || tries >= MAX_CONNECT_TRIES {
                 return result;
             }
         }
@@ -713,11 +731,11 @@ impl Client {
                     None => call.await,
                 };
                 match started.map_err(|s| self.status(s)) {
-                    Ok(responses) => break responses,
-                    Err(e)
-                        if e.code == Code::Unavailable
-                            && !self.reach.up.load(Ordering::Relaxed)
-                            && tries < MAX_CONNECT_TRIES => {}
+                    Ok(responses) => {
+                        self.reach.answered.store(true, Ordering::Relaxed);
+                        break responses;
+                    }
+                    Err(e) if e.unsent && tries < MAX_CONNECT_TRIES => {}
                     Err(e) => return Err(e),
                 }
             }

@@ -4,13 +4,23 @@ use crate::transport::connect::{is_silent, Silent};
 use tonic::Code;
 
 /// An error from a client call.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct ClientError {
     /// gRPC status code (also used for local failures of the same kind).
     pub code: Code,
     /// What went wrong.
     pub message: String,
+    /// The call's request never reached the server (no connection could be made, or the
+    /// transport dropped it unsent): trying it again is safe.
+    pub(crate) unsent: bool,
+}
+
+/// Errors are equal when they say the same (how the request failed is not compared).
+impl PartialEq for ClientError {
+    fn eq(&self, other: &Self) -> bool {
+        self.code == other.code && self.message == other.message
+    }
 }
 
 impl ClientError {
@@ -19,6 +29,7 @@ impl ClientError {
         Self {
             code,
             message: message.into(),
+            unsent: false,
         }
     }
     /// Bad argument from the caller.

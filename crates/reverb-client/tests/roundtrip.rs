@@ -39,7 +39,7 @@ fn insert_sample_mutate_reset() {
         // Both tables share the step's chunks.
         let (ia, _, _) = a.get(keys[0]).unwrap();
         let (ib, _, _) = b.get(keys[1]).unwrap();
-        assert!(Arc::ptr_eq(&ia.chunks[0], &ib.chunks[0]));
+        assert!(Arc::ptr_eq(&ia.chunks()[0], &ib.chunks()[0]));
 
         let samples = block(client.sample("a", 3, None, T)).unwrap();
         assert_eq!(samples.len(), 3);

@@ -81,9 +81,9 @@ fn items_arrive_in_order_with_their_rows_and_shared_chunks() {
         let (second, _, _) = q.get(keys[1]).unwrap();
         assert!(
             first
-                .chunks
+                .chunks()
                 .iter()
-                .any(|a| second.chunks.iter().any(|b| Arc::ptr_eq(a, b))),
+                .any(|a| second.chunks().iter().any(|b| Arc::ptr_eq(a, b))),
             "{transport}: no shared chunk"
         );
         let got = drain(&client, "q", 19);

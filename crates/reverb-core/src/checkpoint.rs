@@ -103,7 +103,7 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
     let mut buf = Vec::new();
     for (_, snapshot) in tables {
         for (item, _, _) in &snapshot.items {
-            for chunk in &item.chunks {
+            for chunk in item.chunks() {
                 if written.insert(chunk.key()) {
                     chunk_parts(&chunk.data(), &mut buf);
                     record_parts(out, CHUNK, &[&buf, chunk.payload()])?;
@@ -374,8 +374,8 @@ mod tests {
         let s1 = a2.snapshot();
         let s2 = b2.snapshot();
         assert!(Arc::ptr_eq(
-            &s1.items[0].0.chunks[0],
-            &s2.items[3].0.chunks[0]
+            &s1.items[0].0.chunks()[0],
+            &s2.items[3].0.chunks()[0]
         ));
         // Deterministic selectors continue where they were.
         assert_eq!(b2.try_sample(1, usize::MAX)[0].item.key, 11);

@@ -204,13 +204,13 @@ fn timestamp_ns(at: &prost_types::Timestamp) -> i64 {
 pub struct ItemData {
     /// The item's key.
     pub key: u64,
-    /// The columns as chunk slices.
-    pub trajectory: Trajectory,
+    /// The columns as chunk slices (of `chunks`: the two are kept together).
+    trajectory: Trajectory,
     /// When the table stored it, in nanoseconds since the Unix epoch (0: not yet; see
     /// [`ItemData::inserted_at`]).
     inserted_at_ns: i64,
     /// The chunks the trajectory references, in order of first reference.
-    pub chunks: Box<[Arc<Chunk>]>,
+    chunks: Box<[Arc<Chunk>]>,
 }
 
 impl ItemData {
@@ -224,6 +224,11 @@ impl ItemData {
             inserted_at_ns: item.inserted_at.map_or(0, |t| timestamp_ns(&t)),
             chunks: chunks.into_boxed_slice(),
         })
+    }
+
+    /// The chunks the item references, in order of first reference.
+    pub fn chunks(&self) -> &[Arc<Chunk>] {
+        &self.chunks
     }
 
     /// When the table stored it (None before).

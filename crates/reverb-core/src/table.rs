@@ -330,9 +330,8 @@ impl Table {
         if !st.limiter.can_insert(1) {
             return Ok(InsertOutcome::Blocked(item));
         }
-        if item.inserted_at().is_none() {
-            item.set_inserted_at(&now());
-        }
+        // As the reference: the time the table stored it, whatever the writer sent.
+        item.set_inserted_at(&now());
         st.add_item(item, priority, 0)?;
         st.limiter.insert();
         if st.items.len() as i64 > self.config.max_size {
@@ -366,7 +365,7 @@ impl Table {
             st.limiter.sample();
             bytes += entry
                 .data
-                .chunks
+                .chunks()
                 .iter()
                 .map(|c| c.byte_size())
                 .sum::<usize>();
@@ -530,7 +529,7 @@ impl State {
             self.sampler.delete(key).expect("just inserted");
             return Err(e);
         }
-        for chunk in &item.chunks {
+        for chunk in item.chunks() {
             *self.episode_refs.entry(chunk.episode_id()).or_insert(0) += 1;
         }
         let seq = self.next_seq;
@@ -554,7 +553,7 @@ impl State {
         self.sampler.delete(key).expect("selector and items agree");
         self.remover.delete(key).expect("selector and items agree");
         self.limiter.delete();
-        for chunk in &entry.data.chunks {
+        for chunk in entry.data.chunks() {
             let episode = chunk.episode_id();
             if let Some(refs) = self.episode_refs.get_mut(&episode) {
                 *refs -= 1;

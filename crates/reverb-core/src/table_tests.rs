@@ -242,3 +242,25 @@ fn rejects_bad_config() {
     c.name = String::new();
     assert!(Table::new(c).is_err());
 }
+
+#[test]
+fn a_table_stamps_items_with_the_time_it_stored_them() {
+    let t = Table::with_seed(config(SelectorKind::Uniform, SelectorKind::Fifo, 10), 1).unwrap();
+    // Whatever time the writer sent (here the year 3000), as the reference does.
+    let mut sent = item(1, vec![chunk(1, 1)]);
+    sent.set_inserted_at(&prost_types::Timestamp {
+        seconds: 32_503_680_000,
+        nanos: 5,
+    });
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(matches!(
+        t.try_insert(sent, 1.0).unwrap(),
+        InsertOutcome::Inserted
+    ));
+    let (stored, _, _) = t.get(1).unwrap();
+    let at = stored.inserted_at().unwrap();
+    assert!((before..before + 60).contains(&at.seconds), "{at:?}");
+}

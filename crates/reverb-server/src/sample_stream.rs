@@ -184,10 +184,10 @@ async fn send_batch(
     for sample in batch {
         let mut entry = SampleEntry {
             info: Some(sample.info()),
-            data: Vec::with_capacity(sample.item.chunks.len()),
+            data: Vec::with_capacity(sample.item.chunks().len()),
             end_of_sequence: false,
         };
-        for chunk in &sample.item.chunks {
+        for chunk in sample.item.chunks() {
             if bytes > 0 && bytes + chunk.byte_size() > MAX_RESPONSE_BYTES {
                 response.entries.push(std::mem::take(&mut entry));
                 send(std::mem::take(&mut response), tx).await?;
@@ -209,10 +209,9 @@ async fn send_batch(
     Ok(())
 }
 
-/// A chunk as sent: its bytes written into the ring when they are large and fit, else inline
-/// (never with ring fields of its own: those are this stream's to set).
-/// `chunk` (a stored chunk's wire form, without transport fields) as sent: its payload moved
-/// into the client's ring when it is large and fits.
+/// `chunk` (a stored chunk's wire form, without ring fields of its own: those are this
+/// stream's to set) as sent: its payload moved into the client's ring when it is large and
+/// fits, else inline.
 fn to_send(mut chunk: ChunkData, ring: &mut Option<RingWriter>) -> ChunkData {
     if let Some(ring) = ring
         .as_mut()

@@ -101,7 +101,7 @@ impl Service for InProcServer {
                 .into_iter()
                 .map(|s| Sample {
                     info: s.info(),
-                    chunks: s.item.chunks.iter().map(|c| c.data()).collect(),
+                    chunks: s.item.chunks().iter().map(|c| c.data()).collect(),
                 })
                 .collect())
         })
@@ -135,8 +135,6 @@ impl Service for InProcServer {
     }
 }
 
-/// A chunk as handed to a client of this process: its bytes shared, no ring fields (a chunk
-/// restored from a checkpoint file may carry some).
 /// One in-process insert stream: `InsertStream`'s state and checks, without the wire.
 struct InProcInsert {
     tables: Tables,
