@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from reverb import _nest
+from reverb import _native, _nest
 
 
 def _tf() -> Any:
@@ -27,8 +27,6 @@ def encode(signature: Any) -> Optional[bytes]:
     descriptor = getattr(signature, "DESCRIPTOR", None)
     if getattr(descriptor, "full_name", None) == "tensorflow.StructuredValue":
         data = signature.SerializeToString()
-        from reverb import _native
-
         _native.signature_specs(data)  # ValueError unless it is a nest of tensor specs
         return data
     tf = _tf()

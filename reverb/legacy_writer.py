@@ -79,13 +79,11 @@ class Writer:
         is sent until an item references it."""
         writer = self._writer
         writer._check_open()
-        values = writer._fast_values(data)  # (a flat dict with the last step's keys)
-        if values is not None:
-            columns = writer._fast[2]
-        else:
+        flat = writer._fast_flatten(data)  # (the last step's flat keys: the last width)
+        if flat is None:
             self._check_width(len(_nest.flatten(data)))
-            columns, values = writer._flatten(data)
-        writer._append_flat(data, columns, values, False)
+            flat = writer._flatten(data)
+        writer._append_flat(data, *flat, False)
 
     def append_sequence(self, sequence: Any) -> None:
         """Appends `T` steps at once: every leaf has the leading dimension `T`."""

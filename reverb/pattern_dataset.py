@@ -121,11 +121,9 @@ class _Program:
         over (zeros of the row's shape) when the row's shape differs from the buffer's."""
         if leaf not in rows:
             return tf.concat([buffer[1:], row[None]], axis=0)
-        same = tf.reduce_all(tf.equal(tf.shape(buffer)[1:], tf.shape(row)))
-        rows[leaf] = tf.where(
-            same, tf.minimum(rows[leaf] + 1, self.history[leaf]), tf.constant(1, tf.int64)
-        )
         h = self.history[leaf]
+        same = tf.reduce_all(tf.equal(tf.shape(buffer)[1:], tf.shape(row)))
+        rows[leaf] = tf.where(same, tf.minimum(rows[leaf] + 1, h), tf.constant(1, tf.int64))
         return tf.cond(
             same,
             lambda: tf.concat([buffer[1:], row[None]], axis=0),

@@ -273,22 +273,21 @@ class TrajectoryWriter:
             self._specs[column] = spec
         return spec
 
-    def _fast_values(self, data: Any) -> Optional[List[Any]]:
-        """The values of `data` in column order when it is a flat dict with the keys of the
-        last step (no value a nest), else None."""
+    def _fast_flatten(self, data: Any) -> Optional[Tuple[List[int], List[Any]]]:
+        """`_flatten(data)` when `data` is a flat dict with the keys of the last step (no value
+        a nest), else None."""
         fast = self._fast
         if type(data) is not dict or fast is None or tuple(data) != fast[0]:
             return None
         values = [data[k] for k in fast[1]]
         if any(isinstance(v, _nest._NESTED) for v in values):
             return None
-        return values
+        return fast[2], values
 
     def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
-        # Fast path: a flat dict with the keys of the last step.
-        values = self._fast_values(data)
-        if values is not None:
-            return self._fast[2], values
+        flat = self._fast_flatten(data)
+        if flat is not None:
+            return flat
         pairs = _nest.flatten_with_path(data)
         if not pairs:
             raise ValueError("append() needs at least one value")

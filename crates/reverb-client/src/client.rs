@@ -707,39 +707,25 @@ impl Client {
         let deadline = timeout.map(|t| Instant::now() + t);
         let request = sample_request(table, num_samples, rate_limiter_timeout);
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
-        // Opening the stream is retried while the server cannot be reached (it went away
-        // since the last call, or is not up yet), as `with_deadline` retries unary calls:
-        // nothing was sampled then. Once the stream is open, a failure ends the call.
-        let mut responses = {
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                self.wait_until("SampleStream", timeout, deadline).await?;
-                // The one request, then the end of the request stream (half-close): the
-                // server ends the stream right after the last sample, so the call needs no
-                // further round trip to end it (and never resets it).
-                let (tx, rx) = mpsc::channel(1);
-                tx.send(request.clone())
-                    .await
-                    .expect("room for one request");
-                drop(tx);
-                let call = self.sample_stream(rx, MetadataMap::new());
-                let started = match deadline {
-                    Some(d) => tokio::time::timeout_at(d, call)
+        // Opening the stream waits for the server and is retried as unary calls are (an
+        // attempt that never reached the server sampled nothing). Once the stream is open, a
+        // failure ends the call.
+        let mut responses = self
+            .with_deadline("SampleStream", timeout, || {
+                let request = request.clone();
+                async move {
+                    // The one request, then the end of the request stream (half-close): the
+                    // server ends the stream right after the last sample, so the call needs
+                    // no further round trip to end it (and never resets it).
+                    let (tx, rx) = mpsc::channel(1);
+                    tx.send(request).await.expect("room for one request");
+                    drop(tx);
+                    self.sample_stream(rx, MetadataMap::new())
                         .await
-                        .map_err(|_| expired())?,
-                    None => call.await,
-                };
-                match started.map_err(|s| self.status(s)) {
-                    Ok(responses) => {
-                        self.reach.answered.store(true, Ordering::Relaxed);
-                        break responses;
-                    }
-                    Err(e) if e.unsent && tries < MAX_CONNECT_TRIES => {}
-                    Err(e) => return Err(e),
+                        .map_err(|s| self.status(s))
                 }
-            }
-        };
+            })
+            .await?;
         let mut samples = Vec::with_capacity(num_samples);
         let mut partial = PartialSample::default();
         let mut failure = None;

@@ -218,12 +218,11 @@ impl ItemData {
     /// names must be among them).
     pub fn from_proto(item: PrioritizedItem, chunks: Vec<Arc<Chunk>>) -> Result<Self, String> {
         let trajectory = item.flat_trajectory.unwrap_or_default();
-        Ok(Self {
-            key: item.key,
-            trajectory: Trajectory::new(&trajectory, &chunks)?,
-            inserted_at_ns: item.inserted_at.map_or(0, |t| timestamp_ns(&t)),
-            chunks: chunks.into_boxed_slice(),
-        })
+        let mut data = Self::new(item.key, &trajectory, chunks)?;
+        if let Some(at) = &item.inserted_at {
+            data.set_inserted_at(at);
+        }
+        Ok(data)
     }
 
     /// The chunks the item references, in order of first reference.
