@@ -23,6 +23,7 @@ from reverb.client import Client, Writer
 from reverb.errors import DeadlineExceededError, ReverbError
 from reverb.replay_sample import ReplaySample, SampleInfo
 from reverb.server import Server, Table
+from reverb.sharded_client import ShardedClient
 from reverb.trajectory_iterator import TrajectoryIterator
 from reverb.trajectory_writer import TrajectoryColumn, TrajectoryWriter
 from reverb.vector_trajectory_writer import VectorTrajectoryWriter
@@ -60,6 +61,7 @@ __all__ = [
     "ReverbError",
     "SampleInfo",
     "Server",
+    "ShardedClient",
     "TFClient",
     "Table",
     "TimestepDataset",

@@ -37,6 +37,17 @@ def constant_string(value: Any, what: str) -> str:
     return static.decode() if isinstance(static, bytes) else str(static)
 
 
+def server_addresses(value: Any) -> str:
+    """The `server_address` attr of the kernels: one address, or a list of addresses (the
+    shards of one table, sampled as one; see `reverb.ShardedClient`) joined by commas."""
+    if isinstance(value, (list, tuple)):
+        addresses = [constant_string(a, "server_address") for a in value]
+        if not addresses or any(not a or "," in a for a in addresses):
+            raise ValueError(f"server_address must list addresses, got {value!r}")
+        return ",".join(addresses)
+    return constant_string(value, "server_address")
+
+
 def check_arguments(
     dtypes: Any,
     shapes: Any,
@@ -128,7 +139,7 @@ def build(
         rate_limiter_timeout_ms,
         max_samples,
     )
-    address = constant_string(server_address, "server_address")
+    address = server_addresses(server_address)
     table_name = constant_string(table, "table")
     flat_dtypes = [tf.as_dtype(d) for d in tf.nest.flatten(dtypes)]
     flat_shapes = tf.nest.flatten(shapes)
@@ -203,7 +214,7 @@ def _inproc_server(address: str, auth_token: Optional[str]) -> dict:
     """With a server of this process at `address` (that `auth_token` may call), the kernel
     samples its tables directly (through `reverb._native`) instead of over loopback gRPC.
     `REVERB_NO_INPROC=1` turns that off."""
-    port = _native.inproc_port(address, auth_token or None)
+    port = None if "," in address else _native.inproc_port(address, auth_token or None)
     if port is None:
         return dict(inproc_library="", inproc_port=0)
     return dict(inproc_library=os.path.abspath(_native.__file__), inproc_port=port)
@@ -217,7 +228,8 @@ def table_signature(
     **tls: Optional[client_lib.PathLike],
 ) -> Any:
     """The signature of `table` (a nest of `tf.TensorSpec`), or the reference's ValueErrors."""
-    address = constant_string(server_address, "server_address")
+    # (Of shards, the first one's: they share their tables' signatures.)
+    address = server_addresses(server_address).split(",")[0]
     name = constant_string(table, "table")
     info = client_lib.Client(address, auth_token, **tls).server_info(get_signature_timeout_secs)
     if name not in info:

@@ -19,8 +19,10 @@ __all__ = [
     "TrajectoryWriter",
     "__version__",
     "_shm_chunks_received",
+    "connect_wait_seconds",
     "descriptor_set",
     "inproc_port",
+    "server_info_all",
     "signature_specs",
 ]
 __version__: str
@@ -118,6 +120,7 @@ class Client:
         tls_ca: Optional[str] = None,
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
+        key_shard: Optional[int] = None,
     ) -> Client: ...
     @property
     def address(self) -> str: ...
@@ -246,7 +249,7 @@ class Sampler:
 
     def __new__(
         cls,
-        client: Client,
+        clients: List[Client],
         table: str,
         *,
         max_in_flight_samples_per_worker: int,
@@ -261,8 +264,13 @@ class Sampler:
         Tuple[SampleInfo, List[_Column]],
         List[Tuple[SampleInfo, List[_Column]]],
     ]: ...
+    def missing_shards(self) -> List[str]: ...
     def close(self) -> None: ...
 
+def connect_wait_seconds() -> float: ...
+def server_info_all(
+    clients: List[Client], timeouts: List[Optional[float]]
+) -> List[Union[List[bytes], BaseException]]: ...
 def descriptor_set() -> bytes: ...
 def signature_specs(
     signature: bytes,

@@ -213,11 +213,7 @@ class Client:
         Blocks while the table's rate limiter does not allow sampling; `timeout` (seconds)
         bounds each wait and raises `DeadlineExceededError`.
         """
-        if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
-            raise TypeError(f"num_samples must be an integer, got {num_samples!r}")
-        if num_samples < 1:
-            raise ValueError(f"num_samples ({num_samples}) must be >= 1")
-        num_samples = int(num_samples)
+        num_samples = check_num_samples(num_samples)
         signature = None
         if unpack_as_table_signature:
             signature = self._signature(table, timeout)
@@ -456,6 +452,16 @@ class Client:
             ]
             self._flat_specs[table] = specs
         return specs
+
+
+def check_num_samples(num_samples: Any) -> int:
+    """`num_samples` as an int; TypeError or ValueError (as the reference) when it is not an
+    integer >= 1."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
+        raise TypeError(f"num_samples must be an integer, got {num_samples!r}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples ({num_samples}) must be >= 1")
+    return int(num_samples)
 
 
 def _fits(shape: tuple, dims: Optional[list]) -> bool:

@@ -13,7 +13,7 @@ runs its own sampler and `max_samples` is split between them.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ class TorchDataset(IterableDataset):
 
     def __init__(
         self,
-        server_address: str,
+        server_address: Union[str, Sequence[str]],
         table: str,
         *,
         batch_size: Optional[int] = None,

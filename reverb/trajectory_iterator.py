@@ -8,9 +8,9 @@ arrays, with no TensorFlow: for PyTorch, JAX or numpy learners.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, List, Optional, Sequence, Union
 
-from reverb import _dtypes, _native, _nest, replay_sample
+from reverb import _dtypes, _native, _nest, replay_sample, sharded_client
 from reverb import client as client_lib
 
 
@@ -60,7 +60,8 @@ def check_iterator_arguments(
 
 
 class TrajectoryIterator:
-    """Streams samples of `table` from the server at `server_address`.
+    """Streams samples of `table` from the server at `server_address`; given a list of
+    addresses, from those servers as one table (shards; see `reverb.ShardedClient`).
 
     Workers keep `max_in_flight_samples_per_worker` samples requested, decode them natively and
     queue them, so the network round trip is hidden from the consumer. With `batch_size`, each
@@ -73,7 +74,7 @@ class TrajectoryIterator:
 
     def __init__(
         self,
-        server_address: str,
+        server_address: Union[str, Sequence[str]],
         table: str,
         *,
         batch_size: Optional[int] = None,
@@ -94,9 +95,15 @@ class TrajectoryIterator:
             rate_limiter_timeout_ms,
             max_samples,
         )
-        self._client = client_lib.Client(
-            server_address, auth_token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
-        )
+        tls = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        if isinstance(server_address, str):
+            self._client = client_lib.Client(server_address, auth_token, **tls)
+            clients = [self._client]
+        else:
+            # Several servers (shards): sampled as one table (see `reverb.ShardedClient`).
+            sharded = sharded_client.ShardedClient(server_address, auth_token, **tls)
+            clients = sharded.shards
+            self._client = clients[0]
         self._table = table
         self._batch_size = batch_size
         self._signature = (
@@ -105,7 +112,7 @@ class TrajectoryIterator:
         # -1: the native sampler picks (two workers, one per client thread).
         workers = 0 if num_workers_per_iterator == -1 else num_workers_per_iterator
         self._sampler: Optional[_native.Sampler] = _native.Sampler(
-            self._client._client,
+            [c._client for c in clients],
             table,
             max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
             num_workers=workers,
@@ -134,6 +141,12 @@ class TrajectoryIterator:
         return (
             arrays if self._signature is None else _nest.pack_sequence_as(self._signature, arrays)
         )
+
+    @property
+    def missing_shards(self) -> List[str]:
+        """Addresses of the shards that cannot be reached now (sampling goes on from the
+        others); always empty for one server."""
+        return [] if self._sampler is None else self._sampler.missing_shards()
 
     def close(self) -> None:
         """Stops the workers (also done when the iterator is garbage collected)."""

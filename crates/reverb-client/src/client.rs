@@ -3,6 +3,7 @@
 //! (`transport::inproc`), with the same semantics.
 
 use crate::sample::{assemble, plan, PartialSample, Sample};
+use crate::shards;
 use crate::tensor::{encode_chunk, Tensor};
 use crate::transport::channel::AuthChannel;
 use crate::transport::connect::{is_silent, Connector};
@@ -43,6 +44,9 @@ pub struct Client {
     reach: Arc<Reach>,
     /// Largest message sent or accepted.
     max_message_size: usize,
+    /// The shard index item keys written through this client carry (a client of a
+    /// `ShardedClient`; see [`crate::shards`]).
+    key_shard: Option<u8>,
 }
 
 /// How long calls without a timeout wait, in all, for a server that cannot be reached
@@ -63,7 +67,10 @@ struct Reach {
     answered: AtomicBool,
 }
 
-fn connect_wait() -> Duration {
+/// How long calls without a timeout wait for a server that cannot be reached:
+/// `REVERB_CONNECT_WAIT_SECONDS`, else [`CONNECT_WAIT`]. Reads the environment: call it where
+/// that cannot race with a write to it (not on the client runtime's threads).
+pub fn connect_wait() -> Duration {
     parse_connect_wait(std::env::var("REVERB_CONNECT_WAIT_SECONDS").ok().as_deref())
 }
 
@@ -184,7 +191,29 @@ impl Client {
             inproc_port: inproc::loopback_port(address),
             reach: Arc::default(),
             max_message_size,
+            key_shard: None,
         })
+    }
+
+    /// This client writing items whose keys name shard `shard` (see [`crate::shards`]).
+    pub fn with_key_shard(mut self, shard: Option<usize>) -> Result<Self> {
+        self.key_shard = match shard {
+            Some(s) if s >= shards::MAX_SHARDS => {
+                return Err(ClientError::invalid(format!(
+                    "A sharded client has at most {} shards (shard index {s})",
+                    shards::MAX_SHARDS
+                )))
+            }
+            s => s.map(|s| s as u8),
+        };
+        Ok(self)
+    }
+
+    /// A fresh random key for an item written through this client.
+    pub fn new_item_key(&self) -> u64 {
+        let random = rand::random();
+        self.key_shard
+            .map_or(random, |shard| shards::tag_key(random, shard))
     }
 
     /// This client over a new connection with these TLS settings (`None`: plain TCP).
@@ -586,7 +615,7 @@ impl Client {
         let items: Vec<PrioritizedItem> = priorities
             .into_iter()
             .map(|(table, priority)| PrioritizedItem {
-                key: rand::random(),
+                key: self.new_item_key(),
                 table,
                 priority,
                 flat_trajectory: Some(trajectory.clone()),

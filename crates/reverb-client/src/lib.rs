@@ -10,12 +10,13 @@ mod client;
 mod error;
 pub mod sample;
 pub mod sampler;
+pub mod shards;
 pub mod signature;
 pub mod tensor;
 pub mod transport;
 pub mod writer;
 
-pub use client::Client;
+pub use client::{connect_wait, Client};
 pub use error::{ClientError, Result};
 pub use sample::{LazyTensor, PlannedSample, Sample};
 pub use tensor::Tensor;

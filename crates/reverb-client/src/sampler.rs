@@ -1,9 +1,12 @@
 //! A prefetching sampler: background workers keep `max_in_flight_samples_per_worker` samples
 //! requested from one table, decode them, and queue them for a consumer that takes batches.
-//! Feeds the numpy / PyTorch iterators and the TensorFlow kernels.
+//! Feeds the numpy / PyTorch iterators and the TensorFlow kernels. A sampler of several
+//! servers (shards) keeps one such sampler per shard and draws each sample from a shard
+//! chosen by its weight ([`crate::shards`]).
 
 use crate::client::sample_request;
 use crate::sample::{plan, PartialSample};
+use crate::shards::{self, ShardedSampler};
 use crate::tensor::encode_strings;
 use crate::transport::inproc::abi;
 use crate::transport::shm::{self, Ring};
@@ -48,8 +51,18 @@ enum Event {
     Failed(ClientError),
 }
 
-/// A running sampler. Dropping it stops the workers.
+/// A running sampler of one server or of several (shards). Dropping it stops the workers.
 pub struct Sampler {
+    inner: Inner,
+}
+
+enum Inner {
+    Server(ServerSampler),
+    Shards(Box<ShardedSampler>),
+}
+
+/// A running sampler of one server.
+pub(crate) struct ServerSampler {
     rx: mpsc::Receiver<Event>,
     /// Starts the workers and waits for them; aborting it aborts them (its `JoinSet`).
     supervisor: tokio::task::JoinHandle<()>,
@@ -73,16 +86,11 @@ pub struct Batch {
 /// otherwise [`AUTO_WORKERS`]. The look-up waits no longer than `timeout` (the sampler's
 /// rate-limiter timeout, when it has one).
 async fn auto_workers(client: &Client, table: &str, timeout: Option<Duration>) -> usize {
-    use reverb_proto::key_distribution_options::Distribution;
     let infos = client.server_info(timeout).await.unwrap_or_default();
-    let ordered = infos.iter().find(|i| i.name == table).is_none_or(|info| {
-        matches!(
-            info.sampler_options
-                .as_ref()
-                .and_then(|o| o.distribution.as_ref()),
-            Some(Distribution::Fifo(_) | Distribution::Lifo(_) | Distribution::Heap(_))
-        )
-    });
+    let ordered = infos
+        .iter()
+        .find(|i| i.name == table)
+        .is_none_or(shards::is_ordered);
     if ordered {
         1
     } else {
@@ -93,6 +101,69 @@ async fn auto_workers(client: &Client, table: &str, timeout: Option<Duration>) -
 impl Sampler {
     /// Starts the workers.
     pub fn new(client: Client, table: &str, options: SamplerOptions) -> Result<Self> {
+        Ok(Self {
+            inner: Inner::Server(ServerSampler::new(client, table, options)?),
+        })
+    }
+
+    /// Samples `table` over all of `clients`' servers, each sample from a shard drawn in
+    /// proportion to its weight, with its probability and table size made global (see
+    /// [`crate::shards`]). One client is the same as [`Sampler::new`].
+    pub fn sharded(mut clients: Vec<Client>, table: &str, options: SamplerOptions) -> Result<Self> {
+        let inner = match clients.len() {
+            0 => return Err(ClientError::invalid("a sampler needs at least one server")),
+            1 => Inner::Server(ServerSampler::new(clients.remove(0), table, options)?),
+            _ => Inner::Shards(Box::new(ShardedSampler::new(clients, table, options)?)),
+        };
+        Ok(Self { inner })
+    }
+
+    /// Takes `n` samples, waiting at most `wait` in all. Returns fewer at the end of the
+    /// stream; `Ok(None)` when the wait passed first (samples that did arrive are kept for the
+    /// next call); an empty vector once the stream has ended.
+    pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<PlannedSample>>> {
+        self.take(n, wait, true).await
+    }
+
+    /// Like [`Sampler::next`], but once the first sample is there it takes only the samples
+    /// already queued (at most `n`) instead of waiting for `n`.
+    pub async fn next_ready(
+        &mut self,
+        n: usize,
+        wait: Duration,
+    ) -> Result<Option<Vec<PlannedSample>>> {
+        self.take(n, wait, false).await
+    }
+
+    async fn take(
+        &mut self,
+        n: usize,
+        wait: Duration,
+        fill: bool,
+    ) -> Result<Option<Vec<PlannedSample>>> {
+        if n == 0 {
+            return Err(ClientError::invalid(
+                "a sampler call must ask for >= 1 sample",
+            ));
+        }
+        match &mut self.inner {
+            Inner::Server(s) => s.take(n, wait, fill).await,
+            Inner::Shards(s) => s.take(n, wait, fill).await,
+        }
+    }
+
+    /// Which shards cannot be reached (`None` for a sampler of one server).
+    pub fn watch(&self) -> Option<shards::ShardWatch> {
+        match &self.inner {
+            Inner::Server(_) => None,
+            Inner::Shards(s) => Some(s.watch()),
+        }
+    }
+}
+
+impl ServerSampler {
+    /// Starts the workers.
+    pub(crate) fn new(client: Client, table: &str, options: SamplerOptions) -> Result<Self> {
         if options.max_in_flight_samples_per_worker < 1 {
             return Err(ClientError::invalid(
                 "max_in_flight_samples_per_worker must be >= 1",
@@ -159,34 +230,14 @@ impl Sampler {
         })
     }
 
-    /// Takes `n` samples, waiting at most `wait` in all. Returns fewer at the end of the
-    /// stream; `Ok(None)` when the wait passed first (samples that did arrive are kept for the
-    /// next call); an empty vector once the stream has ended.
-    pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<PlannedSample>>> {
-        self.take(n, wait, true).await
-    }
-
-    /// Like [`Sampler::next`], but once the first sample is there it takes only the samples
-    /// already queued (at most `n`) instead of waiting for `n`.
-    pub async fn next_ready(
-        &mut self,
-        n: usize,
-        wait: Duration,
-    ) -> Result<Option<Vec<PlannedSample>>> {
-        self.take(n, wait, false).await
-    }
-
-    async fn take(
+    /// Takes up to `n` samples (see [`Sampler::next`]; with `fill` false, as
+    /// [`Sampler::next_ready`]).
+    pub(crate) async fn take(
         &mut self,
         n: usize,
         wait: Duration,
         fill: bool,
     ) -> Result<Option<Vec<PlannedSample>>> {
-        if n == 0 {
-            return Err(ClientError::invalid(
-                "a sampler call must ask for >= 1 sample",
-            ));
-        }
         let deadline = tokio::time::Instant::now() + wait;
         let mut out = std::mem::take(&mut self.held);
         while out.len() < n {
@@ -224,7 +275,7 @@ impl Sampler {
     }
 }
 
-impl Drop for Sampler {
+impl Drop for ServerSampler {
     fn drop(&mut self) {
         self.supervisor.abort();
     }

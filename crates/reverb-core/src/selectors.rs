@@ -109,6 +109,11 @@ pub trait Selector: Send {
     fn clear(&mut self);
     /// Number of keys.
     fn len(&self) -> usize;
+    /// The sum of the weights keys are picked by (a key's probability is its weight over
+    /// it): 1 per key, but for the prioritized selector.
+    fn total_weight(&self) -> f64 {
+        self.len() as f64
+    }
     /// Whether there are no keys.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -298,6 +303,9 @@ impl Selector for PrioritizedSelector {
     fn len(&self) -> usize {
         self.keys.len()
     }
+    fn total_weight(&self) -> f64 {
+        self.tree[1]
+    }
 }
 
 /// Fifo / Lifo: keys ordered by insertion sequence number.
@@ -472,6 +480,7 @@ mod tests {
             s.insert(k, 1.0).unwrap();
         }
         s.delete(3).unwrap();
+        assert_eq!(s.total_weight(), 9.0);
         let (_, p) = s.sample(&mut rng()).unwrap();
         assert!((p - 1.0 / 9.0).abs() < 1e-12);
         let freq = frequencies(s.as_mut(), 90_000);
@@ -498,6 +507,10 @@ mod tests {
             s.insert(k, p).unwrap();
         }
         // weights 1, 2, 3, 0, 4 -> total 10
+        assert!((s.total_weight() - 10.0).abs() < 1e-12);
+        s.update(5, 0.0).unwrap();
+        assert!((s.total_weight() - 6.0).abs() < 1e-12);
+        s.update(5, 16.0).unwrap();
         let freq = frequencies(s.as_mut(), 100_000);
         assert!(!freq.contains_key(&4), "zero priority is never sampled");
         for (k, w) in [(1u64, 0.1), (2, 0.2), (3, 0.3), (5, 0.4)] {

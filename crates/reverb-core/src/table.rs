@@ -444,6 +444,7 @@ impl Table {
             num_deleted_episodes: st.num_deleted_episodes,
             num_unique_samples: st.num_unique_samples,
             table_worker_time: Some(TableWorkerTime::default()),
+            sampler_total_weight: Some(st.sampler.total_weight()),
         }
     }
 

@@ -55,6 +55,51 @@ impl PyClient {
     }
 }
 
+/// Asks every client's server for its tables at once (the shards of a `ShardedClient`),
+/// client `i` with timeout `timeouts[i]` (seconds; None or 0: none): per client, a list of
+/// serialized `TableInfo`s, or the exception its call raised.
+#[pyfunction]
+pub(crate) fn server_info_all<'py>(
+    py: Python<'py>,
+    clients: Vec<PyRef<'py, PyClient>>,
+    timeouts: Vec<Option<f64>>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if timeouts.len() != clients.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "server_info_all needs one timeout per client",
+        ));
+    }
+    let timeouts = timeouts
+        .into_iter()
+        .map(seconds)
+        .collect::<PyResult<Vec<_>>>()?;
+    let clients: Vec<Client> = clients.iter().map(|c| c.fresh(py)).collect();
+    let answers = run(py, async move {
+        let calls = clients
+            .iter()
+            .zip(timeouts)
+            .map(|(c, timeout)| c.server_info(timeout));
+        Ok(futures::future::join_all(calls).await)
+    })?;
+    answers
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(infos) => {
+                let infos = infos.iter().map(|i| PyBytes::new(py, &i.encode_to_vec()));
+                Ok(PyList::new(py, infos)?.into_any())
+            }
+            Err(e) => Ok(client_error(e).into_value(py).into_bound(py).into_any()),
+        })
+        .collect()
+}
+
+/// How long, in seconds, a call without a timeout waits for a server that cannot be reached
+/// (`REVERB_CONNECT_WAIT_SECONDS`, else 60).
+#[pyfunction]
+pub(crate) fn connect_wait_seconds(_py: Python<'_>) -> f64 {
+    reverb_client::connect_wait().as_secs_f64()
+}
+
 /// The fields of `SampleInfo`, in the order [`sample_info`] passes them.
 const SAMPLE_INFO_FIELDS: [&str; 5] = [
     "key",
@@ -130,7 +175,9 @@ impl PyClient {
     /// `REVERB_AUTH_TOKEN`'s value, if any); over TLS trusting the authority `tls_ca`
     /// (presenting `tls_cert`/`tls_key` when given), by default as `REVERB_TLS_*` say.
     #[new]
-    #[pyo3(signature = (address, auth_token=None, tls_ca=None, tls_cert=None, tls_key=None))]
+    /// With `key_shard`, the keys of items written through it name that shard (a client of
+    /// one shard of a `ShardedClient`).
+    #[pyo3(signature = (address, auth_token=None, tls_ca=None, tls_cert=None, tls_key=None, key_shard=None))]
     fn new(
         py: Python<'_>,
         address: &str,
@@ -138,8 +185,9 @@ impl PyClient {
         tls_ca: Option<&str>,
         tls_cert: Option<&str>,
         tls_key: Option<&str>,
+        key_shard: Option<usize>,
     ) -> PyResult<Self> {
-        let mut inner = Client::new(address).py()?;
+        let mut inner = Client::new(address).py()?.with_key_shard(key_shard).py()?;
         let auth_token = auth_token.filter(|t| !t.is_empty());
         if auth_token.is_some() {
             inner = inner.with_auth_token(auth_token).py()?;

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use reverb_client::runtime;
 use reverb_client::sampler::{stack, Sampler, SamplerOptions};
+use reverb_client::shards::ShardWatch;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,15 +18,18 @@ use std::time::{Duration, Instant};
 #[pyclass(name = "Sampler", module = "reverb._native", frozen)]
 pub(crate) struct PySampler {
     inner: Mutex<Option<Sampler>>,
+    /// Which shards are missing (a sampler of several servers).
+    shards: Option<ShardWatch>,
 }
 
 #[pymethods]
 impl PySampler {
     #[new]
-    #[pyo3(signature = (client, table, *, max_in_flight_samples_per_worker, num_workers, max_samples, rate_limiter_timeout_ms))]
+    /// Samples `table` of the servers of `clients` (several: shards sampled as one table).
+    #[pyo3(signature = (clients, table, *, max_in_flight_samples_per_worker, num_workers, max_samples, rate_limiter_timeout_ms))]
     fn new(
         py: Python<'_>,
-        client: &PyClient,
+        clients: Vec<PyRef<'_, PyClient>>,
         table: &str,
         max_in_flight_samples_per_worker: usize,
         num_workers: usize,
@@ -44,9 +48,11 @@ impl PySampler {
         };
         let sampler = {
             let _guard = runtime().enter();
-            Sampler::new(client.fresh(py), table, options).py()?
+            let clients = clients.iter().map(|c| c.fresh(py)).collect();
+            Sampler::sharded(clients, table, options).py()?
         };
         Ok(Self {
+            shards: sampler.watch(),
             inner: Mutex::new(Some(sampler)),
         })
     }
@@ -107,6 +113,13 @@ impl PySampler {
         Ok(Some(
             PyTuple::new(py, [info.into_any(), PyList::new(py, columns)?.into_any()])?.into_any(),
         ))
+    }
+
+    /// Addresses of the shards that cannot be reached now.
+    fn missing_shards(&self) -> Vec<String> {
+        self.shards
+            .as_ref()
+            .map_or_else(Vec::new, ShardWatch::missing)
     }
 
     /// Stops the workers.

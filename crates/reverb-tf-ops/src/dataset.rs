@@ -58,8 +58,8 @@ pub const ATTRS: &[&str] = &[
 const WAIT: Duration = Duration::from_millis(200);
 
 pub struct DatasetSample {
-    /// A client of the server, which each sampler connects afresh.
-    client: Client,
+    /// Clients of the server (of each shard), which each sampler connects afresh.
+    clients: Vec<Client>,
     options: SamplerOptions,
     max_batch: usize,
     batch_size: usize,
@@ -89,7 +89,7 @@ impl Kernel for DatasetSample {
         let max_samples = c.int("max_samples")?;
         let timeout = c.int("rate_limiter_timeout_ms")?;
         Ok(Self {
-            client: c.client()?,
+            clients: c.clients()?,
             options: SamplerOptions {
                 max_in_flight_samples_per_worker: c.int("max_in_flight_samples_per_worker")?.max(1)
                     as usize,
@@ -228,8 +228,9 @@ impl DatasetSample {
     /// Waits at most `wait` for up to `n` samples or the end of the stream, and queues them.
     fn refill(&self, st: &mut State, n: usize, wait: Duration) -> Result<()> {
         if st.sampler.is_none() {
-            st.sampler = Some(Sampler::new(
-                self.client.reconnected()?,
+            let clients = self.clients.iter().map(Client::reconnected);
+            st.sampler = Some(Sampler::sharded(
+                clients.collect::<reverb_client::Result<_>>()?,
                 &self.spec.table,
                 self.options.clone(),
             )?);

@@ -123,7 +123,20 @@ impl Construction {
     /// empty; else `REVERB_AUTH_TOKEN`'s value, if any), over TLS when the `tls_ca` attr
     /// names an authority (with `tls_cert`/`tls_key`; else as `REVERB_TLS_*` say).
     pub fn client(&self) -> Result<reverb_client::Client> {
-        let mut client = reverb_client::Client::new(&self.string("server_address")?)?;
+        self.client_of(&self.string("server_address")?)
+    }
+
+    /// One client per address of the `server_address` attr, a comma-separated list (the
+    /// shards of a sharded dataset), each as [`Construction::client`] makes it.
+    pub fn clients(&self) -> Result<Vec<reverb_client::Client>> {
+        self.string("server_address")?
+            .split(',')
+            .map(|address| self.client_of(address.trim()))
+            .collect()
+    }
+
+    fn client_of(&self, address: &str) -> Result<reverb_client::Client> {
+        let mut client = reverb_client::Client::new(address)?;
         let token = self.string("auth_token")?;
         if !token.is_empty() {
             client = client.with_auth_token(Some(&token))?;

@@ -362,7 +362,13 @@ impl TrajectoryWriter {
             .enumerate()
             .map(|(i, item)| {
                 let priority = priorities[if priorities.len() == 1 { 0 } else { i }];
-                build_item(table, priority, item, &self.columns)
+                build_item(
+                    self.client.new_item_key(),
+                    table,
+                    priority,
+                    item,
+                    &self.columns,
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         let columns: Vec<&[ItemColumn]> = items.iter().map(Vec::as_slice).collect();

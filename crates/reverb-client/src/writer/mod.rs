@@ -367,7 +367,8 @@ impl TrajectoryWriter {
 
     /// Checks an item and queues it (it leaves with the next `pump`); returns its key.
     fn queue_item(&mut self, table: &str, priority: f64, columns: &[ItemColumn]) -> Result<u64> {
-        let (item, slots) = build_item(table, priority, columns, &self.columns)?;
+        let key = self.client.new_item_key();
+        let (item, slots) = build_item(key, table, priority, columns, &self.columns)?;
         self.check_signature(table, &[columns])?;
         let key = item.key;
         self.pending.push(item, slots);

@@ -99,8 +99,9 @@ impl Pending {
 }
 
 /// Builds an item of `table` from cells of `columns`, checking every reference; returns it
-/// with the chunks it references.
+/// with the chunks it references. `key` is the item's key.
 pub(super) fn build_item(
+    key: u64,
     table: &str,
     priority: f64,
     item_columns: &[ItemColumn],
@@ -172,7 +173,7 @@ pub(super) fn build_item(
         });
     }
     let item = PrioritizedItem {
-        key: rand::random(),
+        key,
         table: table.to_string(),
         priority,
         flat_trajectory: Some(FlatTrajectory { columns: flat }),
