@@ -53,3 +53,22 @@ def test_workload_runs_and_reports(workload: str) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["workload"] == workload and result["value"] > 0
+
+
+def test_sharded_benchmark_runs_at_small_scale() -> None:
+    """bench/sharded.py with one and two shards for a second each (as root it makes network
+    namespaces; the machines this runs on allow that)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    script = WORKLOADS.parent / "sharded.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--seconds", "1", "--shards", "1,2"]
+        + ["--item-kib", "8", "--distribution-samples", "5000"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| 2 |" in out.stdout and "prioritized" in out.stdout and "Global" in out.stdout

@@ -446,3 +446,51 @@ def test_reference_servers_as_shards() -> None:
         for proc in procs:
             proc.kill()
             proc.communicate(timeout=CALL_TIMEOUT)
+
+
+def test_rate_limited_shards_do_not_deadlock_one_writer_and_one_sampler(make_server) -> None:
+    """Each shard's SampleToInsertRatio limiter blocks inserts until its items are sampled.
+    One writer (blocked on the shard of its episode) and one sharded sampler (which may have
+    drawn another shard, waiting for inserts) must not wait for each other: the sampler
+    draws again from shards with samples ready."""
+    # (At most about 3 inserts ahead of the samples, and 1 sample ahead of the inserts.)
+    limiter = rate_limiters.SampleToInsertRatio(1.0, 1, 2.0)
+    servers = [
+        make_server([reverb.Table("t", selectors.Uniform(), selectors.Fifo(), 10_000, limiter)])
+        for _ in range(3)
+    ]
+    client = reverb.ShardedClient([f"localhost:{s.port}" for s in servers])
+    done = threading.Event()
+    failures: list = []
+
+    def sample() -> None:
+        try:
+            with reverb.TrajectoryIterator(
+                client.server_addresses,
+                "t",
+                batch_size=4,
+                max_in_flight_samples_per_worker=2,
+                num_workers_per_iterator=1,
+                rate_limiter_timeout_ms=5000,
+            ) as it:
+                for _ in it:
+                    if done.is_set():
+                        return
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            failures.append(e)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with client.trajectory_writer(1) as writer:
+            for episode in range(9):
+                for step in range(30):
+                    writer.append({"x": np.int64(episode * 100 + step)})
+                    writer.create_item("t", 1.0, {"x": writer.history["x"][-1]})
+                writer.end_episode(timeout_ms=20_000)
+    finally:
+        done.set()
+        sampler.join(30)
+    assert not failures, failures
+    sizes = [i["t"].current_size for i in client.shard_info(timeout=CALL_TIMEOUT)]
+    assert sizes == [90, 90, 90]

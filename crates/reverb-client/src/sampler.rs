@@ -230,6 +230,11 @@ impl ServerSampler {
         })
     }
 
+    /// Whether a sample is ready to take without waiting.
+    pub(crate) fn has_ready(&self) -> bool {
+        !self.held.is_empty() || !self.rx.is_empty()
+    }
+
     /// Takes up to `n` samples (see [`Sampler::next`]; with `fill` false, as
     /// [`Sampler::next_ready`]).
     pub(crate) async fn take(

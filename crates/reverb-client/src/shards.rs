@@ -89,8 +89,12 @@ pub fn draw_weights(shards: &[Option<ShardWeight>]) -> Vec<f64> {
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// How long one such question may take (a shard that does not answer in time is missing).
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often a consumer waiting for one shard checks that the shard is still there.
-const POLL: Duration = Duration::from_millis(50);
+/// How long a consumer waits for the shard it drew before checking that the shard is still
+/// there, and before drawing again when other shards have samples ready.
+const PATIENCE: Duration = Duration::from_millis(50);
+/// How long a shard that kept a draw waiting that long is drawn only when it has a sample
+/// ready.
+const STALL: Duration = Duration::from_millis(200);
 
 /// Which shards of a sharded sampler are missing (see [`crate::sampler::Sampler::watch`]).
 #[derive(Clone)]
@@ -141,6 +145,8 @@ pub(crate) struct ShardedSampler {
     chosen: Option<usize>,
     /// Samples a timed-out call received, returned by the next call.
     held: Vec<PlannedSample>,
+    /// Per shard: until when it is drawn only with a sample ready (see [`STALL`]).
+    stalled: Vec<Option<Instant>>,
     /// Samples still to return (`max_samples`).
     left: Option<u64>,
     ended: bool,
@@ -160,7 +166,8 @@ impl ShardedSampler {
                 clients.len()
             )));
         }
-        let (states, changes) = watch::channel(vec![ShardState::Unknown; clients.len()]);
+        let states_len = clients.len();
+        let (states, changes) = watch::channel(vec![ShardState::Unknown; states_len]);
         let states = Arc::new(states);
         let refreshers = clients
             .iter()
@@ -190,6 +197,7 @@ impl ShardedSampler {
             refreshers,
             chosen: None,
             held: Vec::new(),
+            stalled: vec![None; states_len],
             ended: false,
             failure: None,
             stuck_since: None,
@@ -257,40 +265,46 @@ impl ShardedSampler {
                 },
             };
             self.chosen = Some(shard);
-            let sampler = match &mut self.samplers[shard] {
-                Some(sampler) => sampler,
-                empty => empty.insert(ServerSampler::new(
-                    self.clients[shard].clone(),
-                    &self.table,
-                    self.options.clone(),
-                )?),
-            };
             let now = Instant::now();
             let slice = if ready_only {
                 Duration::ZERO
             } else {
-                deadline.saturating_duration_since(now).min(POLL)
+                deadline.saturating_duration_since(now).min(PATIENCE)
+            };
+            let Some(sampler) = self.samplers[shard].as_mut() else {
+                self.chosen = None; // (it went missing since the draw)
+                continue;
             };
             match sampler.take(1, slice, true).await {
                 Ok(None) if ready_only => break,
                 Ok(None) => {
-                    // Still waiting for this shard: give up on it once it went missing (and
-                    // draw again once its table is empty).
+                    // Still waiting for this shard: give up on it once it went missing or its
+                    // table emptied; while other shards have samples ready, draw again (its
+                    // rate limiter may be waiting for inserts that wait for those samples).
                     match self.changes.borrow()[shard] {
-                        ShardState::Missing(_) => {
-                            self.samplers[shard] = None;
-                            self.chosen = None;
-                        }
+                        ShardState::Missing(_) => self.chosen = None,
                         ShardState::Known(Some(w)) if w.size == 0 => self.chosen = None,
                         _ => {}
+                    }
+                    if self.chosen.is_some() && self.any_ready() {
+                        self.stalled[shard] = Some(Instant::now() + STALL);
+                        self.chosen = None;
                     }
                     if Instant::now() >= deadline {
                         self.held = out;
                         return Ok(None);
                     }
                 }
-                // Its stream ended: the rate limiter timed out, which ends the whole stream.
-                Ok(Some(v)) if v.is_empty() => self.ended = true,
+                // Its stream ended: its rate limiter blocked for the rate-limiter timeout. That
+                // ends the whole stream unless other shards have samples (its sampler then
+                // starts again when the shard is drawn next).
+                Ok(Some(v)) if v.is_empty() => {
+                    self.samplers[shard] = None;
+                    self.chosen = None;
+                    if !self.any_ready() {
+                        self.ended = true;
+                    }
+                }
                 Ok(Some(mut v)) => {
                     let mut sample = v.pop().expect("one sample");
                     self.globalize(&mut sample, shard);
@@ -310,6 +324,30 @@ impl ShardedSampler {
         Ok(Some(out))
     }
 
+    /// Whether some shard's sampler has a sample ready.
+    fn any_ready(&self) -> bool {
+        self.samplers.iter().flatten().any(ServerSampler::has_ready)
+    }
+
+    /// Starts the sampler of every shard that has the table and has none (each keeps its
+    /// samples requested from then on); drops those of shards gone missing.
+    fn start_samplers(&mut self, states: &[ShardState]) -> Result<()> {
+        for (shard, state) in states.iter().enumerate() {
+            match state {
+                ShardState::Known(Some(_)) if self.samplers[shard].is_none() => {
+                    self.samplers[shard] = Some(ServerSampler::new(
+                        self.clients[shard].clone(),
+                        &self.table,
+                        self.options.clone(),
+                    )?);
+                }
+                ShardState::Missing(_) => self.samplers[shard] = None,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Draws the shard of the next sample.
     fn draw(&mut self) -> Draw {
         let states = self.changes.borrow_and_update().clone();
@@ -318,6 +356,9 @@ impl ShardedSampler {
         if states.iter().any(|s| matches!(s, ShardState::Unknown)) {
             return Draw::Wait;
         }
+        if let Err(e) = self.start_samplers(&states) {
+            return Draw::Fail(e);
+        }
         let weights: Vec<Option<ShardWeight>> = states
             .iter()
             .map(|s| match s {
@@ -325,7 +366,25 @@ impl ShardedSampler {
                 _ => None,
             })
             .collect();
-        let draw = draw_weights(&weights);
+        let mut draw = draw_weights(&weights);
+        // Shards that kept a draw waiting while others had samples are left out for a while,
+        // unless they have one ready now (or every shard is left out).
+        let now = Instant::now();
+        let stalled: Vec<bool> = (0..draw.len())
+            .map(|i| {
+                self.stalled[i].is_some_and(|until| until > now)
+                    && !self.samplers[i]
+                        .as_ref()
+                        .is_some_and(ServerSampler::has_ready)
+            })
+            .collect();
+        if draw.iter().zip(&stalled).any(|(&w, &s)| w > 0.0 && !s) {
+            for (w, s) in draw.iter_mut().zip(&stalled) {
+                if *s {
+                    *w = 0.0;
+                }
+            }
+        }
         let total: f64 = draw.iter().sum();
         if total > 0.0 {
             self.stuck_since = None;
@@ -338,17 +397,28 @@ impl ShardedSampler {
             }
             return Draw::Shard(draw.iter().rposition(|&w| w > 0.0).expect("total > 0"));
         }
-        // Every shard that answered lacks the table: its sampler reports the server's error.
-        if let Some(i) = states
+        // Every shard that answered lacks the table: one that answered reports the server's
+        // error through a sampler of its own.
+        if states
             .iter()
-            .position(|s| matches!(s, ShardState::Known(None)))
-            .filter(|_| {
-                states
-                    .iter()
-                    .all(|s| matches!(s, ShardState::Known(None) | ShardState::Missing(_)))
-            })
+            .all(|s| matches!(s, ShardState::Known(None) | ShardState::Missing(_)))
         {
-            return Draw::Shard(i);
+            if let Some(i) = states
+                .iter()
+                .position(|s| matches!(s, ShardState::Known(None)))
+            {
+                if self.samplers[i].is_none() {
+                    match ServerSampler::new(
+                        self.clients[i].clone(),
+                        &self.table,
+                        self.options.clone(),
+                    ) {
+                        Ok(sampler) => self.samplers[i] = Some(sampler),
+                        Err(e) => return Draw::Fail(e),
+                    }
+                }
+                return Draw::Shard(i);
+            }
         }
         let since = *self.stuck_since.get_or_insert_with(Instant::now);
         let missing: Vec<&ClientError> = states
