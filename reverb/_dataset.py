@@ -44,6 +44,8 @@ def server_addresses(value: Any) -> str:
         addresses = [constant_string(a, "server_address") for a in value]
         if not addresses or any(not a or "," in a for a in addresses):
             raise ValueError(f"server_address must list addresses, got {value!r}")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"server_address has duplicates: {addresses}")
         return ",".join(addresses)
     return constant_string(value, "server_address")
 

@@ -123,8 +123,13 @@ class RayShards:
                 self._server_args,
             )
         )
-        address = ray.get(actor.address.remote(), timeout=self._timeout)
         self._actors[shard] = actor
+        try:
+            address = ray.get(actor.address.remote(), timeout=self._timeout)
+        except BaseException:
+            # (E.g. a checkpoint too big to restore in time: it must not come up later.)
+            ray.kill(actor, no_restart=True)
+            raise
         self._ports[shard] = int(address.rsplit(":", 1)[1])
         self.addresses[shard] = address
 
@@ -139,14 +144,20 @@ class RayShards:
         return self.client().checkpoint(timeout=timeout)
 
     def dead(self) -> List[int]:
-        """The shards whose actor does not answer."""
+        """The shards whose actor has died (asked at once; a shard that is only slow or out
+        of reach for a moment is not dead)."""
         pings = [actor.ping.remote() for actor in self._actors]
+        ray.wait(pings, num_returns=len(pings), timeout=self._timeout)
         dead = []
         for shard, ping in enumerate(pings):
             try:
-                ray.get(ping, timeout=self._timeout)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                ray.get(ping, timeout=0)
+            except ray.exceptions.ActorUnavailableError:
+                pass  # alive, unreachable for now
+            except ray.exceptions.RayActorError:
                 dead.append(shard)
+            except ray.exceptions.GetTimeoutError:
+                pass  # slow, not dead
         return dead
 
     def restart_dead(self) -> List[int]:

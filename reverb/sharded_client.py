@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import numbers
 import random
 import threading
 import time
@@ -52,7 +53,7 @@ Placement = Callable[[Any, Dict[str, float]], int]
 def key_shard(key: int) -> Optional[int]:
     """The index of the shard that holds the item with this key, when a `ShardedClient`
     wrote it; None for keys of unknown origin."""
-    key = int(key)
+    key = int(key) & (2**64 - 1)  # (also the int64 view of a uint64 key)
     return (key >> 52) & 0x3F if key >> 58 == _KEY_MARK else None
 
 
@@ -83,8 +84,12 @@ class ShardedClient:
     """A client of the Reverb servers at `server_addresses` (each `host:port`), used as one.
 
     `placement(data, priorities) -> shard index` chooses the shard of each `insert` (default:
-    round robin, starting from a random shard so that many actors spread). Other arguments
-    as `reverb.Client`'s, applied to every shard. Creating it does not connect.
+    round robin, starting from a random shard so that many actors spread; a `placement`
+    function must be picklable for the client to be). With `route_priority_updates` (the
+    default), priority updates of keys that name a shard go only there; turn it off when
+    writers other than ours (e.g. dm-reverb's clients, whose random keys name a shard one
+    time in 64) write to the shards, to send every update to every shard. Other arguments as
+    `reverb.Client`'s, applied to every shard. Creating it does not connect.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class ShardedClient:
         auth_token: Optional[str] = None,
         *,
         placement: Optional[Placement] = None,
+        route_priority_updates: bool = True,
         tls_ca: Optional[client_lib.PathLike] = None,
         tls_cert: Optional[client_lib.PathLike] = None,
         tls_key: Optional[client_lib.PathLike] = None,
@@ -119,6 +125,7 @@ class ShardedClient:
         self._auth_token = auth_token
         self._tls = dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self._placement = placement
+        self._route = bool(route_priority_updates)
         self._shards = [
             _ShardClient(address, auth_token, i, **self._tls) for i, address in enumerate(addresses)
         ]
@@ -133,6 +140,7 @@ class ShardedClient:
             self._auth_token,
             self._placement,
             self._tls,
+            self._route,
         )
 
     def __repr__(self) -> str:
@@ -153,8 +161,8 @@ class ShardedClient:
             return next(self._next_shard) % len(self._shards)
 
     def _shard_of(self, shard_key: Any) -> int:
-        if isinstance(shard_key, int) and not isinstance(shard_key, bool):
-            return shard_key % len(self._shards)
+        if isinstance(shard_key, numbers.Integral) and not isinstance(shard_key, bool):
+            return int(shard_key) % len(self._shards)
         if isinstance(shard_key, str):
             shard_key = shard_key.encode()
         if not isinstance(shard_key, bytes):
@@ -232,48 +240,67 @@ class ShardedClient:
     ) -> Generator[Union[List[replay_sample.ReplaySample], replay_sample.ReplaySample], None, None]:
         """`Client.sample` over the union of the shards' items: each sample comes from a shard
         drawn in proportion to its table's weight (size, or priority mass for prioritized
-        tables); its `probability` and `table_size` are the global ones. Waits while every
-        shard's table is empty (at most `timeout` seconds: `DeadlineExceededError`); shards
-        that cannot be reached are skipped."""
+        tables); its `probability` and `table_size` are the global ones. Shards that cannot
+        be reached are skipped, and one that goes away mid-call has its samples drawn from
+        the others. With `timeout` (seconds), waiting for a non-empty table, and each wait
+        of a shard (bounded by what is left of `timeout` when its stream opens), raise
+        `DeadlineExceededError` when it passes."""
         num_samples = client_lib.check_num_samples(num_samples)
         deadline = None if not timeout else time.monotonic() + timeout
         weights = self._wait_for_weights(table, deadline)
         if weights is None:
             # No shard has the table: the first reachable one says so as one server would.
             yield from self._first_reachable().sample(
-                table, num_samples, emit_timesteps=emit_timesteps, timeout=timeout
-            )
-            return
-        order = collections.deque(_draw(weights, int(num_samples)))
-        streams: Dict[int, Iterator[Any]] = {}
-        counts = collections.Counter(order)
-
-        def stream(shard: int, count: int) -> Iterator[Any]:
-            return self._shards[shard].sample(
                 table,
-                count,
+                num_samples,
                 emit_timesteps=emit_timesteps,
                 unpack_as_table_signature=unpack_as_table_signature,
                 timeout=timeout,
             )
+            return
+        order = collections.deque(_draw(weights, num_samples))
+        counts = collections.Counter(order)
+        streams: Dict[int, Iterator[Any]] = {}
 
-        for shard, count in counts.items():
-            streams[shard] = stream(shard, count)
+        def left() -> Optional[float]:
+            if deadline is None:
+                return None
+            return max(deadline - time.monotonic(), 0.001)
+
+        def stream(shard: int) -> Iterator[Any]:
+            # Opened when first needed, so its waits are bounded by what is left of `timeout`.
+            return self._shards[shard].sample(
+                table,
+                counts[shard],
+                emit_timesteps=emit_timesteps,
+                unpack_as_table_signature=unpack_as_table_signature,
+                timeout=left(),
+            )
+
         while order:
             shard = order.popleft()
+            if shard not in streams:
+                streams[shard] = stream(shard)
             try:
                 sample = next(streams[shard])
-            except (errors.UnavailableError, errors.DeadlineExceededError):
+            except errors.UnavailableError:
                 # The shard went away: draw its remaining samples from the others.
-                left = 1 + sum(1 for s in order if s == shard)
+                pending = 1 + sum(1 for s in order if s == shard)
                 weights[shard] = None
                 if not any(w > 0 for w in _draw_weights(weights)):
                     raise
                 order = collections.deque(s for s in order if s != shard)
-                for other, count in collections.Counter(_draw(weights, left)).items():
-                    more = stream(other, count)
-                    streams[other] = itertools.chain(streams.get(other, iter(())), more)
-                    order.extend([other] * count)
+                del streams[shard]
+                redrawn = _draw(weights, pending)
+                for other in set(redrawn):
+                    if other in streams:
+                        # (Its stream was opened for its first count: add another for the rest.)
+                        extra = collections.Counter(redrawn)[other]
+                        counts[other] = extra
+                        streams[other] = itertools.chain(streams[other], stream(other))
+                    else:
+                        counts[other] += collections.Counter(redrawn)[other]
+                order.extend(redrawn)
                 random.shuffle(order)
                 continue
             yield _globalize(sample, weights, shard)
@@ -337,7 +364,7 @@ class ShardedClient:
         per_shard: Dict[int, tuple] = {}
 
         def targets(key: int) -> range:
-            shard = key_shard(key)
+            shard = key_shard(key) if self._route else None
             return range(shard, shard + 1) if shard is not None and shard < n else range(n)
 
         for key, priority in (updates or {}).items():
@@ -410,9 +437,15 @@ class ShardedClient:
 
 
 def _rebuild(
-    addresses: List[str], auth_token: Optional[str], placement: Any, tls: Dict[str, Any]
+    addresses: List[str],
+    auth_token: Optional[str],
+    placement: Any,
+    tls: Dict[str, Any],
+    route: bool = True,
 ) -> ShardedClient:
-    return ShardedClient(addresses, auth_token, placement=placement, **tls)
+    return ShardedClient(
+        addresses, auth_token, placement=placement, route_priority_updates=route, **tls
+    )
 
 
 class _Weight:
@@ -492,6 +525,9 @@ class ShardedTrajectoryWriter:
         self._make = make
         self._shard = shard
         self._writers: Dict[int, trajectory_writer_lib.TrajectoryWriter] = {shard: writer}
+        # `configure` calls, replayed on each shard's writer after its first append.
+        self._configs: List[tuple] = []
+        self._configured: set = {shard}
 
     @property
     def shard(self) -> int:
@@ -504,19 +540,36 @@ class ShardedTrajectoryWriter:
 
     def append(self, data: Any, *, partial_step: bool = False) -> Any:
         """`TrajectoryWriter.append` to the current episode."""
-        return self._current.append(data, partial_step=partial_step)
+        result = self._current.append(data, partial_step=partial_step)
+        self._replay_configs()
+        return result
 
     def append_steps(self, data: Any) -> None:
         """`TrajectoryWriter.append_steps` to the current episode."""
         self._current.append_steps(data)
+        self._replay_configs()
+
+    def _replay_configs(self) -> None:
+        if self._shard not in self._configured:
+            self._configured.add(self._shard)
+            for args, kwargs in self._configs:
+                self._current.configure(*args, **kwargs)
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
         """`TrajectoryWriter.create_item` in the current episode's shard."""
         self._current.create_item(table, priority, trajectory)
 
     def configure(self, *args: Any, **kwargs: Any) -> None:
-        """`TrajectoryWriter.configure` of the current episode's writer."""
+        """`TrajectoryWriter.configure`, for this episode's shard and every later one."""
         self._current.configure(*args, **kwargs)
+        self._configs.append((args, kwargs))
+        for shard, writer in self._writers.items():
+            if shard == self._shard:
+                continue
+            if writer._structure is None:  # no append yet: replayed after its first
+                self._configured.discard(shard)
+            else:
+                writer.configure(*args, **kwargs)
 
     @property
     def history(self) -> Any:
@@ -545,11 +598,14 @@ class ShardedTrajectoryWriter:
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Optional[int] = None) -> None:
         """`TrajectoryWriter.end_episode`; with `clear_buffers`, the next episode goes to the
         next shard."""
-        self._current.end_episode(clear_buffers, timeout_ms)
-        if clear_buffers:
-            self._shard = self._client._round_robin()
-            if self._shard not in self._writers:
-                self._writers[self._shard] = self._make(self._shard)
+        try:
+            self._current.end_episode(clear_buffers, timeout_ms)
+        finally:
+            # (Also when that failed, e.g. its shard is down: the next episode goes on.)
+            if clear_buffers:
+                self._shard = self._client._round_robin()
+                if self._shard not in self._writers:
+                    self._writers[self._shard] = self._make(self._shard)
 
     def close(self) -> None:
         """Closes every shard's writer (after sending what is pending)."""

@@ -145,8 +145,7 @@ def test_keys_of_unknown_origin_reach_the_shard_that_holds_them(make_server) -> 
     plain = reverb.Client(client.server_addresses[1])
     plain.insert(np.int64(1), {"t": 1.0}, timeout=CALL_TIMEOUT)
     (key,) = _priorities(plain)
-    if key_shard(key) is not None:
-        pytest.skip("the random key happens to carry the shard mark")
+    assert key_shard(key) is None  # a plain client's keys never look like a shard's
     client.mutate_priorities("t", updates={key: 3.0}, timeout=CALL_TIMEOUT)
     assert _priorities(plain) == {key: 3.0}
 
@@ -494,3 +493,69 @@ def test_rate_limited_shards_do_not_deadlock_one_writer_and_one_sampler(make_ser
     assert not failures, failures
     sizes = [i["t"].current_size for i in client.shard_info(timeout=CALL_TIMEOUT)]
     assert sizes == [90, 90, 90]
+
+
+def test_max_samples_takes_no_more_than_that_from_queues(make_server) -> None:
+    """With max_samples, the shards' samplers share one budget: a sharded iterator over two
+    queues takes exactly that many items off them (as one server's would)."""
+    servers = [make_server([reverb.Table.queue("q", 1000)]) for _ in range(2)]
+    client = reverb.ShardedClient([f"localhost:{s.port}" for s in servers])
+    for shard in range(2):
+        for i in range(50):
+            client.shards[shard].insert(np.int64(shard * 100 + i), {"q": 1.0})
+    with reverb.TrajectoryIterator(client.server_addresses, "q", max_samples=5) as it:
+        assert len(list(it)) == 5
+    time.sleep(0.3)
+    assert client.server_info(timeout=CALL_TIMEOUT)["q"].current_size == 95
+
+
+def test_every_shard_gone_is_an_error_not_the_end_of_the_stream(make_server, monkeypatch):
+    monkeypatch.setenv("REVERB_CONNECT_WAIT_SECONDS", "1")
+    servers = [make_server([_table()]) for _ in range(2)]
+    client = reverb.ShardedClient([f"localhost:{s.port}" for s in servers])
+    for i in range(4):
+        client.insert(np.int64(i), {"t": 1.0}, timeout=CALL_TIMEOUT)
+    with reverb.TrajectoryIterator(client.server_addresses, "t", rate_limiter_timeout_ms=300) as it:
+        next(it)
+        for server in servers:
+            server.stop()
+        with pytest.raises(reverb.errors.UnavailableError, match="None of the 2 servers"):
+            for _ in range(100_000):
+                next(it)
+
+
+def test_writer_configuration_follows_episodes_to_every_shard(make_server) -> None:
+    client = _shards(make_server, 2)
+    with client.trajectory_writer(1) as writer:
+        for episode in range(4):
+            for step in range(5):
+                writer.append({"x": np.int64(step)})
+                if episode == 0 and step == 0:
+                    writer.configure(("x",), num_keep_alive_refs=5, max_chunk_length=None)
+            # Needs 5 steps kept alive, on whichever shard this episode went to.
+            writer.create_item("t", 1.0, {"x": writer.history["x"][:]})
+            writer.end_episode(timeout_ms=int(CALL_TIMEOUT * 1000))
+    sizes = [i["t"].current_size for i in client.shard_info(timeout=CALL_TIMEOUT)]
+    assert sizes == [2, 2]
+
+
+def test_sample_timeout_bounds_the_whole_call(make_server) -> None:
+    """Four shards whose limiters block sampling (min_size 2, one item each): the call fails
+    after about its timeout, not a timeout per shard."""
+    servers = [
+        make_server(
+            [
+                reverb.Table(
+                    "t", selectors.Uniform(), selectors.Fifo(), 100, rate_limiters.MinSize(2)
+                )
+            ]
+        )
+        for _ in range(4)
+    ]
+    client = reverb.ShardedClient([f"localhost:{s.port}" for s in servers])
+    for shard in client.shards:
+        shard.insert(np.int64(0), {"t": 1.0}, timeout=CALL_TIMEOUT)
+    begin = time.monotonic()
+    with pytest.raises(reverb.DeadlineExceededError):
+        list(client.sample("t", 8, timeout=1.0))
+    assert time.monotonic() - begin < 2.5

@@ -209,11 +209,17 @@ impl Client {
         Ok(self)
     }
 
-    /// A fresh random key for an item written through this client.
+    /// A fresh random key for an item written through this client: naming its shard (a
+    /// client of a sharded client's shard), else never looking as if it did.
     pub fn new_item_key(&self) -> u64 {
-        let random = rand::random();
-        self.key_shard
-            .map_or(random, |shard| shards::tag_key(random, shard))
+        loop {
+            let random = rand::random();
+            match self.key_shard {
+                Some(shard) => return shards::tag_key(random, shard),
+                None if shards::key_shard(random).is_none() => return random,
+                None => {}
+            }
+        }
     }
 
     /// This client over a new connection with these TLS settings (`None`: plain TCP).
@@ -324,11 +330,12 @@ impl Client {
 
     /// A client like this one (address, token, limits) over a connection of its own.
     pub fn reconnected(&self) -> Result<Self> {
-        Ok(Self::new(&self.address)?
+        Self::new(&self.address)?
             .with_tls(self.tls.as_deref().cloned())?
             .with_auth_token(self.auth_token.as_deref())?
             .with_max_message_size(self.max_message_size)
-            .with_inproc(self.inproc_port.is_some()))
+            .with_inproc(self.inproc_port.is_some())
+            .with_key_shard(self.key_shard.map(usize::from))
     }
 
     /// This client with another message limit (see [`Client::max_message_size`]).

@@ -164,6 +164,21 @@ impl Sampler {
 impl ServerSampler {
     /// Starts the workers.
     pub(crate) fn new(client: Client, table: &str, options: SamplerOptions) -> Result<Self> {
+        // Samples not yet requested (shared by the workers); i64::MAX when unlimited.
+        let budget = Arc::new(AtomicI64::new(
+            options.max_samples.map_or(i64::MAX, |m| m as i64),
+        ));
+        Self::with_budget(client, table, options, budget)
+    }
+
+    /// Starts the workers, which request samples only while `budget` (samples not yet
+    /// requested, shared with other samplers) is positive; `options.max_samples` is ignored.
+    pub(crate) fn with_budget(
+        client: Client,
+        table: &str,
+        options: SamplerOptions,
+        budget: Arc<AtomicI64>,
+    ) -> Result<Self> {
         if options.max_in_flight_samples_per_worker < 1 {
             return Err(ClientError::invalid(
                 "max_in_flight_samples_per_worker must be >= 1",
@@ -172,10 +187,6 @@ impl ServerSampler {
         let capacity =
             options.max_in_flight_samples_per_worker * options.num_workers.max(AUTO_WORKERS);
         let (tx, rx) = mpsc::channel(capacity);
-        // Samples not yet requested (shared by the workers); i64::MAX when unlimited.
-        let budget = Arc::new(AtomicI64::new(
-            options.max_samples.map_or(i64::MAX, |m| m as i64),
-        ));
         let table = table.to_string();
         let supervisor = runtime().spawn(async move {
             let workers = match options.num_workers {

@@ -6,6 +6,7 @@ use crate::sampler::{SamplerOptions, ServerSampler};
 use crate::{runtime, Client, ClientError, PlannedSample, Result};
 use reverb_proto::key_distribution_options::Distribution;
 use reverb_proto::TableInfo;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -41,6 +42,10 @@ pub struct ShardWeight {
     /// weight over this). Servers that do not report it (the reference's) count as uniform:
     /// their size.
     pub total_weight: f64,
+    /// Whether its rate limiter refuses a sample now (it waits for inserts).
+    pub sampling_blocked: bool,
+    /// Whether sampling deletes items (`max_times_sampled`, e.g. queues).
+    pub sampling_deletes: bool,
 }
 
 impl ShardWeight {
@@ -48,11 +53,20 @@ impl ShardWeight {
     /// such table.
     pub fn of(infos: &[TableInfo], table: &str) -> Option<Self> {
         let info = infos.iter().find(|i| i.name == table)?;
+        // The limiter's test for one more sample (its counters are in `rate_limiter_info`).
+        let sampling_blocked = info.rate_limiter_info.as_ref().is_some_and(|l| {
+            let inserts = l.insert_stats.as_ref().map_or(0, |s| s.completed) as f64;
+            let samples = l.sample_stats.as_ref().map_or(0, |s| s.completed) as f64;
+            info.current_size < l.min_size_to_sample
+                || inserts * l.samples_per_insert - samples - 1.0 < l.min_diff
+        });
         Some(Self {
             size: info.current_size,
             total_weight: info
                 .sampler_total_weight
                 .unwrap_or(info.current_size as f64),
+            sampling_blocked,
+            sampling_deletes: info.max_times_sampled > 0,
         })
     }
 }
@@ -89,12 +103,11 @@ pub fn draw_weights(shards: &[Option<ShardWeight>]) -> Vec<f64> {
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// How long one such question may take (a shard that does not answer in time is missing).
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long a consumer waits for the shard it drew before checking that the shard is still
-/// there, and before drawing again when other shards have samples ready.
+/// How long a consumer waits for the shard it drew before looking again at what it knows of
+/// it (gone missing, emptied, or blocked by its rate limiter while others have samples).
 const PATIENCE: Duration = Duration::from_millis(50);
-/// How long a shard that kept a draw waiting that long is drawn only when it has a sample
-/// ready.
-const STALL: Duration = Duration::from_millis(200);
+/// The most draws owed to one shard (see [`ShardedSampler`]).
+const MAX_OWED: u32 = 100_000;
 
 /// Which shards of a sharded sampler are missing (see [`crate::sampler::Sampler::watch`]).
 #[derive(Clone)]
@@ -127,32 +140,45 @@ enum ShardState {
     Known(Option<ShardWeight>),
 }
 
-/// A sampler of several servers: one [`ServerSampler`] per shard, started when the shard is
-/// first drawn; each sample comes from a shard drawn in proportion to its weight (refreshed
+/// A sampler of several servers: one [`ServerSampler`] per shard (each keeping its samples
+/// requested), and each sample from a shard drawn in proportion to its weight (refreshed
 /// every [`REFRESH_EVERY`]), so samples follow the distribution of one table holding every
-/// shard's items. Missing shards are skipped until they answer again.
+/// shard's items. A drawn shard is waited for, except when its rate limiter blocks sampling
+/// while other shards have samples ready (one writer blocked on that shard's inserts could
+/// otherwise wait for this sampler for ever): the draw is then owed to it, and owed draws
+/// are served first once it has samples again. Missing shards are not drawn until they
+/// answer again. With `max_samples` on tables where sampling deletes items, the shards'
+/// samplers share one budget, so no more than that are taken from the servers (the last
+/// samples then come from the shards that still have requested ones, whatever their weight).
 pub(crate) struct ShardedSampler {
     table: String,
-    /// Options of each shard's sampler (without `max_samples`: that counts here).
+    /// Options of each shard's sampler (`max_samples` is the shared budget instead).
     options: SamplerOptions,
     clients: Vec<Client>,
     samplers: Vec<Option<ServerSampler>>,
+    /// Samples not yet requested from any shard (`max_samples`; i64::MAX without).
+    budget: Arc<AtomicI64>,
     states: Arc<watch::Sender<Vec<ShardState>>>,
     changes: watch::Receiver<Vec<ShardState>>,
     refreshers: Vec<tokio::task::JoinHandle<()>>,
+    /// Each shard's last known weight (for samples it sent before it went missing).
+    last_weight: Vec<Option<ShardWeight>>,
+    /// Draws owed to each shard (see above).
+    owed: Vec<u32>,
     /// The shard the next sample comes from, once drawn (kept across calls that time out, so
     /// a slow shard is not drawn less often).
     chosen: Option<usize>,
     /// Samples a timed-out call received, returned by the next call.
     held: Vec<PlannedSample>,
-    /// Per shard: until when it is drawn only with a sample ready (see [`STALL`]).
-    stalled: Vec<Option<Instant>>,
     /// Samples still to return (`max_samples`).
     left: Option<u64>,
     ended: bool,
     failure: Option<ClientError>,
-    /// Since when no shard could be drawn (all missing, or all empty).
-    stuck_since: Option<Instant>,
+    /// When a sample last came (or the sampler started): with a rate-limiter timeout, the
+    /// stream ends once no shard sent one for that long.
+    last_sample: Instant,
+    /// Since when every shard has been missing.
+    all_missing_since: Option<Instant>,
     /// How long every shard may be missing before the sampler fails: as long as a call
     /// waits for one server that cannot be reached ([`crate::client::connect_wait`]).
     connect_wait: Duration,
@@ -166,8 +192,8 @@ impl ShardedSampler {
                 clients.len()
             )));
         }
-        let states_len = clients.len();
-        let (states, changes) = watch::channel(vec![ShardState::Unknown; states_len]);
+        let n = clients.len();
+        let (states, changes) = watch::channel(vec![ShardState::Unknown; n]);
         let states = Arc::new(states);
         let refreshers = clients
             .iter()
@@ -184,6 +210,9 @@ impl ShardedSampler {
         Ok(Self {
             table: table.to_string(),
             left: options.max_samples,
+            budget: Arc::new(AtomicI64::new(
+                options.max_samples.map_or(i64::MAX, |m| m as i64),
+            )),
             options: SamplerOptions {
                 max_samples: None,
                 // (Names one server of this process: each shard finds its own.)
@@ -195,12 +224,14 @@ impl ShardedSampler {
             states,
             changes,
             refreshers,
+            last_weight: vec![None; n],
+            owed: vec![0; n],
             chosen: None,
             held: Vec::new(),
-            stalled: vec![None; states_len],
             ended: false,
             failure: None,
-            stuck_since: None,
+            last_sample: Instant::now(),
+            all_missing_since: None,
             connect_wait: crate::client::connect_wait(),
         })
     }
@@ -217,7 +248,8 @@ impl ShardedSampler {
         }
     }
 
-    /// Takes up to `n` samples (see [`crate::sampler::Sampler::next`]).
+    /// Takes up to `n` samples (see [`crate::sampler::Sampler::next`]). Not cancellation
+    /// safe: callers wait for it to return (samples it took would be lost otherwise).
     pub(crate) async fn take(
         &mut self,
         n: usize,
@@ -239,9 +271,12 @@ impl ShardedSampler {
             }
             // Once a sample is there, a call that does not fill takes only what is ready.
             let ready_only = !fill && !out.is_empty();
-            let shard = match self.chosen {
-                Some(s) => s,
-                None => match self.draw() {
+            // Owed draws first, from shards that have samples ready.
+            let owed = (0..self.owed.len()).find(|&s| self.owed[s] > 0 && self.ready(s));
+            let shard = match (owed, self.chosen) {
+                (Some(s), _) => s,
+                (None, Some(s)) => s,
+                (None, None) => match self.draw() {
                     Draw::Shard(s) => s,
                     Draw::Fail(e) => {
                         self.failure = Some(e);
@@ -264,44 +299,43 @@ impl ShardedSampler {
                     }
                 },
             };
-            self.chosen = Some(shard);
-            let now = Instant::now();
-            let slice = if ready_only {
+            if owed.is_none() {
+                self.chosen = Some(shard);
+            }
+            let slice = if ready_only || owed.is_some() {
                 Duration::ZERO
             } else {
-                deadline.saturating_duration_since(now).min(PATIENCE)
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(PATIENCE)
             };
             let Some(sampler) = self.samplers[shard].as_mut() else {
-                self.chosen = None; // (it went missing since the draw)
+                self.chosen = None; // (its sampler ended since it was drawn)
                 continue;
             };
             match sampler.take(1, slice, true).await {
+                // (What looked ready was not a sample after all.)
+                Ok(None) if owed.is_some() => self.owed[shard] = 0,
                 Ok(None) if ready_only => break,
                 Ok(None) => {
-                    // Still waiting for this shard: give up on it once it went missing or its
-                    // table emptied; while other shards have samples ready, draw again (its
-                    // rate limiter may be waiting for inserts that wait for those samples).
-                    match self.changes.borrow()[shard] {
-                        ShardState::Missing(_) => self.chosen = None,
-                        ShardState::Known(Some(w)) if w.size == 0 => self.chosen = None,
-                        _ => {}
-                    }
-                    if self.chosen.is_some() && self.any_ready() {
-                        self.stalled[shard] = Some(Instant::now() + STALL);
-                        self.chosen = None;
-                    }
+                    self.reconsider(shard);
                     if Instant::now() >= deadline {
                         self.held = out;
                         return Ok(None);
                     }
                 }
-                // Its stream ended: its rate limiter blocked for the rate-limiter timeout. That
-                // ends the whole stream unless other shards have samples (its sampler then
-                // starts again when the shard is drawn next).
+                // Its stream ended: the budget is spent, or its rate limiter blocked for the
+                // rate-limiter timeout (the whole stream ends once no shard sent a sample for
+                // that long; its sampler starts again when it is drawn next).
                 Ok(Some(v)) if v.is_empty() => {
                     self.samplers[shard] = None;
                     self.chosen = None;
-                    if !self.any_ready() {
+                    let spent = self.budget.load(Ordering::SeqCst) <= 0;
+                    let timed_out = self
+                        .options
+                        .rate_limiter_timeout
+                        .is_some_and(|t| self.last_sample.elapsed() >= t);
+                    if (spent || timed_out) && !(0..self.clients.len()).any(|s| self.ready(s)) {
                         self.ended = true;
                     }
                 }
@@ -309,12 +343,17 @@ impl ShardedSampler {
                     let mut sample = v.pop().expect("one sample");
                     self.globalize(&mut sample, shard);
                     out.push(sample);
-                    self.chosen = None;
+                    self.last_sample = Instant::now();
+                    match owed {
+                        Some(s) => self.owed[s] -= 1,
+                        None => self.chosen = None,
+                    }
                     self.left = self.left.map(|l| l - 1);
                 }
                 Err(e) if is_lost_shard(&e) => {
                     self.samplers[shard] = None;
                     self.chosen = None;
+                    self.owed[shard] = 0;
                     self.states
                         .send_modify(|s| s[shard] = ShardState::Missing(e));
                 }
@@ -324,25 +363,54 @@ impl ShardedSampler {
         Ok(Some(out))
     }
 
-    /// Whether some shard's sampler has a sample ready.
-    fn any_ready(&self) -> bool {
-        self.samplers.iter().flatten().any(ServerSampler::has_ready)
+    /// Whether shard `s`'s sampler has a sample ready.
+    fn ready(&self, s: usize) -> bool {
+        self.samplers[s]
+            .as_ref()
+            .is_some_and(ServerSampler::has_ready)
     }
 
-    /// Starts the sampler of every shard that has the table and has none (each keeps its
-    /// samples requested from then on); drops those of shards gone missing.
+    /// The drawn shard `shard` had no sample within [`PATIENCE`]: stop waiting for it if it
+    /// went missing or emptied, or (owing it the draw) if its rate limiter blocks sampling
+    /// while other shards have samples ready.
+    fn reconsider(&mut self, shard: usize) {
+        let others_ready = (0..self.clients.len()).any(|s| s != shard && self.ready(s));
+        match self.changes.borrow()[shard] {
+            ShardState::Missing(_) => self.chosen = None,
+            ShardState::Known(Some(w)) if w.size == 0 => self.chosen = None,
+            ShardState::Known(Some(w)) if w.sampling_blocked && others_ready => {
+                self.chosen = None;
+                self.owed[shard] = (self.owed[shard] + 1).min(MAX_OWED);
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts the sampler of every shard that has the table and has none (while the budget
+    /// lasts). A shard's sampler is stopped only by its own stream's failure.
     fn start_samplers(&mut self, states: &[ShardState]) -> Result<()> {
+        if self.budget.load(Ordering::SeqCst) <= 0 {
+            return Ok(());
+        }
         for (shard, state) in states.iter().enumerate() {
-            match state {
-                ShardState::Known(Some(_)) if self.samplers[shard].is_none() => {
-                    self.samplers[shard] = Some(ServerSampler::new(
-                        self.clients[shard].clone(),
-                        &self.table,
-                        self.options.clone(),
-                    )?);
-                }
-                ShardState::Missing(_) => self.samplers[shard] = None,
-                _ => {}
+            let ShardState::Known(Some(weight)) = state else {
+                continue;
+            };
+            if self.samplers[shard].is_none() {
+                // Only where sampling deletes items does the shared budget bound what each
+                // shard's sampler requests: elsewhere samples requested but never taken cost
+                // nothing, and an unbounded prefetch keeps the draw's proportions to the end.
+                let budget = if weight.sampling_deletes {
+                    self.budget.clone()
+                } else {
+                    Arc::new(AtomicI64::new(i64::MAX))
+                };
+                self.samplers[shard] = Some(ServerSampler::with_budget(
+                    self.clients[shard].clone(),
+                    &self.table,
+                    self.options.clone(),
+                    budget,
+                )?);
             }
         }
         Ok(())
@@ -359,35 +427,24 @@ impl ShardedSampler {
         if let Err(e) = self.start_samplers(&states) {
             return Draw::Fail(e);
         }
+        for (last, state) in self.last_weight.iter_mut().zip(&states) {
+            if let ShardState::Known(Some(w)) = state {
+                *last = Some(*w);
+            }
+        }
         let weights: Vec<Option<ShardWeight>> = states
             .iter()
-            .map(|s| match s {
-                ShardState::Known(w) => *w,
+            .enumerate()
+            .map(|(i, s)| match s {
+                // (A shard without a sampler now has its budget spent.)
+                ShardState::Known(w) if self.samplers[i].is_some() => *w,
                 _ => None,
             })
             .collect();
-        let mut draw = draw_weights(&weights);
-        // Shards that kept a draw waiting while others had samples are left out for a while,
-        // unless they have one ready now (or every shard is left out).
-        let now = Instant::now();
-        let stalled: Vec<bool> = (0..draw.len())
-            .map(|i| {
-                self.stalled[i].is_some_and(|until| until > now)
-                    && !self.samplers[i]
-                        .as_ref()
-                        .is_some_and(ServerSampler::has_ready)
-            })
-            .collect();
-        if draw.iter().zip(&stalled).any(|(&w, &s)| w > 0.0 && !s) {
-            for (w, s) in draw.iter_mut().zip(&stalled) {
-                if *s {
-                    *w = 0.0;
-                }
-            }
-        }
+        let draw = draw_weights(&weights);
         let total: f64 = draw.iter().sum();
         if total > 0.0 {
-            self.stuck_since = None;
+            self.all_missing_since = None;
             let mut target = rand::random::<f64>() * total;
             for (i, &w) in draw.iter().enumerate() {
                 if target < w {
@@ -396,6 +453,14 @@ impl ShardedSampler {
                 target -= w;
             }
             return Draw::Shard(draw.iter().rposition(|&w| w > 0.0).expect("total > 0"));
+        }
+        if self.budget.load(Ordering::SeqCst) <= 0 {
+            // Every sample of the budget was requested: those still queued are taken as
+            // owed draws; then the stream ends.
+            return match (0..self.clients.len()).find(|&s| self.samplers[s].is_some()) {
+                Some(s) => Draw::Shard(s),
+                None => Draw::End,
+            };
         }
         // Every shard that answered lacks the table: one that answered reports the server's
         // error through a sampler of its own.
@@ -408,10 +473,11 @@ impl ShardedSampler {
                 .position(|s| matches!(s, ShardState::Known(None)))
             {
                 if self.samplers[i].is_none() {
-                    match ServerSampler::new(
+                    match ServerSampler::with_budget(
                         self.clients[i].clone(),
                         &self.table,
                         self.options.clone(),
+                        self.budget.clone(),
                     ) {
                         Ok(sampler) => self.samplers[i] = Some(sampler),
                         Err(e) => return Draw::Fail(e),
@@ -420,7 +486,6 @@ impl ShardedSampler {
                 return Draw::Shard(i);
             }
         }
-        let since = *self.stuck_since.get_or_insert_with(Instant::now);
         let missing: Vec<&ClientError> = states
             .iter()
             .filter_map(|s| match s {
@@ -428,46 +493,52 @@ impl ShardedSampler {
                 _ => None,
             })
             .collect();
-        if missing.len() == states.len() && since.elapsed() >= self.connect_wait {
-            return Draw::Fail(ClientError::new(
-                Code::Unavailable,
-                format!(
-                    "None of the {} servers of table '{}' can be reached ({})",
-                    states.len(),
-                    self.table,
-                    missing[0].message
-                ),
-            ));
+        if missing.len() == states.len() {
+            // As a call to one server that cannot be reached: wait for one, then fail.
+            let since = *self.all_missing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.connect_wait {
+                return Draw::Fail(ClientError::new(
+                    Code::Unavailable,
+                    format!(
+                        "None of the {} servers of table '{}' can be reached ({})",
+                        states.len(),
+                        self.table,
+                        missing[0].message
+                    ),
+                ));
+            }
+            return Draw::Wait;
         }
+        self.all_missing_since = None;
         // Every table is empty: as one server's rate limiter, wait (at most its timeout).
         match self.options.rate_limiter_timeout {
-            Some(t) if since.elapsed() >= t => Draw::End,
+            Some(t) if self.last_sample.elapsed() >= t => Draw::End,
             _ => Draw::Wait,
         }
     }
 
     /// Makes a shard's sample info global: its probability times the shard's share of the
-    /// draw, and the table size summed over the shards.
+    /// draw, and the table size summed over the shards (its own shard, if missing now, as it
+    /// was last known).
     fn globalize(&self, sample: &mut PlannedSample, shard: usize) {
-        let states = self.changes.borrow();
-        let weights: Vec<Option<ShardWeight>> = states
+        let mut weights: Vec<Option<ShardWeight>> = self
+            .changes
+            .borrow()
             .iter()
             .map(|s| match s {
                 ShardState::Known(w) => *w,
                 _ => None,
             })
             .collect();
+        if weights[shard].is_none() {
+            weights[shard] = self.last_weight[shard];
+        }
         let draw = draw_weights(&weights);
         let total: f64 = draw.iter().sum();
         if draw[shard] > 0.0 {
             sample.info.probability *= draw[shard] / total;
         }
-        let mut size: i64 = weights.iter().flatten().map(|w| w.size).sum();
-        if weights[shard].is_none() {
-            // It went missing since: count it as it was when it sampled.
-            size += sample.info.table_size;
-        }
-        sample.info.table_size = size;
+        sample.info.table_size = weights.iter().flatten().map(|w| w.size).sum();
     }
 }
 
@@ -537,7 +608,14 @@ mod tests {
 
     #[test]
     fn weights_fall_back_to_sizes_when_every_total_is_zero() {
-        let w = |size, total_weight| Some(ShardWeight { size, total_weight });
+        let w = |size, total_weight| {
+            Some(ShardWeight {
+                size,
+                total_weight,
+                sampling_blocked: false,
+                sampling_deletes: false,
+            })
+        };
         assert_eq!(draw_weights(&[w(3, 1.5), None, w(2, 0.0)]), [1.5, 0.0, 0.0]);
         assert_eq!(draw_weights(&[w(3, 0.0), None, w(2, 0.0)]), [3.0, 0.0, 2.0]);
         let info = TableInfo {
@@ -549,9 +627,50 @@ mod tests {
             ShardWeight::of(std::slice::from_ref(&info), "t"),
             Some(ShardWeight {
                 size: 7,
-                total_weight: 7.0
+                total_weight: 7.0,
+                sampling_blocked: false,
+                sampling_deletes: false,
             })
         );
         assert_eq!(ShardWeight::of(&[info], "u"), None);
+    }
+
+    #[test]
+    fn clients_write_keys_that_name_their_shard_or_none() {
+        let plain = Client::new("localhost:1").unwrap();
+        let sharded = plain.clone().with_key_shard(Some(5)).unwrap();
+        for _ in 0..10_000 {
+            assert_eq!(key_shard(plain.new_item_key()), None);
+            assert_eq!(key_shard(sharded.new_item_key()), Some(5));
+        }
+        assert!(plain.with_key_shard(Some(MAX_SHARDS)).is_err());
+    }
+
+    #[test]
+    fn a_limiter_that_waits_for_inserts_blocks_sampling() {
+        use reverb_proto::{RateLimiterCallStats, RateLimiterInfo};
+        // SampleToInsertRatio(2, min_size 1, error_buffer 2): min_diff = 0.
+        let info = |size, inserts, samples| TableInfo {
+            name: "t".into(),
+            current_size: size,
+            max_times_sampled: 1,
+            rate_limiter_info: Some(RateLimiterInfo {
+                samples_per_insert: 2.0,
+                min_diff: 0.0,
+                max_diff: 4.0,
+                min_size_to_sample: 1,
+                insert_stats: Some(RateLimiterCallStats { completed: inserts }),
+                sample_stats: Some(RateLimiterCallStats { completed: samples }),
+            }),
+            ..Default::default()
+        };
+        let blocked = |size, inserts, samples| {
+            let weight = ShardWeight::of(&[info(size, inserts, samples)], "t").unwrap();
+            assert!(weight.sampling_deletes);
+            weight.sampling_blocked
+        };
+        assert!(blocked(0, 0, 0)); // below min_size
+        assert!(!blocked(3, 3, 5)); // 3 * 2 - 5 - 1 >= 0
+        assert!(blocked(3, 3, 6)); // one more would go below min_diff
     }
 }
