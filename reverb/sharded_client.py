@@ -536,6 +536,8 @@ class ShardedTrajectoryWriter:
 
     @property
     def _current(self) -> trajectory_writer_lib.TrajectoryWriter:
+        if self._shard not in self._writers:  # (made when first used)
+            self._writers[self._shard] = self._make(self._shard)
         return self._writers[self._shard]
 
     def append(self, data: Any, *, partial_step: bool = False) -> Any:
@@ -604,8 +606,6 @@ class ShardedTrajectoryWriter:
             # (Also when that failed, e.g. its shard is down: the next episode goes on.)
             if clear_buffers:
                 self._shard = self._client._round_robin()
-                if self._shard not in self._writers:
-                    self._writers[self._shard] = self._make(self._shard)
 
     def close(self) -> None:
         """Closes every shard's writer (after sending what is pending)."""

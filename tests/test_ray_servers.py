@@ -65,7 +65,10 @@ def test_shards_as_ray_actors_end_to_end(local_ray, tmp_path) -> None:
         client.shards[1].insert(np.arange(2, dtype=np.int64), {"replay": 1.0}, timeout=10)
         address = shards.addresses[1]
         ray.kill(shards._actors[1], no_restart=True)
-        assert shards.dead() == [1]
+        deadline = time.monotonic() + 30
+        while shards.dead() != [1]:  # (the kill takes effect asynchronously)
+            assert time.monotonic() < deadline, "the killed shard is not reported dead"
+            time.sleep(0.1)
         # (Ray reports the actor dead before its process has gone.)
         deadline = time.monotonic() + 30
         while not isinstance(client.shard_info(timeout=2)[1], reverb.errors.ReverbError):
@@ -86,7 +89,10 @@ def test_shards_as_ray_actors_end_to_end(local_ray, tmp_path) -> None:
         assert sum(len(b.info.key) for b in batches) == 36
     finally:
         shards.stop()
-    assert shards.dead() == [0, 1, 2]
+    deadline = time.monotonic() + 30
+    while shards.dead() != [0, 1, 2]:
+        assert time.monotonic() < deadline, "stopped shards are not reported dead"
+        time.sleep(0.1)
 
 
 def test_start_checks_its_arguments(local_ray) -> None:

@@ -68,8 +68,12 @@ pub(crate) struct ServerSampler {
     supervisor: tokio::task::JoinHandle<()>,
     ended: bool,
     failure: Option<ClientError>,
-    /// Samples a timed-out `next` call received, returned by the next call.
+    /// Samples received but not taken yet (by a call that timed out, or [`Self::fill_held`]).
     held: Vec<PlannedSample>,
+    /// The queue's capacity (also the most samples `fill_held` holds).
+    capacity: usize,
+    /// Samples not yet requested.
+    budget: Arc<AtomicI64>,
 }
 
 /// A batch: info columns and one stacked tensor per data column.
@@ -187,6 +191,7 @@ impl ServerSampler {
         let capacity =
             options.max_in_flight_samples_per_worker * options.num_workers.max(AUTO_WORKERS);
         let (tx, rx) = mpsc::channel(capacity);
+        let budget_left = budget.clone();
         let table = table.to_string();
         let supervisor = runtime().spawn(async move {
             let workers = match options.num_workers {
@@ -238,12 +243,43 @@ impl ServerSampler {
             ended: false,
             failure: None,
             held: Vec::new(),
+            capacity,
+            budget: budget_left,
         })
     }
 
-    /// Whether a sample is ready to take without waiting.
-    pub(crate) fn has_ready(&self) -> bool {
-        !self.held.is_empty() || !self.rx.is_empty()
+    /// Moves what the workers queued into `held` (samples, up to the queue's capacity, so
+    /// workers still wait for room), noting the end of the stream or its failure.
+    pub(crate) fn fill_held(&mut self) {
+        while self.held.len() < self.capacity && !self.ended && self.failure.is_none() {
+            match self.rx.try_recv() {
+                Ok(Event::Sample(s)) => self.held.push(*s),
+                Ok(Event::Done) | Err(mpsc::error::TryRecvError::Disconnected) => self.ended = true,
+                Ok(Event::Failed(e)) => self.failure = Some(e),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            }
+        }
+    }
+
+    /// Samples held, ready to take (see [`Self::fill_held`]).
+    pub(crate) fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// With nothing held: whether the stream ended, or how it failed.
+    pub(crate) fn outcome(&self) -> Option<std::result::Result<(), &ClientError>> {
+        if !self.held.is_empty() {
+            return None;
+        }
+        match &self.failure {
+            Some(e) => Some(Err(e)),
+            None => self.ended.then_some(Ok(())),
+        }
+    }
+
+    /// Whether every sample of the budget was requested.
+    pub(crate) fn budget_spent(&self) -> bool {
+        self.budget.load(Ordering::SeqCst) <= 0
     }
 
     /// Takes up to `n` samples (see [`Sampler::next`]; with `fill` false, as
@@ -255,7 +291,9 @@ impl ServerSampler {
         fill: bool,
     ) -> Result<Option<Vec<PlannedSample>>> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut out = std::mem::take(&mut self.held);
+        // The oldest `n` held samples (the rest stay held).
+        let rest = self.held.split_off(n.min(self.held.len()));
+        let mut out = std::mem::replace(&mut self.held, rest);
         while out.len() < n {
             if let Some(e) = &self.failure {
                 if out.is_empty() {
@@ -270,6 +308,7 @@ impl ServerSampler {
                 match tokio::time::timeout_at(deadline, self.rx.recv()).await {
                     Ok(e) => e,
                     Err(_) => {
+                        out.append(&mut self.held);
                         self.held = out; // kept for the next call
                         return Ok(None);
                     }

@@ -6,7 +6,6 @@ use crate::sampler::{SamplerOptions, ServerSampler};
 use crate::{runtime, Client, ClientError, PlannedSample, Result};
 use reverb_proto::key_distribution_options::Distribution;
 use reverb_proto::TableInfo;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -142,22 +141,23 @@ enum ShardState {
 
 /// A sampler of several servers: one [`ServerSampler`] per shard (each keeping its samples
 /// requested), and each sample from a shard drawn in proportion to its weight (refreshed
-/// every [`REFRESH_EVERY`]), so samples follow the distribution of one table holding every
-/// shard's items. A drawn shard is waited for, except when its rate limiter blocks sampling
-/// while other shards have samples ready (one writer blocked on that shard's inserts could
+/// every [`REFRESH_EVERY`]; where sampling deletes items, the samples its sampler holds count
+/// as items too), so samples follow the distribution of one table holding every shard's
+/// items. A drawn shard is waited for, except when its rate limiter blocks sampling while
+/// other shards have samples ready (one writer blocked on that shard's inserts could
 /// otherwise wait for this sampler for ever): the draw is then owed to it, and owed draws
 /// are served first once it has samples again. Missing shards are not drawn until they
-/// answer again. With `max_samples` on tables where sampling deletes items, the shards'
-/// samplers share one budget, so no more than that are taken from the servers (the last
-/// samples then come from the shards that still have requested ones, whatever their weight).
+/// answer again. With `max_samples` on tables where sampling deletes items, each shard's
+/// sampler requests at most that many. The stream ends (with a rate-limiter timeout) once
+/// every shard's sampler has ended on it since the last sample.
 pub(crate) struct ShardedSampler {
     table: String,
-    /// Options of each shard's sampler (`max_samples` is the shared budget instead).
+    /// Options of each shard's sampler.
     options: SamplerOptions,
+    /// `max_samples` as asked.
+    max_samples: Option<u64>,
     clients: Vec<Client>,
     samplers: Vec<Option<ServerSampler>>,
-    /// Samples not yet requested from any shard (`max_samples`; i64::MAX without).
-    budget: Arc<AtomicI64>,
     states: Arc<watch::Sender<Vec<ShardState>>>,
     changes: watch::Receiver<Vec<ShardState>>,
     refreshers: Vec<tokio::task::JoinHandle<()>>,
@@ -165,6 +165,10 @@ pub(crate) struct ShardedSampler {
     last_weight: Vec<Option<ShardWeight>>,
     /// Draws owed to each shard (see above).
     owed: Vec<u32>,
+    /// Shards whose sampler ended on the rate-limiter timeout since the last sample.
+    timed_out: Vec<bool>,
+    /// Shards whose sampler requested all of `max_samples` and ended.
+    exhausted: Vec<bool>,
     /// The shard the next sample comes from, once drawn (kept across calls that time out, so
     /// a slow shard is not drawn less often).
     chosen: Option<usize>,
@@ -174,9 +178,6 @@ pub(crate) struct ShardedSampler {
     left: Option<u64>,
     ended: bool,
     failure: Option<ClientError>,
-    /// When a sample last came (or the sampler started): with a rate-limiter timeout, the
-    /// stream ends once no shard sent one for that long.
-    last_sample: Instant,
     /// Since when every shard has been missing.
     all_missing_since: Option<Instant>,
     /// How long every shard may be missing before the sampler fails: as long as a call
@@ -210,9 +211,7 @@ impl ShardedSampler {
         Ok(Self {
             table: table.to_string(),
             left: options.max_samples,
-            budget: Arc::new(AtomicI64::new(
-                options.max_samples.map_or(i64::MAX, |m| m as i64),
-            )),
+            max_samples: options.max_samples,
             options: SamplerOptions {
                 max_samples: None,
                 // (Names one server of this process: each shard finds its own.)
@@ -226,11 +225,12 @@ impl ShardedSampler {
             refreshers,
             last_weight: vec![None; n],
             owed: vec![0; n],
+            timed_out: vec![false; n],
+            exhausted: vec![false; n],
             chosen: None,
             held: Vec::new(),
             ended: false,
             failure: None,
-            last_sample: Instant::now(),
             all_missing_since: None,
             connect_wait: crate::client::connect_wait(),
         })
@@ -269,6 +269,25 @@ impl ShardedSampler {
                 self.ended = true;
                 break;
             }
+            self.samplers
+                .iter_mut()
+                .flatten()
+                .for_each(ServerSampler::fill_held);
+            // Samplers that ended or failed with nothing left, drawn or not.
+            for shard in 0..self.samplers.len() {
+                let outcome = self.samplers[shard].as_ref().and_then(|x| {
+                    x.outcome()
+                        .map(|o| (o.map_err(ClientError::clone), x.budget_spent()))
+                });
+                match outcome {
+                    Some((Ok(()), spent)) => self.sampler_ended(shard, spent),
+                    Some((Err(e), _)) => self.sampler_failed(shard, e),
+                    None => {}
+                }
+            }
+            if self.failure.is_some() {
+                continue;
+            }
             // Once a sample is there, a call that does not fill takes only what is ready.
             let ready_only = !fill && !out.is_empty();
             // Owed draws first, from shards that have samples ready.
@@ -288,6 +307,7 @@ impl ShardedSampler {
                     }
                     Draw::Wait if ready_only => break,
                     Draw::Wait => {
+                        // (The refreshers change the states every REFRESH_EVERY.)
                         let changed = self.changes.changed();
                         match tokio::time::timeout_at(deadline.into(), changed).await {
                             Ok(_) => continue,
@@ -301,6 +321,10 @@ impl ShardedSampler {
             };
             if owed.is_none() {
                 self.chosen = Some(shard);
+                if !self.ready(shard) && self.blocked(shard) && self.others_ready(shard) {
+                    self.owe(shard);
+                    continue;
+                }
             }
             let slice = if ready_only || owed.is_some() {
                 Duration::ZERO
@@ -310,7 +334,7 @@ impl ShardedSampler {
                     .min(PATIENCE)
             };
             let Some(sampler) = self.samplers[shard].as_mut() else {
-                self.chosen = None; // (its sampler ended since it was drawn)
+                self.forget(shard); // (its sampler ended since it was drawn)
                 continue;
             };
             match sampler.take(1, slice, true).await {
@@ -324,92 +348,120 @@ impl ShardedSampler {
                         return Ok(None);
                     }
                 }
-                // Its stream ended: the budget is spent, or its rate limiter blocked for the
-                // rate-limiter timeout (the whole stream ends once no shard sent a sample for
-                // that long; its sampler starts again when it is drawn next).
                 Ok(Some(v)) if v.is_empty() => {
-                    self.samplers[shard] = None;
-                    self.chosen = None;
-                    let spent = self.budget.load(Ordering::SeqCst) <= 0;
-                    let timed_out = self
-                        .options
-                        .rate_limiter_timeout
-                        .is_some_and(|t| self.last_sample.elapsed() >= t);
-                    if (spent || timed_out) && !(0..self.clients.len()).any(|s| self.ready(s)) {
-                        self.ended = true;
-                    }
+                    let spent = self.samplers[shard]
+                        .as_ref()
+                        .is_some_and(ServerSampler::budget_spent);
+                    self.sampler_ended(shard, spent);
                 }
                 Ok(Some(mut v)) => {
                     let mut sample = v.pop().expect("one sample");
                     self.globalize(&mut sample, shard);
                     out.push(sample);
-                    self.last_sample = Instant::now();
+                    self.timed_out.iter_mut().for_each(|t| *t = false);
                     match owed {
                         Some(s) => self.owed[s] -= 1,
-                        None => self.chosen = None,
+                        None => self.forget(shard),
                     }
                     self.left = self.left.map(|l| l - 1);
                 }
-                Err(e) if is_lost_shard(&e) => {
-                    self.samplers[shard] = None;
-                    self.chosen = None;
-                    self.owed[shard] = 0;
-                    self.states
-                        .send_modify(|s| s[shard] = ShardState::Missing(e));
-                }
-                Err(e) => self.failure = Some(e),
+                Err(e) => self.sampler_failed(shard, e),
             }
         }
         Ok(Some(out))
     }
 
-    /// Whether shard `s`'s sampler has a sample ready.
+    /// Shard `shard`'s sampler ended: it requested all of `max_samples` (`spent`), or its
+    /// rate limiter blocked for the rate-limiter timeout (its sampler starts again at the
+    /// next draw; the whole stream ends once every shard's did since the last sample).
+    fn sampler_ended(&mut self, shard: usize, spent: bool) {
+        self.samplers[shard] = None;
+        self.owed[shard] = 0;
+        self.forget(shard);
+        if spent {
+            self.exhausted[shard] = true;
+        } else {
+            self.timed_out[shard] = true;
+        }
+    }
+
+    /// Shard `shard`'s sampler failed: a lost server is missing until it answers again;
+    /// another error fails the whole sampler (as it fails a sampler of one server).
+    fn sampler_failed(&mut self, shard: usize, e: ClientError) {
+        if !is_lost_shard(&e) {
+            self.failure = Some(e);
+            return;
+        }
+        self.samplers[shard] = None;
+        self.owed[shard] = 0;
+        self.forget(shard);
+        self.states
+            .send_modify(|s| s[shard] = ShardState::Missing(e));
+    }
+
+    /// Forgets the pending draw if it was of `shard`.
+    fn forget(&mut self, shard: usize) {
+        if self.chosen == Some(shard) {
+            self.chosen = None;
+        }
+    }
+
+    /// Owes `shard` its pending draw (see [`ShardedSampler`]).
+    fn owe(&mut self, shard: usize) {
+        self.forget(shard);
+        self.owed[shard] = (self.owed[shard] + 1).min(MAX_OWED);
+    }
+
+    /// Whether shard `s`'s sampler holds a sample.
     fn ready(&self, s: usize) -> bool {
-        self.samplers[s]
-            .as_ref()
-            .is_some_and(ServerSampler::has_ready)
+        self.samplers[s].as_ref().is_some_and(|x| x.held() > 0)
+    }
+
+    /// Whether another shard than `shard` holds a sample.
+    fn others_ready(&self, shard: usize) -> bool {
+        (0..self.clients.len()).any(|s| s != shard && self.ready(s))
+    }
+
+    /// Whether `shard`'s rate limiter blocks sampling, as last heard.
+    fn blocked(&self, shard: usize) -> bool {
+        matches!(self.changes.borrow()[shard], ShardState::Known(Some(w)) if w.sampling_blocked)
     }
 
     /// The drawn shard `shard` had no sample within [`PATIENCE`]: stop waiting for it if it
     /// went missing or emptied, or (owing it the draw) if its rate limiter blocks sampling
     /// while other shards have samples ready.
     fn reconsider(&mut self, shard: usize) {
-        let others_ready = (0..self.clients.len()).any(|s| s != shard && self.ready(s));
-        match self.changes.borrow()[shard] {
-            ShardState::Missing(_) => self.chosen = None,
-            ShardState::Known(Some(w)) if w.size == 0 => self.chosen = None,
-            ShardState::Known(Some(w)) if w.sampling_blocked && others_ready => {
-                self.chosen = None;
-                self.owed[shard] = (self.owed[shard] + 1).min(MAX_OWED);
+        let state = self.changes.borrow()[shard].clone();
+        match state {
+            ShardState::Missing(_) => self.forget(shard),
+            ShardState::Known(Some(w)) if w.size == 0 && !self.ready(shard) => self.forget(shard),
+            ShardState::Known(Some(w)) if w.sampling_blocked && self.others_ready(shard) => {
+                self.owe(shard)
             }
             _ => {}
         }
     }
 
-    /// Starts the sampler of every shard that has the table and has none (while the budget
-    /// lasts). A shard's sampler is stopped only by its own stream's failure.
+    /// Starts the sampler of every shard that has the table and has none (unless it
+    /// requested all of `max_samples` already). A shard's sampler is stopped only by its
+    /// own stream's end or failure.
     fn start_samplers(&mut self, states: &[ShardState]) -> Result<()> {
-        if self.budget.load(Ordering::SeqCst) <= 0 {
-            return Ok(());
-        }
         for (shard, state) in states.iter().enumerate() {
             let ShardState::Known(Some(weight)) = state else {
                 continue;
             };
-            if self.samplers[shard].is_none() {
-                // Only where sampling deletes items does the shared budget bound what each
-                // shard's sampler requests: elsewhere samples requested but never taken cost
+            if self.samplers[shard].is_none() && !self.exhausted[shard] {
+                // Only where sampling deletes items does `max_samples` bound what a shard's
+                // sampler requests: elsewhere samples requested but never taken cost
                 // nothing, and an unbounded prefetch keeps the draw's proportions to the end.
-                let budget = if weight.sampling_deletes {
-                    self.budget.clone()
-                } else {
-                    Arc::new(AtomicI64::new(i64::MAX))
-                };
-                self.samplers[shard] = Some(ServerSampler::with_budget(
+                let max_samples = self.max_samples.filter(|_| weight.sampling_deletes);
+                self.samplers[shard] = Some(ServerSampler::new(
                     self.clients[shard].clone(),
                     &self.table,
-                    self.options.clone(),
-                    budget,
+                    SamplerOptions {
+                        max_samples,
+                        ..self.options.clone()
+                    },
                 )?);
             }
         }
@@ -436,11 +488,24 @@ impl ShardedSampler {
             .iter()
             .enumerate()
             .map(|(i, s)| match s {
-                // (A shard without a sampler now has its budget spent.)
-                ShardState::Known(w) if self.samplers[i].is_some() => *w,
+                ShardState::Known(Some(w)) if self.samplers[i].is_some() => {
+                    Some(self.with_held(i, *w))
+                }
                 _ => None,
             })
             .collect();
+        let with_table: Vec<usize> = (0..states.len())
+            .filter(|&i| matches!(states[i], ShardState::Known(Some(_))))
+            .collect();
+        // Every shard's sampler ended on the rate-limiter timeout (or requested all of
+        // `max_samples`) since the last sample, and none has anything left: the stream ends.
+        let done = |i: &usize| self.timed_out[*i] || self.exhausted[*i];
+        if !with_table.is_empty()
+            && with_table.iter().all(done)
+            && !(0..self.clients.len()).any(|s| self.ready(s))
+        {
+            return Draw::End;
+        }
         let draw = draw_weights(&weights);
         let total: f64 = draw.iter().sum();
         if total > 0.0 {
@@ -454,66 +519,70 @@ impl ShardedSampler {
             }
             return Draw::Shard(draw.iter().rposition(|&w| w > 0.0).expect("total > 0"));
         }
-        if self.budget.load(Ordering::SeqCst) <= 0 {
-            // Every sample of the budget was requested: those still queued are taken as
-            // owed draws; then the stream ends.
-            return match (0..self.clients.len()).find(|&s| self.samplers[s].is_some()) {
-                Some(s) => Draw::Shard(s),
-                None => Draw::End,
-            };
+        // Nothing to draw by weight, but samples held (e.g. of a shard that went missing
+        // since): they go first.
+        if let Some(s) = (0..self.clients.len()).find(|&s| self.ready(s)) {
+            return Draw::Shard(s);
+        }
+        if !with_table.is_empty() {
+            // Every table is empty (or its samplers wait for their servers' rate limiters).
+            self.all_missing_since = None;
+            return Draw::Wait;
         }
         // Every shard that answered lacks the table: one that answered reports the server's
         // error through a sampler of its own.
-        if states
+        if let Some(i) = states
             .iter()
-            .all(|s| matches!(s, ShardState::Known(None) | ShardState::Missing(_)))
+            .position(|s| matches!(s, ShardState::Known(None)))
         {
-            if let Some(i) = states
-                .iter()
-                .position(|s| matches!(s, ShardState::Known(None)))
-            {
-                if self.samplers[i].is_none() {
-                    match ServerSampler::with_budget(
-                        self.clients[i].clone(),
-                        &self.table,
-                        self.options.clone(),
-                        self.budget.clone(),
-                    ) {
-                        Ok(sampler) => self.samplers[i] = Some(sampler),
-                        Err(e) => return Draw::Fail(e),
-                    }
+            if self.samplers[i].is_none() {
+                match ServerSampler::new(self.clients[i].clone(), &self.table, self.options.clone())
+                {
+                    Ok(sampler) => self.samplers[i] = Some(sampler),
+                    Err(e) => return Draw::Fail(e),
                 }
-                return Draw::Shard(i);
             }
+            return Draw::Shard(i);
         }
-        let missing: Vec<&ClientError> = states
-            .iter()
-            .filter_map(|s| match s {
-                ShardState::Missing(e) => Some(e),
-                _ => None,
-            })
-            .collect();
-        if missing.len() == states.len() {
-            // As a call to one server that cannot be reached: wait for one, then fail.
-            let since = *self.all_missing_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= self.connect_wait {
-                return Draw::Fail(ClientError::new(
-                    Code::Unavailable,
-                    format!(
-                        "None of the {} servers of table '{}' can be reached ({})",
-                        states.len(),
-                        self.table,
-                        missing[0].message
-                    ),
-                ));
-            }
-            return Draw::Wait;
+        // Every shard is missing: as a call to one server that cannot be reached, wait for
+        // one, then fail.
+        let since = *self.all_missing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= self.connect_wait {
+            let why = states
+                .iter()
+                .find_map(|s| match s {
+                    ShardState::Missing(e) => Some(e.message.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            return Draw::Fail(ClientError::new(
+                Code::Unavailable,
+                format!(
+                    "None of the {} servers of table '{}' can be reached ({why})",
+                    states.len(),
+                    self.table,
+                ),
+            ));
         }
-        self.all_missing_since = None;
-        // Every table is empty: as one server's rate limiter, wait (at most its timeout).
-        match self.options.rate_limiter_timeout {
-            Some(t) if self.last_sample.elapsed() >= t => Draw::End,
-            _ => Draw::Wait,
+        Draw::Wait
+    }
+
+    /// Shard `i`'s weight counting, where sampling deletes items, the samples its sampler
+    /// holds as items still in its table (the server no longer counts them).
+    fn with_held(&self, i: usize, w: ShardWeight) -> ShardWeight {
+        let held = self.samplers[i].as_ref().map_or(0, ServerSampler::held) as i64;
+        if !w.sampling_deletes || held == 0 {
+            return w;
+        }
+        let mean = if w.size > 0 {
+            w.total_weight / w.size as f64
+        } else {
+            1.0
+        };
+        ShardWeight {
+            size: w.size + held,
+            total_weight: w.total_weight + mean * held as f64,
+            ..w
         }
     }
 
