@@ -292,14 +292,13 @@ class ShardedClient:
                 order = collections.deque(s for s in order if s != shard)
                 del streams[shard]
                 redrawn = _draw(weights, pending)
-                for other in set(redrawn):
+                for other, extra in collections.Counter(redrawn).items():
                     if other in streams:
                         # (Its stream was opened for its first count: add another for the rest.)
-                        extra = collections.Counter(redrawn)[other]
                         counts[other] = extra
                         streams[other] = itertools.chain(streams[other], stream(other))
                     else:
-                        counts[other] += collections.Counter(redrawn)[other]
+                        counts[other] += extra
                 order.extend(redrawn)
                 random.shuffle(order)
                 continue
