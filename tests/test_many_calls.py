@@ -5,8 +5,12 @@ ENHANCE_YOUR_CALM)."""
 from __future__ import annotations
 
 import pathlib
+import threading
+import time
+import urllib.request
 
 import numpy as np
+import pytest
 from _standalone import start, stop
 
 import reverb
@@ -33,3 +37,62 @@ def test_thousands_of_samples_and_priority_updates_on_one_connection(
         assert client.server_info(timeout=10)["t"].current_size == 1
     finally:
         stop(proc, lines)
+
+
+def _open_sample_streams(metrics_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('reverb_streams{kind="sample"}'):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no sample stream gauge")
+
+
+def test_sample_calls_reuse_open_streams_and_drop_timed_out_ones(monkeypatch) -> None:
+    """One-shot `Client.sample` calls over gRPC keep their stream open for the next call (one
+    round trip each); a call that timed out with its request still waiting on the server
+    drops its stream, so that request can never take an item meant for a later call."""
+    monkeypatch.setenv("REVERB_NO_INPROC", "1")
+    server = reverb.Server(
+        [
+            reverb.Table(
+                "u",
+                sampler=reverb.selectors.Uniform(),
+                remover=reverb.selectors.Fifo(),
+                max_size=10,
+                rate_limiter=reverb.rate_limiters.MinSize(1),
+            ),
+            reverb.Table.queue("q", 10),
+        ],
+        metrics_port=0,
+    )
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        client.insert(np.float32(1.5), {"u": 1.0}, timeout=10)
+        for _ in range(200):
+            assert next(client.sample("u", 1, emit_timesteps=False, timeout=10)).data[0] == 1.5
+        assert _open_sample_streams(server.metrics_port) == 1
+
+        # Concurrent calls each take a stream of their own; at most a few stay open.
+        def sample_many() -> None:
+            for _ in range(100):
+                next(client.sample("u", 1, emit_timesteps=False, timeout=10))
+
+        threads = [threading.Thread(target=sample_many) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert 1 <= _open_sample_streams(server.metrics_port) <= 4
+
+        with pytest.raises(reverb.errors.DeadlineExceededError):
+            next(client.sample("q", 1, timeout=0.3))
+        for value in (7, 8):
+            client.insert(np.int32(value), {"q": 1.0}, timeout=10)
+            got = next(client.sample("q", 1, emit_timesteps=False, timeout=10)).data[0]
+            assert got == value
+        # No request of the timed-out call is left waiting to take the next item.
+        client.insert(np.int32(9), {"q": 1.0}, timeout=10)
+        time.sleep(0.3)
+        assert client.server_info(timeout=10)["q"].current_size == 1
+    finally:
+        server.stop()

@@ -7,7 +7,7 @@ use crate::shards;
 use crate::tensor::{encode_chunk, Tensor};
 use crate::transport::channel::AuthChannel;
 use crate::transport::connect::{is_silent, Connector};
-use crate::transport::grpc::{self, SampleResponses};
+use crate::transport::grpc::{self, KeptStream, KeptStreams, SampleResponses};
 use crate::transport::inproc;
 use crate::transport::tls::Tls;
 use crate::{runtime, ClientError, Result};
@@ -47,6 +47,9 @@ pub struct Client {
     /// The shard index item keys written through this client carry (a client of a
     /// `ShardedClient`; see [`crate::shards`]).
     key_shard: Option<u8>,
+    /// `SampleStream` calls of this connection kept open between [`Client::sample`] calls
+    /// (shared by clones).
+    kept_streams: Arc<KeptStreams>,
 }
 
 /// How long calls without a timeout wait, in all, for a server that cannot be reached
@@ -192,6 +195,7 @@ impl Client {
             reach: Arc::default(),
             max_message_size,
             key_shard: None,
+            kept_streams: Arc::default(),
         })
     }
 
@@ -230,6 +234,7 @@ impl Client {
         self.tls = tls.map(Arc::new);
         self.stub = stub(&self.channel, self.max_message_size);
         self.reach = Arc::default();
+        self.kept_streams = Arc::default();
         Ok(self)
     }
 
@@ -240,6 +245,7 @@ impl Client {
             .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
         self.auth_token = token.map(str::to_string);
         self.stub = stub(&self.channel, self.max_message_size);
+        self.kept_streams = Arc::default();
         Ok(self)
     }
 
@@ -342,6 +348,7 @@ impl Client {
     pub fn with_max_message_size(mut self, bytes: usize) -> Self {
         self.max_message_size = bytes;
         self.stub = stub(&self.channel, bytes);
+        self.kept_streams = Arc::default();
         self
     }
 
@@ -743,25 +750,40 @@ impl Client {
         let deadline = timeout.map(|t| Instant::now() + t);
         let request = sample_request(table, num_samples, rate_limiter_timeout);
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
-        // Opening the stream waits for the server and is retried as unary calls are (an
-        // attempt that never reached the server sampled nothing). Once the stream is open, a
-        // failure ends the call.
-        let mut responses = self
-            .with_deadline("SampleStream", timeout, || {
-                let request = request.clone();
-                async move {
-                    // The one request, then the end of the request stream (half-close): the
-                    // server ends the stream right after the last sample, so the call needs
-                    // no further round trip to end it (and never resets it).
-                    let (tx, rx) = mpsc::channel(1);
-                    tx.send(request).await.expect("room for one request");
-                    drop(tx);
-                    self.sample_stream(rx, MetadataMap::new())
-                        .await
-                        .map_err(|s| self.status(s))
-                }
-            })
-            .await?;
+        // A call kept open by an earlier sample call serves this one when there is one: one
+        // round trip, no call to open. It was checked to be alive before the request went.
+        let kept = match self.kept_streams.take() {
+            Some(kept) => match kept.requests.try_send(request.clone()) {
+                Ok(()) => Some(kept),
+                Err(_) => None,
+            },
+            None => None,
+        };
+        let mut stream = match kept {
+            Some(kept) => kept,
+            // Opening the stream waits for the server and is retried as unary calls are (an
+            // attempt that never reached the server sampled nothing). Once the stream is
+            // open, a failure ends the call.
+            None => {
+                self.with_deadline("SampleStream", timeout, || {
+                    let request = request.clone();
+                    async move {
+                        let (requests, rx) = mpsc::channel(1);
+                        requests.send(request).await.expect("room for one request");
+                        let responses = self
+                            .sample_stream(rx, MetadataMap::new())
+                            .await
+                            .map_err(|s| self.status(s))?;
+                        Ok(KeptStream {
+                            requests,
+                            responses,
+                        })
+                    }
+                })
+                .await?
+            }
+        };
+        let responses = &mut stream.responses;
         let mut samples = Vec::with_capacity(num_samples);
         let mut partial = PartialSample::default();
         let mut failure = None;
@@ -796,13 +818,10 @@ impl Client {
                 }
             }
         }
-        if failure.is_none() {
-            // Let the server end the stream (it does once the request is served, the client
-            // having half-closed): a stream the client drops open is reset, and a server
-            // seeing many resets of streams it had no time to accept (a busy server) closes
-            // the whole connection as an attack ("rapid reset").
-            let end = async { while let Ok(Some(_)) = responses.message().await {} };
-            let _ = tokio::time::timeout(Duration::from_secs(1), end).await;
+        // A call served in full is kept for the next one; one that failed part-way (or
+        // timed out with a request still being served) is dropped, which resets it.
+        if failure.is_none() && !partial.started() {
+            self.kept_streams.give_back(stream);
         }
         // Every sample that decodes is returned (they left the table), with the first error.
         let mut decoded = Vec::with_capacity(samples.len());

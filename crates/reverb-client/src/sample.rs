@@ -43,6 +43,11 @@ impl PartialSample {
             None
         })
     }
+
+    /// Whether a sample was begun and not completed.
+    pub(crate) fn started(&self) -> bool {
+        self.0.is_some()
+    }
 }
 
 /// A sample whose columns are checked and sized but still compressed in their chunks:

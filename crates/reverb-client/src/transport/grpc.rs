@@ -387,3 +387,74 @@ mod tests {
         }
     }
 }
+
+/// Most open `SampleStream` calls one connection keeps between [`KeptStreams`] uses.
+const MAX_KEPT: usize = 4;
+
+/// A `SampleStream` call left open between one-shot sample calls: its request side (still
+/// open) and its responses.
+pub(crate) struct KeptStream {
+    pub(crate) requests: tokio::sync::mpsc::Sender<SampleStreamRequest>,
+    pub(crate) responses: SampleResponses,
+}
+
+impl KeptStream {
+    /// Whether the call can serve another request: its request side is open and nothing
+    /// arrived since its last request was served (a response, the end, or an error, e.g.
+    /// the connection closing, all make it unusable).
+    fn usable(&mut self) -> bool {
+        use futures::FutureExt;
+        !self.requests.is_closed() && self.responses.message().now_or_never().is_none()
+    }
+
+    /// Half-closes the call and lets the server end it: a call dropped open is reset, and
+    /// a server seeing many resets closes the connection ("rapid reset").
+    fn close(self) {
+        let KeptStream {
+            requests,
+            mut responses,
+        } = self;
+        drop(requests);
+        crate::runtime().spawn(async move {
+            let end = async { while let Ok(Some(_)) = responses.message().await {} };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), end).await;
+        });
+    }
+}
+
+/// Open `SampleStream` calls of one connection, shared by a client's clones: a one-shot
+/// sample call takes one, sends its request and gives it back once served, so it costs one
+/// round trip instead of opening a call.
+#[derive(Default)]
+pub(crate) struct KeptStreams(parking_lot::Mutex<Vec<KeptStream>>);
+
+impl KeptStreams {
+    /// A kept call that can serve another request, if there is one.
+    pub(crate) fn take(&self) -> Option<KeptStream> {
+        loop {
+            let mut stream = self.0.lock().pop()?;
+            if stream.usable() {
+                return Some(stream);
+            }
+        }
+    }
+
+    /// Keeps `stream` (served in full) for the next call, or closes it when enough are kept.
+    pub(crate) fn give_back(&self, stream: KeptStream) {
+        let mut kept = self.0.lock();
+        if kept.len() < MAX_KEPT {
+            kept.push(stream);
+        } else {
+            drop(kept);
+            stream.close();
+        }
+    }
+}
+
+impl Drop for KeptStreams {
+    fn drop(&mut self) {
+        for stream in self.0.get_mut().drain(..) {
+            stream.close();
+        }
+    }
+}
