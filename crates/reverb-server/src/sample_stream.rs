@@ -40,11 +40,8 @@ pub(crate) async fn run(
     tx: Tx,
     mut ring: Option<RingWriter>,
 ) {
-    // Requests are read while samples are served: ring releases must arrive meanwhile.
-    let (requests_tx, mut requests) = mpsc::channel(16);
-    let released = ring.as_ref().map(RingWriter::releases);
-    let _reader = AbortOnDrop(tokio::spawn(read_requests(inbound, released, requests_tx)));
-    while let Some(next) = requests.recv().await {
+    let mut requests = Requests::new(inbound, ring.as_ref());
+    while let Some(next) = requests.next().await {
         let request = match next {
             Ok(r) => r,
             // A malformed message (or a broken connection): say so, then stop reading.
@@ -62,6 +59,50 @@ pub(crate) async fn run(
     }
 }
 
+/// A stream's sample requests (release-only requests taken out).
+enum Requests {
+    /// Read when the last request was served: one task less per round trip.
+    Direct(Box<Streaming<SampleStreamRequest>>),
+    /// Read by a task of their own while samples are served, which records ring releases
+    /// as they come (a stream with a ring).
+    Forwarded {
+        requests: mpsc::Receiver<Result<SampleStreamRequest, Status>>,
+        _reader: AbortOnDrop,
+    },
+}
+
+impl Requests {
+    fn new(inbound: Streaming<SampleStreamRequest>, ring: Option<&RingWriter>) -> Self {
+        match ring {
+            None => Requests::Direct(Box::new(inbound)),
+            Some(ring) => {
+                let (requests_tx, requests) = mpsc::channel(16);
+                let reader = tokio::spawn(read_requests(inbound, ring.releases(), requests_tx));
+                Requests::Forwarded {
+                    requests,
+                    _reader: AbortOnDrop(reader),
+                }
+            }
+        }
+    }
+
+    /// The next request; `None` once the client closed its side.
+    async fn next(&mut self) -> Option<Result<SampleStreamRequest, Status>> {
+        match self {
+            Requests::Forwarded { requests, .. } => requests.recv().await,
+            Requests::Direct(inbound) => loop {
+                match inbound.message().await {
+                    // Without a ring there is nothing to release.
+                    Ok(Some(r)) if r.num_samples == 0 && r.shm_released > 0 => {}
+                    Ok(Some(r)) => return Some(Ok(r)),
+                    Ok(None) => return None,
+                    Err(status) => return Some(Err(status)),
+                }
+            },
+        }
+    }
+}
+
 /// Stops a task when dropped (however the owner ends).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -74,7 +115,7 @@ impl Drop for AbortOnDrop {
 /// Forwards sample requests to `out` and records ring releases as they come.
 async fn read_requests(
     mut inbound: Streaming<SampleStreamRequest>,
-    released: Option<Arc<AtomicU64>>,
+    released: Arc<AtomicU64>,
     out: mpsc::Sender<Result<SampleStreamRequest, Status>>,
 ) {
     loop {
@@ -87,9 +128,7 @@ async fn read_requests(
             }
         };
         if request.shm_released > 0 {
-            if let Some(released) = &released {
-                released.fetch_max(request.shm_released, Ordering::AcqRel);
-            }
+            released.fetch_max(request.shm_released, Ordering::AcqRel);
             if request.num_samples == 0 {
                 continue; // only a release
             }

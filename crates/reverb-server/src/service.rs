@@ -11,13 +11,65 @@ use futures::Stream;
 use reverb_core::Table;
 use reverb_proto::reverb_service_server::ReverbService;
 use reverb_proto::*;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The responses of a streaming call whose handler (`task`) sends them into a channel: the
+/// stream drives the handler itself whenever it is polled for the next response, rather than
+/// the handler running as a task of its own. A response then leaves in the poll that made it:
+/// one task wake-up less per round trip. Dropping the stream (the client went away) drops
+/// the handler.
+struct Driven<T> {
+    responses: mpsc::Receiver<Result<T, Status>>,
+    task: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl<T: Send + 'static> Driven<T> {
+    /// Responses of the handler `start` makes from the channel's sending side.
+    fn start<F>(
+        capacity: usize,
+        start: impl FnOnce(mpsc::Sender<Result<T, Status>>) -> F,
+    ) -> BoxStream<T>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, responses) = mpsc::channel(capacity);
+        Box::pin(Driven {
+            responses,
+            task: Some(Box::pin(start(tx))),
+        })
+    }
+}
+
+impl<T> Stream for Driven<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let me = &mut *self;
+        loop {
+            if let Poll::Ready(response) = me.responses.poll_recv(cx) {
+                return Poll::Ready(response);
+            }
+            let Some(task) = me.task.as_mut() else {
+                // The handler ended and every response was taken (its sender is gone).
+                return Poll::Ready(None);
+            };
+            if task.as_mut().poll(cx).is_ready() {
+                me.task = None;
+                continue;
+            }
+            // The handler waits; what it sent before waiting goes out now.
+            return me.responses.poll_recv(cx);
+        }
+    }
+}
 
 /// The service: a fixed set of tables, shared with whoever else holds them.
 #[derive(Clone)]
@@ -116,14 +168,12 @@ impl ReverbService for ReverbServiceImpl {
         &self,
         request: Request<Streaming<InsertStreamRequest>>,
     ) -> Result<Response<Self::InsertStreamStream>, Status> {
-        let (tx, rx) = mpsc::channel(8);
         let open = self.streams.open(StreamKind::Insert);
-        let run = insert_stream::run(self.tables.clone(), request.into_inner(), tx);
-        tokio::spawn(async move {
-            run.await;
+        let (tables, inbound) = (self.tables.clone(), request.into_inner());
+        Ok(Response::new(Driven::start(8, |tx| async move {
+            insert_stream::run(tables, inbound, tx).await;
             drop(open);
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        })))
     }
 
     async fn mutate_priorities(
@@ -156,14 +206,12 @@ impl ReverbService for ReverbServiceImpl {
             .get(reverb_proto::shm::METADATA_KEY)
             .and_then(|offer| offer.to_str().ok())
             .and_then(RingWriter::open);
-        let (tx, rx) = mpsc::channel(3);
         let open = self.streams.open(StreamKind::Sample);
-        let run = sample_stream::run(self.tables.clone(), request.into_inner(), tx, ring);
-        tokio::spawn(async move {
-            run.await;
+        let (tables, inbound) = (self.tables.clone(), request.into_inner());
+        Ok(Response::new(Driven::start(3, |tx| async move {
+            sample_stream::run(tables, inbound, tx, ring).await;
             drop(open);
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        })))
     }
 
     async fn server_info(
