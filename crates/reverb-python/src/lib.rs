@@ -20,6 +20,11 @@ mod writer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+/// Servers of this process keep their tables' big indexes on huge pages where the kernel
+/// allows it (see `reverb_server::alloc`).
+#[global_allocator]
+static ALLOCATOR: reverb_server::HugePageAlloc = reverb_server::HugePageAlloc;
+
 /// Serialized `FileDescriptorSet` of the wire protocol (for Python message classes).
 #[pyfunction]
 fn descriptor_set<'py>(py: Python<'py>) -> Bound<'py, PyBytes> {

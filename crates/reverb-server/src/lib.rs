@@ -8,6 +8,7 @@
 //! tables: a shared-memory ring for sampled chunk bytes (`shm`), and direct calls from a client
 //! of the same process (`inproc`).
 
+pub mod alloc;
 mod auth;
 mod budget;
 pub mod checkpointer;
@@ -21,6 +22,7 @@ mod tables;
 mod tls;
 mod transport;
 
+pub use alloc::HugePageAlloc;
 pub use auth::AUTHORIZATION;
 pub use checkpointer::Checkpointer;
 pub use server::{Server, ServerOptions, StartError};
