@@ -9,6 +9,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 
 /// A huge page (x86-64 and aarch64 with 4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
+/// A base page.
+const PAGE: usize = 4096;
 /// Allocations at least this big are advised (smaller ones gain little, and a huge page
 /// could hold memory a small one never touches).
 const ADVISED: usize = 4 * HUGE_PAGE;
@@ -41,21 +43,22 @@ unsafe impl GlobalAlloc for HugePageAlloc {
     }
 }
 
-/// Advises the whole huge pages inside `[ptr, ptr + len)` when `len` is big enough; returns
-/// `ptr`.
+/// Advises the pages of `[ptr, ptr + len)` (rounded outwards to whole pages) when `len` is
+/// big enough; returns `ptr`. The kernel backs the aligned 2 MiB stretches inside with huge
+/// pages. Rounding outwards, not inwards to huge-page boundaries, keeps a block the system
+/// allocator mapped on its own one mapping, so that it can still grow it in place (`mremap`
+/// refuses a range split into several mappings).
 fn advise(ptr: *mut u8, len: usize) -> *mut u8 {
     if ptr.is_null() || len < ADVISED {
         return ptr;
     }
-    let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
-    let end = (ptr as usize + len) & !(HUGE_PAGE - 1);
-    if end > start {
-        // SAFETY: the range lies inside the allocation just made (rounded inwards to huge
-        // page boundaries), so the advice concerns only this allocation's memory; MADV_HUGEPAGE
-        // changes no contents and its failure (e.g. THP not built in) is harmless.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
+    let start = ptr as usize & !(PAGE - 1);
+    let end = (ptr as usize + len).next_multiple_of(PAGE);
+    // SAFETY: the range covers the allocation just made and at most the rest of its first
+    // and last pages; MADV_HUGEPAGE only advises, changing no contents of this or any
+    // neighbouring allocation, and its failure (e.g. THP not built in) is harmless.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
     }
     ptr
 }
