@@ -96,3 +96,44 @@ def test_sample_calls_reuse_open_streams_and_drop_timed_out_ones(monkeypatch) ->
         assert client.server_info(timeout=10)["q"].current_size == 1
     finally:
         server.stop()
+
+
+def test_sample_after_the_server_restarted_on_its_port(monkeypatch) -> None:
+    """A kept sample stream whose server stopped is not used again: the next call waits for
+    the server that took its place."""
+    monkeypatch.setenv("REVERB_NO_INPROC", "1")
+
+    def table() -> reverb.Table:
+        return reverb.Table(
+            "u",
+            sampler=reverb.selectors.Uniform(),
+            remover=reverb.selectors.Fifo(),
+            max_size=10,
+            rate_limiter=reverb.rate_limiters.MinSize(1),
+        )
+
+    server = reverb.Server([table()])
+    port = server.port
+    client = reverb.Client(f"localhost:{port}")
+    try:
+        client.insert(np.float32(1.0), {"u": 1.0}, timeout=10)
+        for _ in range(3):
+            assert next(client.sample("u", 1, emit_timesteps=False, timeout=10)).data[0] == 1.0
+    finally:
+        server.stop()
+    restarted = {}
+
+    def restart() -> None:
+        time.sleep(0.5)
+        restarted["server"] = reverb.Server([table()], port=port)
+        reverb.Client(f"localhost:{port}").insert(np.float32(2.0), {"u": 1.0}, timeout=10)
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        got = next(client.sample("u", 1, emit_timesteps=False, timeout=20)).data[0]
+        assert got == 2.0
+    finally:
+        thread.join(timeout=30)
+        if "server" in restarted:
+            restarted["server"].stop()

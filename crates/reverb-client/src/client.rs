@@ -752,77 +752,93 @@ impl Client {
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
         // A call kept open by an earlier sample call serves this one when there is one: one
         // round trip, no call to open. It was checked to be alive before the request went.
-        let kept = match self.kept_streams.take() {
-            Some(kept) => match kept.requests.try_send(request.clone()) {
-                Ok(()) => Some(kept),
-                Err(_) => None,
-            },
-            None => None,
-        };
-        let mut stream = match kept {
-            Some(kept) => kept,
-            // Opening the stream waits for the server and is retried as unary calls are (an
-            // attempt that never reached the server sampled nothing). Once the stream is
-            // open, a failure ends the call.
-            None => {
-                self.with_deadline("SampleStream", timeout, || {
-                    let request = request.clone();
-                    async move {
-                        let (requests, rx) = mpsc::channel(1);
-                        requests.send(request).await.expect("room for one request");
-                        let responses = self
-                            .sample_stream(rx, MetadataMap::new())
-                            .await
-                            .map_err(|s| self.status(s))?;
-                        Ok(KeptStream {
-                            requests,
-                            responses,
-                        })
-                    }
-                })
-                .await?
-            }
-        };
-        let responses = &mut stream.responses;
-        let mut samples = Vec::with_capacity(num_samples);
-        let mut partial = PartialSample::default();
-        let mut failure = None;
-        while samples.len() < num_samples {
-            let next = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, responses.message()).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        failure = Some(expired());
+        let mut reuse = true;
+        let (samples, failure) = loop {
+            let kept = match reuse.then(|| self.kept_streams.take()).flatten() {
+                Some(kept) if kept.requests.try_send(request.clone()).is_ok() => Some(kept),
+                _ => None,
+            };
+            let reused = kept.is_some();
+            let mut stream = match kept {
+                Some(kept) => kept,
+                // Opening the stream waits for the server and is retried as unary calls are
+                // (an attempt that never reached the server sampled nothing). Once the
+                // stream is open, a failure ends the call.
+                None => {
+                    self.with_deadline("SampleStream", timeout, || {
+                        let request = request.clone();
+                        async move {
+                            let (requests, rx) = mpsc::channel(1);
+                            requests.send(request).await.expect("room for one request");
+                            let responses = self
+                                .sample_stream(rx, MetadataMap::new())
+                                .await
+                                .map_err(|s| self.status(s))?;
+                            Ok(KeptStream {
+                                requests,
+                                responses,
+                            })
+                        }
+                    })
+                    .await?
+                }
+            };
+            let responses = &mut stream.responses;
+            let mut samples = Vec::with_capacity(num_samples);
+            let mut partial = PartialSample::default();
+            let mut failure = None;
+            let (mut answered, mut cut_off) = (false, false);
+            while samples.len() < num_samples {
+                let next = match deadline {
+                    Some(d) => match tokio::time::timeout_at(d, responses.message()).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            failure = Some(expired());
+                            break;
+                        }
+                    },
+                    None => responses.message().await,
+                };
+                let response = match next {
+                    Ok(Some(r)) => r,
+                    Ok(None) => {
+                        cut_off = true;
+                        failure = Some(ClientError::new(
+                            Code::Internal,
+                            format!("Server at {} ended the sample stream early", self.address),
+                        ));
                         break;
                     }
-                },
-                None => responses.message().await,
-            };
-            let response = match next {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    failure = Some(ClientError::new(
-                        Code::Internal,
-                        format!("Server at {} ended the sample stream early", self.address),
-                    ));
-                    break;
-                }
-                Err(status) => {
-                    failure = Some(self.status(status));
-                    break;
-                }
-            };
-            for entry in response.entries {
-                if let Some(sample) = partial.add(entry)? {
-                    samples.push(sample);
+                    Err(status) => {
+                        cut_off = matches!(
+                            status.code(),
+                            Code::Unavailable | Code::Cancelled | Code::Unknown
+                        );
+                        failure = Some(self.status(status));
+                        break;
+                    }
+                };
+                answered = true;
+                for entry in response.entries {
+                    if let Some(sample) = partial.add(entry)? {
+                        samples.push(sample);
+                    }
                 }
             }
-        }
-        // A call served in full is kept for the next one; one that failed part-way (or
-        // timed out with a request still being served) is dropped, which resets it.
-        if failure.is_none() && !partial.started() {
-            self.kept_streams.give_back(stream);
-        }
+            // A kept call whose connection ended before it answered (the server stopping or
+            // restarting meanwhile) served none of this request: open a fresh call, which
+            // waits for the server as a first call does.
+            if reused && cut_off && !answered {
+                reuse = false;
+                continue;
+            }
+            // A call served in full is kept for the next one; one that failed part-way (or
+            // timed out with a request still being served) is dropped, which resets it.
+            if failure.is_none() && !partial.started() {
+                self.kept_streams.give_back(stream);
+            }
+            break (samples, failure);
+        };
         // Every sample that decodes is returned (they left the table), with the first error.
         let mut decoded = Vec::with_capacity(samples.len());
         let mut undecodable = None;

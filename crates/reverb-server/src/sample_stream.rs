@@ -162,6 +162,8 @@ async fn serve(
     let mut remaining = request.num_samples as usize;
     while remaining > 0 {
         let max_items = remaining.min(MAX_BATCH_ITEMS);
+        // (A client that goes away drops this handler with its response stream; the checks
+        // on `tx` matter only if the handler ever runs apart from it.)
         let batch =
             sample_waiting(&table, max_items, timeout, tx.closed(), || tx.is_closed()).await?;
         remaining -= batch.len();

@@ -172,6 +172,11 @@ impl SampleResponses {
         }
     }
 
+    /// Whether the call is open with no received bytes waiting to be read.
+    fn idle(&self) -> bool {
+        !self.ended && self.received.remaining() == 0
+    }
+
     /// A whole message from what was received, if there is one.
     fn decode(&mut self) -> Result<Option<SampleStreamResponse>, Status> {
         let Some(header) = self.received.header() else {
@@ -404,7 +409,9 @@ impl KeptStream {
     /// the connection closing, all make it unusable).
     fn usable(&mut self) -> bool {
         use futures::FutureExt;
-        !self.requests.is_closed() && self.responses.message().now_or_never().is_none()
+        !self.requests.is_closed()
+            && self.responses.idle()
+            && self.responses.message().now_or_never().is_none()
     }
 
     /// Half-closes the call and lets the server end it: a call dropped open is reset, and
