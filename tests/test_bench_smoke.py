@@ -72,3 +72,23 @@ def test_sharded_benchmark_runs_at_small_scale() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| 2 |" in out.stdout and "prioritized" in out.stdout and "Global" in out.stdout
+
+
+@pytest.mark.skipif(not _has_tensorflow(), reason="the server's table signature needs TensorFlow")
+def test_scale_benchmark_runs_at_small_scale() -> None:
+    """bench/scale.py filling a table to two small levels with one actor."""
+    script = WORKLOADS.parent / "scale.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--levels", "1500,3000", "--slice", "500"]
+        + ["--actors", "1", "--seconds", "0.3", "--tables", "prioritized"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [r["items"] for r in rows] == [1500, 3000]
+    for r in rows:
+        assert min(r["insert_items_per_s"], r["base_insert_items_per_s"]) > 0
+        assert min(r["samples_per_s"], r["base_samples_per_s"]) > 0
+    assert "| prioritized | 3,000 |" in out.stdout
