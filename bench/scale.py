@@ -30,6 +30,7 @@ import time
 from typing import Callable, List, Optional
 
 import numpy as np
+from workloads import rss, wait_for_address
 
 import reverb
 
@@ -92,14 +93,6 @@ def actor(address: str, seed: int) -> None:
             print("done", flush=True)
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 class Run:
     """A server process and its actor processes."""
 
@@ -109,14 +102,7 @@ class Run:
             [sys.executable, __file__, "serve", port_file, kind, str(big), str(base)],
             stdout=subprocess.DEVNULL,
         )
-        deadline = time.time() + 120
-        while not os.path.exists(port_file):
-            if time.time() > deadline or self.server.poll() is not None:
-                raise RuntimeError("the benchmark server did not start")
-            time.sleep(0.05)
-        with open(port_file) as f:
-            self.address = f"localhost:{f.read()}"
-        os.remove(port_file)
+        self.address = wait_for_address(self.server, port_file, 120)
         self.actors = [
             subprocess.Popen(
                 [sys.executable, __file__, "actor", self.address, str(i)],
@@ -178,7 +164,7 @@ def measure(kind: str, levels: List[int], slice_: int, actors: int, seconds: flo
         client = reverb.Client(run.address)
         run.write(BASE, levels[0])
         time.sleep(0.5)
-        base_rss = _rss(run.server.pid)
+        base_rss = rss(run.server.pid)
         written = 0
         for level in levels:
             run.write(BIG, level - 3 * slice_ - written)
@@ -189,7 +175,7 @@ def measure(kind: str, levels: List[int], slice_: int, actors: int, seconds: flo
             info = client.server_info(timeout=60)
             assert info[BIG].current_size == level, (info[BIG].current_size, level)
             assert info[BASE].current_size == levels[0], (info[BASE].current_size, levels[0])
-            rss = _rss(run.server.pid)
+            held = rss(run.server.pid)
             rates = _alternate(
                 seconds, lambda t: sum(1 for _ in client.sample(t, 256, emit_timesteps=False))
             )
@@ -209,7 +195,7 @@ def measure(kind: str, levels: List[int], slice_: int, actors: int, seconds: flo
                     "sample_p50_us": p[BIG][0],
                     "sample_p99_us": p[BIG][1],
                     "base_sample_p50_us": p[BASE][0],
-                    "bytes_per_item": (rss - base_rss) / level,
+                    "bytes_per_item": (held - base_rss) / level,
                 }
             )
             print(json.dumps(rows[-1]), flush=True)

@@ -100,18 +100,12 @@ def sample(address: str, stop_file: str, out: str) -> None:
         f.write(str(n))
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def monitor(address: str, server_pid: int, interval: float) -> None:
     """Prints the table's size, its insert count and the server's RSS every `interval`
     seconds, one JSON line each (a child process, so the benchmark's own process imports
     neither package)."""
+    from workloads import rss
+
     import reverb
 
     client = reverb.Client(address)
@@ -119,7 +113,7 @@ def monitor(address: str, server_pid: int, interval: float) -> None:
         time.sleep(interval)
         info = client.server_info(timeout=30)[TABLE]
         inserted = info.rate_limiter_info.insert_stats.completed
-        print(json.dumps([info.current_size, inserted, _rss(server_pid)]), flush=True)
+        print(json.dumps([info.current_size, inserted, rss(server_pid)]), flush=True)
 
 
 def main() -> None:

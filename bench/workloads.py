@@ -84,6 +84,21 @@ def serve(port_file: str, max_size: int, structured: bool) -> None:
     server.wait()
 
 
+def wait_for_address(server: subprocess.Popen, port_file: str, timeout: float) -> str:
+    """The address of a server process that writes its port to `port_file` (as `serve`
+    does), once written; the file is removed. RuntimeError if the process exits first or
+    `timeout` seconds pass."""
+    deadline = time.time() + timeout
+    while not os.path.exists(port_file):
+        if time.time() > deadline or server.poll() is not None:
+            raise RuntimeError("benchmark server did not start")
+        time.sleep(0.05)
+    with open(port_file) as f:
+        address = f"localhost:{f.read()}"
+    os.remove(port_file)
+    return address
+
+
 class Setup:
     """A server (here or in a child process) and its address."""
 
@@ -101,14 +116,7 @@ class Setup:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.time() + 60
-        while not os.path.exists(port_file):
-            if time.time() > deadline or self.child.poll() is not None:
-                raise RuntimeError("benchmark server did not start")
-            time.sleep(0.05)
-        with open(port_file) as f:
-            self.address = f"localhost:{f.read()}"
-        os.remove(port_file)
+        self.address = wait_for_address(self.child, port_file, 60)
 
     def close(self) -> None:
         if self.child is not None:
@@ -441,7 +449,8 @@ def actors4(setup: Setup, seconds: float) -> dict:
     return _actors(setup, seconds, 4)
 
 
-def _rss(pid: int) -> int:
+def rss(pid: int) -> int:
+    """The resident set size of process `pid`, in bytes."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -463,7 +472,7 @@ def _memory(setup: Setup, n: int) -> dict:
     if setup.child is None:
         raise SystemExit("memory needs --modes remote (the server's RSS is measured)")
     client = reverb.Client(setup.address)
-    before = _rss(setup.child.pid)
+    before = rss(setup.child.pid)
     obs = np.zeros(8, np.float32)
     with client.trajectory_writer(num_keep_alive_refs=2) as writer:
         for t in range(n + 1):
@@ -473,7 +482,7 @@ def _memory(setup: Setup, n: int) -> dict:
             if t % 1000 == 999:
                 writer.end_episode()
     time.sleep(0.5)
-    return {"value": (_rss(setup.child.pid) - before) / n, "unit": "bytes/item"}
+    return {"value": (rss(setup.child.pid) - before) / n, "unit": "bytes/item"}
 
 
 def _percentiles(values: list) -> tuple:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pathlib
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
+from _metrics import scrape
 from _standalone import start, stop
 
 import reverb
@@ -40,11 +40,7 @@ def test_thousands_of_samples_and_priority_updates_on_one_connection(
 
 
 def _open_sample_streams(metrics_port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith('reverb_streams{kind="sample"}'):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no sample stream gauge")
+    return scrape(metrics_port)['reverb_streams{kind="sample"}']
 
 
 def test_sample_calls_reuse_open_streams_and_drop_timed_out_ones(monkeypatch) -> None:

@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
+from _metrics import scrape
 
 import reverb
 
 T = 10.0
-
-
-def _scrape(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=T) as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = response.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        samples[name] = float(value)
-    # Every metric has its HELP and TYPE.
-    for name in {re.sub(r"\{.*", "", n) for n in samples}:
-        assert f"# TYPE {name} " in text and f"# HELP {name} " in text, name
-    return samples
 
 
 def test_metrics_follow_the_tables() -> None:
@@ -50,7 +32,7 @@ def test_metrics_follow_the_tables() -> None:
         port = server.metrics_port
         assert port and port != server.port
         client = reverb.Client(f"localhost:{server.port}")
-        m = _scrape(port)
+        m = scrape(port)
         assert m['reverb_table_size{table="replay"}'] == 0
         assert m['reverb_table_max_size{table="replay"}'] == 3
         assert m['reverb_table_blocked{table="replay",call="sample",reason="too_few_items"}'] == 1
@@ -66,7 +48,7 @@ def test_metrics_follow_the_tables() -> None:
         blocked.start()
         deadline = time.monotonic() + T
         while time.monotonic() < deadline:
-            m = _scrape(port)
+            m = scrape(port)
             if m['reverb_table_inserts_waiting{table="queue"}'] == 1:
                 break
             time.sleep(0.05)
@@ -84,7 +66,7 @@ def test_metrics_follow_the_tables() -> None:
         assert m["reverb_chunks"] >= 3
         next(client.sample("queue", timeout=T))
         blocked.join(T)
-        m = _scrape(port)
+        m = scrape(port)
         assert m['reverb_table_inserts_waiting{table="queue"}'] == 0
         assert m['reverb_table_wait_seconds_total{table="queue",call="insert"}'] > 0
     finally:
