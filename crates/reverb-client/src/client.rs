@@ -454,13 +454,30 @@ impl Client {
         &self,
         what: &str,
         timeout: Option<Duration>,
-        mut attempt: F,
+        attempt: F,
     ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         let deadline = timeout.map(|t| Instant::now() + t);
+        self.with_deadline_at(what, timeout, deadline, attempt)
+            .await
+    }
+
+    /// [`Client::with_deadline`] for a call whose `timeout` started earlier: it ends at
+    /// `deadline` (`timeout` after the call began).
+    async fn with_deadline_at<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
         for tries in 1.. {
             self.wait_until(what, timeout, deadline).await?;
             let result = match (timeout, deadline) {
@@ -765,7 +782,8 @@ impl Client {
                 // (an attempt that never reached the server sampled nothing). Once the
                 // stream is open, a failure ends the call.
                 None => {
-                    self.with_deadline("SampleStream", timeout, || {
+                    // (A reopened call keeps the deadline the first attempt started.)
+                    self.with_deadline_at("SampleStream", timeout, deadline, || {
                         let request = request.clone();
                         async move {
                             let (requests, rx) = mpsc::channel(1);
