@@ -72,9 +72,20 @@ pub(crate) struct Shared {
     pub urgent: AtomicUsize,
     /// Cuts a linger short.
     pub wake: Notify,
+    /// Items handed to the stream and not yet taken into a request.
+    pub queued: AtomicUsize,
 }
 
 impl Shared {
+    /// Counts an item handed to the stream. When half the in-flight `window` waits in the
+    /// queue the stream sends it at once rather than lingering: one half travels while the
+    /// other fills, so a small window (the legacy writer's 25) keeps the server busy.
+    pub fn queue_one(&self, window: usize) {
+        if self.queued.fetch_add(1, Ordering::SeqCst) + 1 == window.div_ceil(2) {
+            self.wake.notify_one();
+        }
+    }
+
     /// Marks the start of a wait for everything to be sent; the guard ends it.
     pub fn urgent(&self) -> UrgentGuard<'_> {
         self.urgent.fetch_add(1, Ordering::SeqCst);
@@ -249,7 +260,7 @@ async fn session(
                 None => *input_closed = true,
                 Some(first) => {
                     linger(shared).await;
-                    let batch = take_batch(first, rx, max_in_flight);
+                    let batch = take_batch(first, rx, max_in_flight, shared);
                     sender.send(batch, unconfirmed, shared)?;
                 }
             },
@@ -336,6 +347,7 @@ fn take_batch(
     first: Outgoing,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
     max_items: usize,
+    shared: &Shared,
 ) -> Vec<Outgoing> {
     let payload = |o: &Outgoing| o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
     let mut bytes = payload(&first);
@@ -349,6 +361,7 @@ fn take_batch(
             Err(_) => break,
         }
     }
+    shared.queued.fetch_sub(batch.len(), Ordering::SeqCst);
     batch
 }
 
@@ -404,7 +417,7 @@ async fn inproc_session(
             };
             linger(shared).await;
             // (Everything before was confirmed: `unconfirmed` is empty here.)
-            unconfirmed.extend(take_batch(first, rx, max_in_flight));
+            unconfirmed.extend(take_batch(first, rx, max_in_flight, shared));
             unconfirmed.len()
         };
         let req = request(&unconfirmed.make_contiguous()[..items], &sent_chunks);
@@ -457,4 +470,55 @@ fn sent(req: &InsertStreamRequest, sent_chunks: &mut HashSet<u64>) {
     sent_chunks.extend(req.chunks.iter().map(|c| c.chunk_key));
     let kept: HashSet<u64> = req.keep_chunk_keys.iter().copied().collect();
     sent_chunks.retain(|k| kept.contains(k));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outgoing() -> Outgoing {
+        Outgoing {
+            item: PrioritizedItem::default(),
+            chunks: Vec::new(),
+            keep: Arc::new(Vec::new()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_a_window_queued_cuts_the_linger_short() {
+        let shared = Shared::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for round in 0..3 {
+            // One item of a window of 4 queued: the stream lingers for more.
+            shared.queue_one(4);
+            tx.send(outgoing()).unwrap();
+            let start = tokio::time::Instant::now();
+            linger(&shared).await;
+            // (The timer wheel rounds the linger up to its 1 ms tick.)
+            assert!(start.elapsed() >= LINGER, "round {round}");
+            // The second is half the window: the stream sends at once.
+            shared.queue_one(4);
+            tx.send(outgoing()).unwrap();
+            let start = tokio::time::Instant::now();
+            linger(&shared).await;
+            assert_eq!(start.elapsed(), Duration::ZERO, "round {round}");
+            // Taking them into a request empties the count, so the next round starts afresh.
+            let first = rx.recv().await.unwrap();
+            assert_eq!(take_batch(first, &mut rx, 4, &shared).len(), 2);
+            assert_eq!(shared.queued.load(Ordering::SeqCst), 0);
+        }
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_max_items() {
+        let shared = Shared::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for _ in 0..5 {
+            shared.queue_one(1024);
+            tx.send(outgoing()).unwrap();
+        }
+        let first = rx.try_recv().unwrap();
+        assert_eq!(take_batch(first, &mut rx, 3, &shared).len(), 3);
+        assert_eq!(shared.queued.load(Ordering::SeqCst), 2);
+    }
 }
