@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod chunk;
 pub mod error;
+pub mod keymap;
 pub mod rate_limiter;
 pub mod selectors;
 pub mod table;

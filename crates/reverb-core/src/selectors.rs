@@ -7,11 +7,12 @@
 //! | Fifo / Lifo | O(log n) | 1.0 |
 //! | MinHeap / MaxHeap | O(log n); ties → least recently inserted/updated | 1.0 |
 
+use crate::keymap::KeyMap;
 use crate::{invalid_arg, CoreError, Result};
 use rand::{rngs::StdRng, Rng};
 use reverb_proto::key_distribution_options::{Distribution, Heap, Prioritized};
 use reverb_proto::KeyDistributionOptions;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Which selector to build, with its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -132,7 +133,7 @@ fn duplicate(key: u64) -> CoreError {
 #[derive(Default)]
 pub struct Uniform {
     keys: Vec<u64>,
-    index: HashMap<u64, usize>,
+    index: KeyMap<usize>,
 }
 
 impl Selector for Uniform {
@@ -179,7 +180,7 @@ pub struct PrioritizedSelector {
     tree: Vec<f64>,
     capacity: usize,
     keys: Vec<u64>,
-    index: HashMap<u64, usize>,
+    index: KeyMap<usize>,
 }
 
 impl PrioritizedSelector {
@@ -190,7 +191,7 @@ impl PrioritizedSelector {
             tree: vec![0.0; 2 * capacity],
             capacity,
             keys: Vec::new(),
-            index: HashMap::new(),
+            index: KeyMap::new(),
         }
     }
 
@@ -313,7 +314,7 @@ pub struct Ordered {
     newest_first: bool,
     next_seq: u64,
     by_seq: BTreeMap<u64, u64>,
-    seq_of: HashMap<u64, u64>,
+    seq_of: KeyMap<u64>,
 }
 
 impl Ordered {
@@ -322,7 +323,7 @@ impl Ordered {
             newest_first,
             next_seq: 0,
             by_seq: BTreeMap::new(),
-            seq_of: HashMap::new(),
+            seq_of: KeyMap::new(),
         }
     }
 }
@@ -387,7 +388,7 @@ pub struct HeapSelector {
     min_heap: bool,
     next_seq: u64,
     ordered: BTreeMap<(OrdF64, u64), u64>,
-    position: HashMap<u64, (OrdF64, u64)>,
+    position: KeyMap<(OrdF64, u64)>,
 }
 
 impl HeapSelector {
@@ -396,7 +397,7 @@ impl HeapSelector {
             min_heap,
             next_seq: 0,
             ordered: BTreeMap::new(),
-            position: HashMap::new(),
+            position: KeyMap::new(),
         }
     }
 
@@ -456,6 +457,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use rand::SeedableRng;
+    use std::collections::HashMap;
 
     fn rng() -> StdRng {
         StdRng::seed_from_u64(7)

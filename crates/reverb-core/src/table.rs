@@ -3,6 +3,7 @@
 //! (the gRPC service) wait on [`Table::changed`], which fires after every state change.
 
 use crate::chunk::ItemData;
+use crate::keymap::KeyMap;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::selectors::{Selector, SelectorKind};
 use crate::{invalid_arg, Result};
@@ -10,7 +11,6 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, SeedableRng};
 use reverb_proto::{SampleInfo, TableInfo, TableWorkerTime};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -100,11 +100,11 @@ pub struct TableSnapshot {
 }
 
 struct State {
-    items: HashMap<u64, Entry>,
+    items: KeyMap<Entry>,
     sampler: Box<dyn Selector>,
     remover: Box<dyn Selector>,
     limiter: RateLimiter,
-    episode_refs: HashMap<u64, u64>,
+    episode_refs: KeyMap<u64>,
     num_deleted_episodes: i64,
     num_unique_samples: i64,
     next_seq: u64,
@@ -200,11 +200,11 @@ impl Table {
             ));
         }
         let state = State {
-            items: HashMap::new(),
+            items: KeyMap::new(),
             sampler: config.sampler.build()?,
             remover: config.remover.build()?,
             limiter: RateLimiter::new(config.rate_limiter)?,
-            episode_refs: HashMap::new(),
+            episode_refs: KeyMap::new(),
             num_deleted_episodes: 0,
             num_unique_samples: 0,
             next_seq: 0,
@@ -531,7 +531,9 @@ impl State {
             return Err(e);
         }
         for chunk in item.chunks() {
-            *self.episode_refs.entry(chunk.episode_id()).or_insert(0) += 1;
+            *self
+                .episode_refs
+                .get_or_insert_with(chunk.episode_id(), || 0) += 1;
         }
         let seq = self.next_seq;
         self.next_seq += 1;
