@@ -1,5 +1,6 @@
 """Draws the ratio chart (ours / reference) from the latest tables in bench/RESULTS.md
-(everything above "### Earlier runs").
+(everything above "### Earlier runs"; the file is newest first, so a workload's first row
+is the one drawn).
 
 python bench/chart.py bench/RESULTS.md bench/ratios.png   (needs matplotlib)
 """
@@ -10,23 +11,27 @@ import re
 import sys
 
 
-def main() -> None:
-    source, target = sys.argv[1], sys.argv[2]
-    rows = []
-    for line in open(source):
+def read_rows(source: str) -> list:
+    """(label, ratio) of every workload and mode in the latest tables of `source`."""
+    rows: list = []
+    with open(source) as f:
+        lines = f.read().splitlines()
+    for line in lines:
         if line.startswith("### Earlier runs"):
             break  # only the latest run is drawn
         match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
         if match:
             server = "same proc." if match.group(2) == "same process" else "other proc."
             label = f"{match.group(1)} ({server})"
-            row = (label, float(match.group(3)))
-            # A later table's row replaces an earlier one in place.
-            at = next((i for i, r in enumerate(rows) if r[0] == label), None)
-            if at is None:
-                rows.append(row)
-            else:
-                rows[at] = row
+            # The file is newest first: a row already drawn from a newer table stays.
+            if all(r[0] != label for r in rows):
+                rows.append((label, float(match.group(3))))
+    return rows
+
+
+def main() -> None:
+    source, target = sys.argv[1], sys.argv[2]
+    rows = read_rows(source)
     import matplotlib
 
     matplotlib.use("Agg")

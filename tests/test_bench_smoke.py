@@ -92,3 +92,25 @@ def test_scale_benchmark_runs_at_small_scale() -> None:
         assert min(r["insert_items_per_s"], r["base_insert_items_per_s"]) > 0
         assert min(r["samples_per_s"], r["base_samples_per_s"]) > 0
     assert "| prioritized | 3,000 |" in out.stdout
+
+
+def test_chart_draws_each_workload_from_its_newest_table(tmp_path) -> None:
+    sys.path.insert(0, str(WORKLOADS.parent))
+    try:
+        import chart
+    finally:
+        sys.path.remove(str(WORKLOADS.parent))
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "## Newest\n"
+        "| writer_small | same process | 10 steps/s | 2 steps/s | 5.0x |\n"
+        "## Older\n"
+        "| writer_small | same process | 8 steps/s | 2 steps/s | 4.0x |\n"
+        "| legacy_writer | other process | 6 steps/s | 2 steps/s | 3.0x |\n"
+        "### Earlier runs\n"
+        "| client_sample | same process | 6 steps/s | 2 steps/s | 3.0x |\n"
+    )
+    assert chart.read_rows(str(results)) == [
+        ("writer_small (same proc.)", 5.0),
+        ("legacy_writer (other proc.)", 3.0),
+    ]
