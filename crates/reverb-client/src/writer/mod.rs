@@ -494,13 +494,16 @@ impl TrajectoryWriter {
             let tx = self.tx.as_ref().ok_or_else(|| {
                 ClientError::new(Code::FailedPrecondition, "The writer is closed")
             })?;
-            self.shared.queue_one(window as usize);
+            let half_queued = self.shared.queue_one(window as usize);
             if tx.send(Outgoing { item, chunks, keep }).is_err() {
                 self.check_error()?;
                 return Err(ClientError::new(
                     Code::Internal,
                     "The writer's insert stream stopped",
                 ));
+            }
+            if half_queued {
+                self.shared.send_now();
             }
             self.sent += 1;
         }

@@ -77,13 +77,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Counts an item handed to the stream. When half the in-flight `window` waits in the
-    /// queue the stream sends it at once rather than lingering: one half travels while the
-    /// other fills, so a small window (the legacy writer's 25) keeps the server busy.
-    pub fn queue_one(&self, window: usize) {
-        if self.queued.fetch_add(1, Ordering::SeqCst) + 1 == window.div_ceil(2) {
-            self.wake.notify_one();
-        }
+    /// Counts an item about to be handed to the stream (counted before it is sent, so the
+    /// stream's count never goes below zero). Returns whether half the in-flight `window`
+    /// then waits in the queue: the caller calls `send_now` once the item is sent, and the
+    /// stream sends at once rather than lingering. One half travels while the other fills,
+    /// so a small window (the legacy writer's 25) keeps the server busy.
+    pub fn queue_one(&self, window: usize) -> bool {
+        self.queued.fetch_add(1, Ordering::SeqCst) + 1 == window.div_ceil(2)
+    }
+
+    /// Cuts the stream's linger short.
+    pub fn send_now(&self) {
+        self.wake.notify_one();
     }
 
     /// Marks the start of a wait for everything to be sent; the guard ends it.
@@ -490,15 +495,16 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         for round in 0..3 {
             // One item of a window of 4 queued: the stream lingers for more.
-            shared.queue_one(4);
+            assert!(!shared.queue_one(4));
             tx.send(outgoing()).unwrap();
             let start = tokio::time::Instant::now();
             linger(&shared).await;
             // (The timer wheel rounds the linger up to its 1 ms tick.)
             assert!(start.elapsed() >= LINGER, "round {round}");
             // The second is half the window: the stream sends at once.
-            shared.queue_one(4);
+            assert!(shared.queue_one(4));
             tx.send(outgoing()).unwrap();
+            shared.send_now();
             let start = tokio::time::Instant::now();
             linger(&shared).await;
             assert_eq!(start.elapsed(), Duration::ZERO, "round {round}");
@@ -514,7 +520,7 @@ mod tests {
         let shared = Shared::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
         for _ in 0..5 {
-            shared.queue_one(1024);
+            assert!(!shared.queue_one(1024));
             tx.send(outgoing()).unwrap();
         }
         let first = rx.try_recv().unwrap();
