@@ -1,23 +1,29 @@
 //! `KeyMap`: the hash map a table indexes its items by (item keys, episode ids), split into
-//! shards that grow one at a time.
+//! shards that grow one at a time once it is big.
 //!
 //! One hash table doubles all at once when it fills: at 7M items a table's indexes took
 //! seconds to copy inside a single insert, with the table's lock held, so every sampler of
-//! the table stalled as long (`cargo run --release -p reverb-core --example growth`). In
-//! `SHARDS` maps, picked by the key, each growth copies one shard: a pause of about
-//! 1/`SHARDS` of that, and the shards' growths fall on different inserts.
+//! the table stalled as long (`cargo run --release -p reverb-core --example growth`). Past
+//! `SPLIT_AT` entries a `KeyMap` is `SHARDS` maps, picked by the key, and each growth copies
+//! one shard: the same total work, in pauses of about 1/`SHARDS` of one, on different
+//! inserts. Small maps stay one map, so a table costs no more memory than with one map.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 
 const SHARD_BITS: u32 = 8;
-/// Number of shards.
+/// Number of shards of a big map.
 pub const SHARDS: usize = 1 << SHARD_BITS;
+/// Entries past which a map is split into shards (one growth of a map this size takes a few
+/// milliseconds).
+pub const SPLIT_AT: usize = 1 << 13;
 
-/// A map from `u64` keys, in `SHARDS` independently growing shards.
+/// A map from `u64` keys: one map while small, `SHARDS` independently growing ones once big.
 #[derive(Debug, Clone)]
 pub struct KeyMap<V> {
-    shards: Box<[HashMap<u64, V>]>,
+    /// One map, or `SHARDS`.
+    shards: Vec<HashMap<u64, V>>,
+    state: RandomState,
     len: usize,
 }
 
@@ -34,14 +40,41 @@ fn shard(key: u64) -> usize {
 }
 
 impl<V> KeyMap<V> {
-    /// An empty map (its shards allocate nothing until used).
+    /// An empty map (it allocates nothing until used).
     pub fn new() -> Self {
         let state = RandomState::new();
         Self {
-            shards: (0..SHARDS)
-                .map(|_| HashMap::with_hasher(state.clone()))
-                .collect(),
+            shards: vec![HashMap::with_hasher(state.clone())],
+            state,
             len: 0,
+        }
+    }
+
+    fn map(&self, key: u64) -> &HashMap<u64, V> {
+        match self.shards.len() {
+            1 => &self.shards[0],
+            _ => &self.shards[shard(key)],
+        }
+    }
+
+    fn map_mut(&mut self, key: u64) -> &mut HashMap<u64, V> {
+        match self.shards.len() {
+            1 => &mut self.shards[0],
+            _ => &mut self.shards[shard(key)],
+        }
+    }
+
+    /// Splits the one map into `SHARDS` once it holds more than `SPLIT_AT` entries.
+    fn split_if_big(&mut self) {
+        if self.shards.len() > 1 || self.len <= SPLIT_AT {
+            return;
+        }
+        let one = std::mem::take(&mut self.shards).pop().expect("one map");
+        self.shards = (0..SHARDS)
+            .map(|_| HashMap::with_hasher(self.state.clone()))
+            .collect();
+        for (key, value) in one {
+            self.shards[shard(key)].insert(key, value);
         }
     }
 
@@ -54,28 +87,29 @@ impl<V> KeyMap<V> {
     }
 
     pub fn get(&self, key: &u64) -> Option<&V> {
-        self.shards[shard(*key)].get(key)
+        self.map(*key).get(key)
     }
 
     pub fn get_mut(&mut self, key: &u64) -> Option<&mut V> {
-        self.shards[shard(*key)].get_mut(key)
+        self.map_mut(*key).get_mut(key)
     }
 
     pub fn contains_key(&self, key: &u64) -> bool {
-        self.shards[shard(*key)].contains_key(key)
+        self.map(*key).contains_key(key)
     }
 
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
-        let old = self.shards[shard(key)].insert(key, value);
+        let old = self.map_mut(key).insert(key, value);
         if old.is_none() {
             self.len += 1;
+            self.split_if_big();
         }
         old
     }
 
     pub fn remove(&mut self, key: &u64) -> Option<V> {
-        let old = self.shards[shard(*key)].remove(key);
+        let old = self.map_mut(*key).remove(key);
         if old.is_some() {
             self.len -= 1;
         }
@@ -84,19 +118,15 @@ impl<V> KeyMap<V> {
 
     /// The value of `key`, inserted from `default()` first if absent.
     pub fn get_or_insert_with(&mut self, key: u64, default: impl FnOnce() -> V) -> &mut V {
-        let map = &mut self.shards[shard(key)];
-        let len = &mut self.len;
-        map.entry(key).or_insert_with(|| {
-            *len += 1;
-            default()
-        })
+        if !self.contains_key(&key) {
+            self.insert(key, default());
+        }
+        self.get_mut(&key).expect("just inserted")
     }
 
-    /// Removes everything and frees the shards' memory.
+    /// Removes everything and frees the memory (back to one map).
     pub fn clear(&mut self) {
-        for map in self.shards.iter_mut() {
-            *map = HashMap::with_hasher(map.hasher().clone());
-        }
+        self.shards = vec![HashMap::with_hasher(self.state.clone())];
         self.len = 0;
     }
 
@@ -162,6 +192,29 @@ mod tests {
             expected.sort_unstable();
             prop_assert_eq!(values, expected);
         }
+    }
+
+    #[test]
+    fn a_big_map_splits_and_keeps_every_entry() {
+        let mut map: KeyMap<u64> = KeyMap::new();
+        let n = SPLIT_AT as u64 * 2;
+        for key in 0..n {
+            assert_eq!(map.insert(key * 7, key), None);
+            if key as usize == SPLIT_AT - 1 {
+                assert_eq!(map.shards.len(), 1, "one map up to SPLIT_AT entries");
+            }
+        }
+        assert_eq!(map.shards.len(), SHARDS);
+        assert_eq!(map.len(), n as usize);
+        for key in (0..n).step_by(3) {
+            assert_eq!(map.remove(&(key * 7)), Some(key));
+        }
+        for key in 0..n {
+            assert_eq!(map.get(&(key * 7)).copied(), (key % 3 != 0).then_some(key));
+        }
+        assert_eq!(map.values().count(), map.len());
+        map.clear();
+        assert!(map.is_empty() && map.shards.len() == 1 && map.get(&7).is_none());
     }
 
     #[test]
