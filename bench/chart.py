@@ -1,6 +1,6 @@
-"""Draws the ratio chart (ours / reference) from the latest tables in bench/RESULTS.md
-(everything above "### Earlier runs"; the file is newest first, so a workload's first row
-is the one drawn).
+"""Draws the ratio chart (ours / reference) of one run: the first table in the file, which is
+`bench/run.py --markdown`'s output, or the newest run at the top of bench/RESULTS.md (newest
+first). Rows of other runs are never mixed in.
 
 python bench/chart.py bench/RESULTS.md bench/ratios.png   (needs matplotlib)
 """
@@ -12,20 +12,17 @@ import sys
 
 
 def read_rows(source: str) -> list:
-    """(label, ratio) of every workload and mode in the latest tables of `source`."""
+    """(label, ratio) of every row of the first table in `source` with a ratio column."""
     rows: list = []
     with open(source) as f:
         lines = f.read().splitlines()
     for line in lines:
-        if line.startswith("### Earlier runs"):
-            break  # only the latest run is drawn
         match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
         if match:
             server = "same proc." if match.group(2) == "same process" else "other proc."
-            label = f"{match.group(1)} ({server})"
-            # The file is newest first: a row already drawn from a newer table stays.
-            if all(r[0] != label for r in rows):
-                rows.append((label, float(match.group(3))))
+            rows.append((f"{match.group(1)} ({server})", float(match.group(3))))
+        elif rows:
+            break  # the end of the first table
     return rows
 
 
