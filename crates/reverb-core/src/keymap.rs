@@ -6,17 +6,22 @@
 //! the table stalled as long (`cargo run --release -p reverb-core --example growth`). Past
 //! `SPLIT_AT` entries a `KeyMap` is `SHARDS` maps, picked by the key, and each growth copies
 //! one shard: the same total work, in pauses of about 1/`SHARDS` of one, on different
-//! inserts. Small maps stay one map, so a table costs no more memory than with one map.
+//! inserts. A map stays one map until it first holds `SPLIT_AT` entries, so a small table
+//! costs no more memory than with one map.
 
-use std::collections::hash_map::RandomState;
+use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
 
 const SHARD_BITS: u32 = 8;
 /// Number of shards of a big map.
 pub const SHARDS: usize = 1 << SHARD_BITS;
-/// Entries past which a map is split into shards (one growth of a map this size takes a few
-/// milliseconds).
-pub const SPLIT_AT: usize = 1 << 13;
+/// Entries at which a map is split into shards, before its next growth: a full map of 8,192
+/// buckets (one growth of a map this size takes about a millisecond). Small in tests, so that
+/// the crate's tests run sharded maps too.
+#[cfg(not(test))]
+pub const SPLIT_AT: usize = 7 * 1024;
+#[cfg(test)]
+pub const SPLIT_AT: usize = 16;
 
 /// A map from `u64` keys: one map while small, `SHARDS` independently growing ones once big.
 #[derive(Debug, Clone)]
@@ -64,9 +69,10 @@ impl<V> KeyMap<V> {
         }
     }
 
-    /// Splits the one map into `SHARDS` once it holds more than `SPLIT_AT` entries.
+    /// Splits the one map into `SHARDS` once it holds `SPLIT_AT` entries (called before an
+    /// insert, so the one map never grows past that).
     fn split_if_big(&mut self) {
-        if self.shards.len() > 1 || self.len <= SPLIT_AT {
+        if self.shards.len() > 1 || self.len < SPLIT_AT {
             return;
         }
         let one = std::mem::take(&mut self.shards).pop().expect("one map");
@@ -100,10 +106,10 @@ impl<V> KeyMap<V> {
 
     /// Inserts or replaces; returns the value replaced.
     pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
+        self.split_if_big();
         let old = self.map_mut(key).insert(key, value);
         if old.is_none() {
             self.len += 1;
-            self.split_if_big();
         }
         old
     }
@@ -118,10 +124,19 @@ impl<V> KeyMap<V> {
 
     /// The value of `key`, inserted from `default()` first if absent.
     pub fn get_or_insert_with(&mut self, key: u64, default: impl FnOnce() -> V) -> &mut V {
-        if !self.contains_key(&key) {
-            self.insert(key, default());
+        self.split_if_big();
+        let map = match self.shards.len() {
+            1 => &mut self.shards[0],
+            _ => &mut self.shards[shard(key)],
+        };
+        match map.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let value = default();
+                self.len += 1;
+                e.insert(value)
+            }
         }
-        self.get_mut(&key).expect("just inserted")
     }
 
     /// Removes everything and frees the memory (back to one map).
@@ -203,6 +218,9 @@ mod tests {
             if key as usize == SPLIT_AT - 1 {
                 assert_eq!(map.shards.len(), 1, "one map up to SPLIT_AT entries");
             }
+            if key as usize == SPLIT_AT {
+                assert_eq!(map.shards.len(), SHARDS, "split before the next insert");
+            }
         }
         assert_eq!(map.shards.len(), SHARDS);
         assert_eq!(map.len(), n as usize);
@@ -211,7 +229,13 @@ mod tests {
         }
         for key in 0..n {
             assert_eq!(map.get(&(key * 7)).copied(), (key % 3 != 0).then_some(key));
+            assert_eq!(map.contains_key(&(key * 7)), key % 3 != 0);
+            *map.get_or_insert_with(key * 7, || 0) += 1;
+            // Removed keys come back as 0 + 1; the others were `key`.
+            let want = if key % 3 == 0 { 1 } else { key + 1 };
+            assert_eq!(map.get_mut(&(key * 7)).copied(), Some(want));
         }
+        assert_eq!(map.len(), n as usize);
         assert_eq!(map.values().count(), map.len());
         map.clear();
         assert!(map.is_empty() && map.shards.len() == 1 && map.get(&7).is_none());

@@ -345,7 +345,7 @@ impl Selector for PrioritizedSelector {
             slot = b * self.capacity + leaf;
         }
         if slot >= n || self.get(slot) <= 0.0 {
-            // Rounding pushed us past the last weighted slot: take the last slot with weight.
+            // A safeguard: both descents visit only positive nodes, so this is not reached.
             slot = (0..n).rev().find(|&s| self.get(s) > 0.0)?;
         }
         let weight = self.get(slot);
@@ -638,6 +638,41 @@ mod tests {
         assert!(s.insert(1, f64::NAN).is_err());
     }
 
+    /// Every internal node of every tree is the sum of its children, and each block's total
+    /// is its leaf in the top tree.
+    fn assert_sums(s: &PrioritizedSelector) {
+        for (b, block) in s.blocks.iter().enumerate() {
+            for i in 1..s.capacity {
+                assert_eq!(
+                    block[i],
+                    block[2 * i] + block[2 * i + 1],
+                    "block {b} node {i}"
+                );
+            }
+            assert_eq!(s.top[s.top_capacity + b], block[1], "block {b}'s total");
+        }
+        for i in 1..s.top_capacity {
+            assert_eq!(s.top[i], s.top[2 * i] + s.top[2 * i + 1], "top node {i}");
+        }
+    }
+
+    #[test]
+    fn prioritized_growth_keeps_every_sum() {
+        let mut s = PrioritizedSelector::new(1.0);
+        let n = 3 * BLOCK as u64 + 1;
+        for k in 0..n {
+            s.insert(k, 1.0 + (k % 4) as f64).unwrap();
+        }
+        assert_eq!((s.blocks.len(), s.top_capacity), (4, 4));
+        assert_sums(&s);
+        let expected: f64 = (0..n).map(|k| 1.0 + (k % 4) as f64).sum();
+        assert_eq!(s.total_weight(), expected);
+        for k in (0..n).step_by(5) {
+            s.delete(k).unwrap();
+        }
+        assert_sums(&s);
+    }
+
     #[test]
     fn prioritized_across_blocks() {
         // Three full blocks and part of a fourth: the top tree has grown twice.
@@ -656,7 +691,12 @@ mod tests {
         let f = frequencies(&mut s, 40_000);
         assert_eq!(f.len(), 3, "only weighted keys are drawn: {f:?}");
         for (k, w) in weighted {
-            assert!((f[&k] - w / 4.0).abs() < 0.015, "key {k}: {} vs {}", f[&k], w / 4.0);
+            assert!(
+                (f[&k] - w / 4.0).abs() < 0.015,
+                "key {k}: {} vs {}",
+                f[&k],
+                w / 4.0
+            );
         }
         let (k, p) = s.sample(&mut rng()).unwrap();
         assert_eq!(p, weighted.iter().find(|x| x.0 == k).unwrap().1 / 4.0);
