@@ -228,49 +228,23 @@ impl PrioritizedSelector {
     }
 
     fn set(&mut self, slot: usize, weight: f64) {
-        let (b, capacity) = (slot / self.capacity, self.capacity);
+        let b = slot / self.capacity;
         let block = &mut self.blocks[b];
-        let mut i = capacity + slot % capacity;
-        block[i] = weight;
-        while i > 1 {
-            i /= 2;
-            block[i] = block[2 * i] + block[2 * i + 1];
-        }
-        let mut i = self.top_capacity + b;
-        self.top[i] = block[1];
-        while i > 1 {
-            i /= 2;
-            self.top[i] = self.top[2 * i] + self.top[2 * i + 1];
-        }
+        set_leaf(block, self.capacity, slot % self.capacity, weight);
+        set_leaf(&mut self.top, self.top_capacity, b, block[1]);
     }
 
     /// Room for one more slot: the one block doubles up to `BLOCK` leaves, then blocks are
     /// added (and the top tree doubles when they fill it).
     fn grow(&mut self) {
         if self.blocks.len() == 1 && self.capacity < BLOCK {
-            let capacity = self.capacity * 2;
-            let old = &self.blocks[0];
-            let mut tree = vec![0.0; 2 * capacity];
-            tree[capacity..capacity + self.keys.len()]
-                .copy_from_slice(&old[self.capacity..self.capacity + self.keys.len()]);
-            for i in (1..capacity).rev() {
-                tree[i] = tree[2 * i] + tree[2 * i + 1];
-            }
-            self.blocks[0] = tree;
-            self.capacity = capacity;
+            self.blocks[0] = doubled(&self.blocks[0], self.capacity, self.keys.len());
+            self.capacity *= 2;
             return;
         }
         if self.blocks.len() == self.top_capacity {
-            let top_capacity = self.top_capacity * 2;
-            let mut top = vec![0.0; 2 * top_capacity];
-            top[top_capacity..top_capacity + self.blocks.len()].copy_from_slice(
-                &self.top[self.top_capacity..self.top_capacity + self.blocks.len()],
-            );
-            for i in (1..top_capacity).rev() {
-                top[i] = top[2 * i] + top[2 * i + 1];
-            }
-            self.top = top;
-            self.top_capacity = top_capacity;
+            self.top = doubled(&self.top, self.top_capacity, self.blocks.len());
+            self.top_capacity *= 2;
         }
         self.blocks.push(vec![0.0; 2 * self.capacity]);
     }
@@ -291,6 +265,28 @@ impl PrioritizedSelector {
         }
         (i - capacity, target)
     }
+}
+
+/// Sets leaf `leaf` of the sum tree `tree` (leaves from `capacity`) and recomputes the sums
+/// above it.
+fn set_leaf(tree: &mut [f64], capacity: usize, leaf: usize, weight: f64) {
+    let mut i = capacity + leaf;
+    tree[i] = weight;
+    while i > 1 {
+        i /= 2;
+        tree[i] = tree[2 * i] + tree[2 * i + 1];
+    }
+}
+
+/// `tree` (leaves from `capacity`, the first `used` of them set) with twice the leaves.
+fn doubled(tree: &[f64], capacity: usize, used: usize) -> Vec<f64> {
+    let new_capacity = capacity * 2;
+    let mut out = vec![0.0; 2 * new_capacity];
+    out[new_capacity..new_capacity + used].copy_from_slice(&tree[capacity..capacity + used]);
+    for i in (1..new_capacity).rev() {
+        out[i] = out[2 * i] + out[2 * i + 1];
+    }
+    out
 }
 
 impl Selector for PrioritizedSelector {
