@@ -1,7 +1,7 @@
 """Type stubs of `reverb._native`, the Rust extension (kept by hand; the test suite checks
 them against the built module with mypy's stubtest)."""
 
-from typing import List, Optional, Sequence, Tuple, Union, final
+from typing import Iterator, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 
@@ -10,12 +10,15 @@ from reverb.replay_sample import SampleInfo
 __all__ = [
     "AppendError",
     "Client",
+    "ColumnHistory",
     "RateLimiter",
     "Sampler",
     "Selector",
     "Server",
+    "StepLayout",
     "StructuredWriter",
     "Table",
+    "TrajectoryColumn",
     "TrajectoryWriter",
     "__version__",
     "_shm_chunks_received",
@@ -155,6 +158,50 @@ class AppendError:
     @property
     def got(self) -> Optional[Tuple[int, List[int]]]: ...
 
+@final
+class TrajectoryColumn:
+    """A column of an item: references to cells of one writer's history."""
+
+    def __new__(
+        cls, data_references: object, *, squeeze: bool = False, path: Optional[object] = None
+    ) -> TrajectoryColumn: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[object]: ...
+    def __getitem__(self, key: Union[int, slice, Sequence[int]], /) -> TrajectoryColumn: ...
+    @property
+    def _writer(self) -> Optional[object]: ...
+    @property
+    def _cells(self) -> List[Tuple[int, int]]: ...
+    @property
+    def is_squeezed(self) -> bool: ...
+    @property
+    def shape(self) -> Tuple[Optional[int], ...]: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    def numpy(self) -> np.ndarray: ...
+
+@final
+class ColumnHistory:
+    """The cells of one column over the writer's current episode."""
+
+    def __new__(
+        cls, owner: object, native: TrajectoryWriter, column: int, path: object
+    ) -> ColumnHistory: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[object]: ...
+    def __getitem__(self, key: Union[int, slice, Sequence[int]], /) -> TrajectoryColumn: ...
+    @property
+    def _column(self) -> int: ...
+    def numpy(self) -> np.ndarray: ...
+
+@final
+class StepLayout:
+    """The nest structure of a step, to flatten later steps of that structure natively."""
+
+    @staticmethod
+    def of(step: object, columns: Sequence[int]) -> Optional[StepLayout]: ...
+    def flatten(self, step: object) -> Optional[List[object]]: ...
+
 # Which episode steps an item column of a vectorised writer takes.
 _Steps = Union[int, Tuple[Optional[int], Optional[int], Optional[int]], List[int]]
 
@@ -177,6 +224,9 @@ class TrajectoryWriter:
     def append(
         self, columns: Sequence[int], values: Sequence[object], partial: bool = False
     ) -> Optional[AppendError]: ...
+    def append_layout(
+        self, data: object, layout: StepLayout, partial: bool
+    ) -> Tuple[bool, Optional[AppendError]]: ...
     def append_steps(
         self, columns: Sequence[int], values: Sequence[object]
     ) -> Optional[AppendError]: ...
@@ -186,6 +236,9 @@ class TrajectoryWriter:
         priority: float,
         columns: Sequence[Tuple[Sequence[Tuple[int, int]], bool]],
     ) -> int: ...
+    def create_item_of_columns(
+        self, table: str, priority: float, trajectory: object, owner: object
+    ) -> Optional[int]: ...
     def create_item_of_last(
         self, table: str, priority: float, columns: Sequence[int], num_steps: int
     ) -> int: ...

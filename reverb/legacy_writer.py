@@ -79,11 +79,10 @@ class Writer:
         is sent until an item references it."""
         writer = self._writer
         writer._check_open()
-        flat = writer._fast_flatten(data)  # (the last step's flat keys: the last width)
-        if flat is None:
-            self._check_width(len(_nest.flatten(data)))
-            flat = writer._flatten(data)
-        writer._append_flat(data, *flat, False)
+        if writer._append_fast(data, False):  # (the last step's flat keys: the last width)
+            return
+        self._check_width(len(_nest.flatten(data)))
+        writer._append_flat(data, *writer._flatten(data), False)
 
     def append_sequence(self, sequence: Any) -> None:
         """Appends `T` steps at once: every leaf has the leading dimension `T`."""

@@ -41,26 +41,25 @@ class StructuredWriter:
         self._writer = internal_writer
         self._structure: Any = None
         self._length: Optional[int] = None
-        # Fast path for flat dicts: the keys in insertion order, then in flattening order.
-        self._keys: Optional[tuple] = None
-        self._sorted_keys: List[Any] = []
+        # The structure of the last step flattened in Python (later steps of that
+        # structure with plain leaves are flattened natively).
+        self._layout: Optional[_native.StepLayout] = None
 
     def _flatten(self, data: Any) -> List[Any]:
-        if type(data) is dict and self._keys is not None and tuple(data) == self._keys:
-            return [data[k] for k in self._sorted_keys]
-        pairs = _nest.flatten_with_path(data)
-        flat = [value for _, value in pairs]
+        if self._layout is not None:
+            flat = self._layout.flatten(data)
+            if flat is not None:
+                return flat
+        flat = _nest.flatten(data)
         if self._length is None:
             self._length = len(flat)
             self._structure = _nest.map_structure(lambda _: None, data)
-            if type(data) is dict and all(len(path) == 1 for path, _ in pairs):
-                self._keys = tuple(data)
-                self._sorted_keys = [path[0] for path, _ in pairs]
         if len(flat) != self._length:
             raise ValueError(
                 f"Flattened data has an unexpected length, got {len(flat)} but wanted "
                 f"{self._length}."
             )
+        self._layout = _native.StepLayout.of(data, list(range(len(flat))))
         return flat
 
     def _path(self, index: int) -> Any:

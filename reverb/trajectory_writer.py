@@ -9,7 +9,7 @@ cells, and `create_item` builds an item from slices of that history.
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -57,140 +57,28 @@ class _CellRef(tuple):
         return f"CellRef(column={self[1]}, step={self[2]})"
 
 
-class TrajectoryColumn:
-    """A column of an item: references to cells, optionally squeezed (exactly one cell, no
-    leading dimension)."""
-
-    __slots__ = ("_writer", "_cells", "_squeeze", "_path")
-
-    def __init__(
-        self,
-        data_references: Sequence[Any],
-        *,
-        squeeze: bool = False,
-        path: Optional[Path] = None,
-    ) -> None:
-        refs = list(data_references)
-        if any(ref is None for ref in refs):
-            raise ValueError(
-                "TrajectoryColumns cannot be created from None references: the column has no "
-                "data at some of the requested steps"
-                + (f" (column {path})" if path is not None else "")
-            )
-        if squeeze and len(refs) != 1:
-            raise ValueError(
-                f"Columns must contain exactly one data reference when squeeze is set, got "
-                f"{len(refs)}"
-            )
-        writers = {id(ref[0]) for ref in refs}
-        if len(writers) > 1:
-            raise ValueError("All references of a TrajectoryColumn must come from one writer")
-        self._writer = refs[0][0] if refs else None
-        self._cells = [(ref[1], ref[2]) for ref in refs]
-        self._squeeze = squeeze
-        self._path = path
-
-    @classmethod
-    def _make(
-        cls, writer: TrajectoryWriter, cells: List[Tuple[int, int]], squeeze: bool, path: Path
-    ) -> TrajectoryColumn:
-        column = cls.__new__(cls)
-        column._writer = writer
-        column._cells = cells
-        column._squeeze = squeeze
-        column._path = path
-        return column
-
-    def __len__(self) -> int:
-        return len(self._cells)
-
-    def __iter__(self) -> Iterator[_CellRef]:
-        return (_CellRef(self._writer, c, s) for c, s in self._cells)
-
-    def __getitem__(self, index: Union[int, slice, List[int]]) -> TrajectoryColumn:
-        if isinstance(index, (int, np.integer)):
-            return self._make(self._writer, [self._cells[index]], True, self._path)
-        if isinstance(index, slice):
-            return self._make(self._writer, self._cells[index], False, self._path)
-        return self._make(self._writer, [self._cells[i] for i in index], False, self._path)
-
-    @property
-    def is_squeezed(self) -> bool:
-        """Whether the leading dimension is dropped."""
-        return self._squeeze
-
-    @property
-    def shape(self) -> Tuple[Optional[int], ...]:
-        """`(len, *row_shape)`, or the row shape when squeezed."""
-        row = tuple(self._writer._spec(self._cells[0][0])[1]) if self._cells else ()
-        return row if self._squeeze else (len(self._cells), *row)
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The numpy dtype of the cells."""
-        return self._writer._spec(self._cells[0][0])[0]
-
-    def numpy(self) -> np.ndarray:
-        """The column's data; RuntimeError if a referenced cell has expired."""
-        values = [_CellRef(self._writer, c, s).numpy() for c, s in self._cells]
-        return values[0] if self._squeeze else np.stack(values)
-
-    def __repr__(self) -> str:
-        return (
-            f"TrajectoryColumn(len={len(self._cells)}, squeeze={self._squeeze}, path={self._path})"
-        )
+# A column of an item: references to cells of one writer's history, optionally squeezed
+# (exactly one cell, no leading dimension): `TrajectoryColumn(data_references, *,
+# squeeze=False, path=None)`, made by indexing `writer.history`. `len`, iteration (cell
+# references), indexing (an int squeezes), `is_squeezed`, `shape`, `dtype`, `numpy()`.
+# Native, as is each column of `history`: actors slice both on every step.
+TrajectoryColumn = _native.TrajectoryColumn
+_ColumnHistory = _native.ColumnHistory
 
 
-class _ColumnHistory:
-    """The cells of one column over the current episode; index like a sequence."""
+def _column_numpy(writer: TrajectoryWriter, cells: List[Tuple[int, int]], squeeze: bool) -> Any:
+    """`TrajectoryColumn.numpy()`: the cells stacked (squeezed: the one cell)."""
+    values = [_CellRef(writer, c, s).numpy() for c, s in cells]
+    return values[0] if squeeze else np.stack(values)
 
-    __slots__ = ("_writer", "_column", "_path")
 
-    def __init__(self, writer: TrajectoryWriter, column: int, path: Path) -> None:
-        self._writer = writer
-        self._column = column
-        self._path = path
-
-    def _steps(self) -> range:
-        """Writer-wide steps of the episode so far (cells are addressed by them)."""
-        start = self._writer._episode_start
-        return range(start, start + self._writer._history_length())
-
-    def __len__(self) -> int:
-        return self._writer._history_length()
-
-    def __iter__(self) -> Iterator[_CellRef]:
-        return (_CellRef(self._writer, self._column, s) for s in self._steps())
-
-    @staticmethod
-    def _step(steps: range, index: int) -> int:
-        try:
-            return steps[index]
-        except IndexError:
-            raise IndexError(f"History index {index} out of range for {len(steps)} steps") from None
-
-    def __getitem__(self, index: Union[int, slice, List[int]]) -> TrajectoryColumn:
-        steps = self._steps()
-        column = self._column
-        if isinstance(index, slice):
-            cells = [(column, s) for s in steps[index]]
-            return TrajectoryColumn._make(self._writer, cells, False, self._path)
-        if isinstance(index, (int, np.integer)):
-            cells = [(column, self._step(steps, int(index)))]
-            return TrajectoryColumn._make(self._writer, cells, True, self._path)
-        cells = [(column, self._step(steps, int(i))) for i in index]
-        return TrajectoryColumn._make(self._writer, cells, False, self._path)
-
-    def numpy(self) -> np.ndarray:
-        """Every live cell of the column, stacked (expired cells are skipped)."""
-        steps = list(self._steps())
-        alive = self._writer._writer.alive(self._column, steps)
-        return np.stack(
-            [_CellRef(self._writer, self._column, s).numpy() for s, a in zip(steps, alive) if a]
-        )
-
-    def __repr__(self) -> str:
-        return f"ColumnHistory(path={self._path}, len={len(self)})"
+def _history_numpy(writer: TrajectoryWriter, column: int) -> np.ndarray:
+    """`history[path].numpy()`: every live cell of the column, stacked (expired cells are
+    skipped)."""
+    start = writer._episode_start
+    steps = list(range(start, start + writer._history_length()))
+    alive = writer._writer.alive(column, steps)
+    return np.stack([_CellRef(writer, column, s).numpy() for s, a in zip(steps, alive) if a])
 
 
 def _dims(dims: List[Any]) -> str:
@@ -241,7 +129,8 @@ class TrajectoryWriter:
         self._path_index: Dict[Path, int] = {}
         self._structure: Any = None
         self._history: Any = None
-        self._fast: Optional[Tuple[tuple, List[Any], List[int]]] = None
+        # The structure of the last flattened step, for `_append_fast`.
+        self._layout: Optional[_native.StepLayout] = None
         self._specs: Dict[int, Tuple[np.dtype, Tuple[int, ...]]] = {}
         self._closed = False
         # Mirrors of the native episode position (saves a native call per history access).
@@ -273,21 +162,21 @@ class TrajectoryWriter:
             self._specs[column] = spec
         return spec
 
-    def _fast_flatten(self, data: Any) -> Optional[Tuple[List[int], List[Any]]]:
-        """`_flatten(data)` when `data` is a flat dict with the keys of the last step (no value
-        a nest), else None."""
-        fast = self._fast
-        if type(data) is not dict or fast is None or tuple(data) != fast[0]:
-            return None
-        values = [data[k] for k in fast[1]]
-        if any(isinstance(v, _nest._NESTED) for v in values):
-            return None
-        return fast[2], values
+    def _append_fast(self, data: Any, partial_step: bool) -> bool:
+        """`append` of `data` when it has the structure of the last flattened step and plain
+        leaves (one native call); False, appending nothing, for any other step."""
+        layout = self._layout
+        if layout is None:
+            return False
+        done, error = self._writer.append_layout(data, layout, partial_step)
+        if not done:
+            return False
+        if error is not None:
+            self._raise_append_error(error, data)
+        self._appended(partial_step)
+        return True
 
     def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
-        flat = self._fast_flatten(data)
-        if flat is not None:
-            return flat
         pairs = _nest.flatten_with_path(data)
         if not pairs:
             raise ValueError("append() needs at least one value")
@@ -299,10 +188,7 @@ class TrajectoryWriter:
         ):
             self._structure = _merge(self._structure, structure)
             self._history = None
-        if type(data) is dict and all(len(path) == 1 for path, _ in pairs):
-            self._fast = (tuple(data), [path[0] for path, _ in pairs], columns)
-        else:
-            self._fast = None
+        self._layout = _native.StepLayout.of(data, columns)
         return columns, values
 
     def _raise_append_error(self, error: _native.AppendError, data: Any) -> None:
@@ -331,6 +217,8 @@ class TrajectoryWriter:
         """Appends a step (any nest of array-likes). With `partial_step`, the step stays open
         and later calls may add the fields it did not set. The structure may grow over time."""
         self._check_open()
+        if self._append_fast(data, partial_step):
+            return
         columns, values = self._flatten(data)
         self._append_flat(data, columns, values, partial_step)
 
@@ -341,6 +229,10 @@ class TrajectoryWriter:
         error = self._writer.append(columns, values, partial_step)
         if error is not None:
             self._raise_append_error(error, data)
+        self._appended(partial_step)
+
+    def _appended(self, partial_step: bool) -> None:
+        """Mirrors an accepted append in the episode position."""
         if partial_step:
             self._step_open = True
         else:
@@ -361,7 +253,9 @@ class TrajectoryWriter:
         """Creates an item in `table` from a nest of `TrajectoryColumn`s (taken from
         `history`). It is sent in the background; `flush` waits for it."""
         self._check_open()
-        self._create_item_of(table, priority, _nest.flatten(trajectory), trajectory)
+        if self._writer.create_item_of_columns(table, float(priority), trajectory, self) is None:
+            # Not a nest of this writer's columns: the general path says what is wrong.
+            self._create_item_of(table, priority, _nest.flatten(trajectory), trajectory)
 
     def _create_item_of(
         self, table: str, priority: float, leaves: List[Any], trajectory: Any
@@ -379,7 +273,7 @@ class TrajectoryWriter:
                     )
             if leaf._writer is not self:
                 raise ValueError("Trajectory columns must come from this writer's history")
-            columns.append((leaf._cells, leaf._squeeze))
+            columns.append((leaf._cells, leaf.is_squeezed))
         # With validate_items, the native writer checks the item against the table signature.
         self._writer.create_item(table, float(priority), columns)
 
@@ -440,7 +334,7 @@ class TrajectoryWriter:
             raise RuntimeError("history is not available before the first append")
         if self._history is None:
             self._history = _nest.map_structure(
-                lambda column: _ColumnHistory(self, column, self._paths[column]),
+                lambda column: _ColumnHistory(self, self._writer, column, self._paths[column]),
                 self._structure,
             )
         return self._history

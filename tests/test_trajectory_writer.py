@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import gc
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -145,6 +148,51 @@ def test_history_indexing_and_columns(served) -> None:
     assert len(col[0:1]) == 1 and col[0].is_squeezed
     with pytest.raises(IndexError):
         history["v"][4]
+
+
+def test_columns_from_cell_references_and_nested_trajectories(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(5)
+    for t in range(4):
+        writer.append({"a": np.int32(t), "b": {"c": np.float32(-t)}})
+    refs = list(writer.history["a"])
+    assert len(refs) == 4 and [r.numpy() for r in refs] == [0, 1, 2, 3]
+    made = reverb.TrajectoryColumn(refs[1:3])
+    np.testing.assert_array_equal(made.numpy(), [1, 2])
+    assert made.shape == (2,) and made[-1].numpy() == 2 and made[-1].is_squeezed
+    np.testing.assert_array_equal(made[[1, 0]].numpy(), [2, 1])
+    assert [r.numpy() for r in made] == [1, 2]
+    assert reverb.TrajectoryColumn([refs[3]], squeeze=True).numpy() == 3
+    assert "len=2" in repr(made) and "path=('a',)" in repr(writer.history["a"][1:3])
+    with pytest.raises(ValueError, match="exactly one"):
+        reverb.TrajectoryColumn(refs[:2], squeeze=True)
+    with pytest.raises(ValueError, match="None references"):
+        reverb.TrajectoryColumn([refs[0], None])
+    with pytest.raises(IndexError, match="History index -5 out of range for 4 steps"):
+        writer.history["a"][-5]
+    with pytest.raises(IndexError):
+        writer.history["a"][[0, 9]]
+    history = writer.history
+    # Tuples, lists and nested dicts flatten in tf.nest order (dict keys sorted).
+    trajectory = (
+        [history["b"]["c"][-2:]],
+        collections.OrderedDict(z=history["a"][-1], y=history["a"][0:2]),
+    )
+    writer.create_item("a", 1.0, trajectory)
+    writer.flush(timeout_ms=TMS)
+    (sample,) = _drain(client, "a")
+    assert [d.tolist() for d in sample.data] == [[-2.0, -3.0], [0, 1], 3]
+
+
+def test_a_writer_whose_history_was_read_is_collected(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(2)
+    writer.append({"x": 1})
+    column = writer.history["x"][-1]
+    ref = weakref.ref(writer)
+    del writer, column
+    gc.collect()
+    assert ref() is None
 
 
 def test_expired_references_are_rejected(served) -> None:

@@ -3,14 +3,17 @@
 //! Python never sees gRPC: it hands numpy buffers in and gets numpy buffers back. Every
 //! blocking call releases the GIL and wakes every 100 ms to let Ctrl-C through (`blocking`).
 //! One module per concern: `errors` (client errors as `reverb.errors` classes), `numpy`
-//! (arrays in and out), `server` (tables and servers), `client`, `writer`,
+//! (arrays in and out), `server` (tables and servers), `client`, `writer`, `history` (the
+//! trajectory writer's history and item columns), `layout` (steps flattened natively),
 //! `structured_writer`, `sampler`, and
 //! `inproc_abi` (the C ABI the TensorFlow kernels sample this process's servers through).
 
 mod blocking;
 mod client;
 mod errors;
+mod history;
 mod inproc_abi;
+mod layout;
 mod numpy;
 mod sampler;
 mod server;
@@ -63,6 +66,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<writer::PyTrajectoryWriter>()?;
     m.add_class::<writer::PyAppendError>()?;
+    m.add_class::<history::PyTrajectoryColumn>()?;
+    m.add_class::<history::PyColumnHistory>()?;
+    m.add_class::<layout::PyStepLayout>()?;
     m.add_class::<structured_writer::PyStructuredWriter>()?;
     m.add_class::<sampler::PySampler>()?;
     m.add_function(wrap_pyfunction!(client::server_info_all, m)?)?;

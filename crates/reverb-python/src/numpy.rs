@@ -2,11 +2,12 @@
 //! [`Tensor`] (one copy of its bytes), and
 //! tensors go back as `(dtype, shape, uint8 array)` triples that Python views with its dtype.
 
+use numpy::npyffi::PY_ARRAY_API;
 use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 use reverb_client::tensor::TensorView;
 use reverb_client::tensor::{encode_strings, DTYPES, DT_STRING};
 use reverb_client::Tensor;
@@ -36,6 +37,16 @@ fn tf_dtype_of_numpy(kind: u8, itemsize: usize) -> Option<i32> {
 pub(crate) fn to_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Array<'py>> {
     let array = match value.downcast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
+        Err(_) if value.is_instance(numpy_generic(py)?)? => {
+            // SAFETY: `value` is a numpy scalar (checked above) and the GIL is held;
+            // PyArray_FromScalar returns a new reference to a 0-d array, or NULL with a
+            // Python error set.
+            let array = unsafe {
+                let ptr = PY_ARRAY_API.PyArray_FromScalar(py, value.as_ptr(), std::ptr::null_mut());
+                Bound::from_owned_ptr_or_err(py, ptr)?
+            };
+            array.downcast_into::<PyUntypedArray>()?
+        }
         // Scalars and sequences: numpy decides the dtype, as in the reference.
         Err(_) => numpy_module(py)?
             .call_method1(intern!(py, "asarray"), (value,))?
@@ -158,6 +169,30 @@ impl Array<'_> {
             data: view.data.to_vec(),
         }
     }
+}
+
+/// Whether `value` is a leaf numpy takes as it is: an array, a numpy scalar, or a Python
+/// bool, int, float, bytes or str (never a nest, so a step of them needs no general flattening).
+pub(crate) fn is_plain_leaf(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(value.downcast::<PyUntypedArray>().is_ok()
+        || value.is_exact_instance_of::<PyFloat>()
+        || value.is_exact_instance_of::<PyInt>()
+        || value.is_exact_instance_of::<PyBool>()
+        || value.is_exact_instance_of::<PyBytes>()
+        || value.is_exact_instance_of::<PyString>()
+        || value.is_instance(numpy_generic(py)?)?)
+}
+
+/// `numpy.generic`, the type of numpy scalars.
+fn numpy_generic(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static GENERIC: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    Ok(GENERIC
+        .get_or_try_init(py, || {
+            numpy_module(py)?
+                .getattr(intern!(py, "generic"))
+                .map(Bound::unbind)
+        })?
+        .bind(py))
 }
 
 fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {

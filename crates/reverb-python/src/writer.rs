@@ -4,6 +4,8 @@
 use crate::blocking::{deadline_ms, run, slices};
 use crate::client::PyClient;
 use crate::errors::{client_error, IntoPyResult};
+use crate::history::column_leaves;
+use crate::layout::PyStepLayout;
 use crate::numpy::{column_out, to_array, Array};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -68,7 +70,7 @@ fn steps_of(steps: &Bound<'_, PyAny>) -> PyResult<Steps> {
 /// Native half of `reverb.TrajectoryWriter`. Calls from several threads are serialized.
 #[pyclass(name = "TrajectoryWriter", module = "reverb._native", frozen)]
 pub(crate) struct PyTrajectoryWriter {
-    inner: Mutex<TrajectoryWriter>,
+    pub(crate) inner: Mutex<TrajectoryWriter>,
 }
 
 /// Runs `f` on a locked writer: directly if the lock is free, otherwise without the GIL.
@@ -187,6 +189,24 @@ impl PyTrajectoryWriter {
         .py()
     }
 
+    /// Creates an item of `columns` in `table`, waiting without the GIL while the in-flight
+    /// window is full.
+    fn create_item_with(
+        &self,
+        py: Python<'_>,
+        table: &str,
+        priority: f64,
+        columns: &[ItemColumn],
+    ) -> PyResult<u64> {
+        let now = Some(Instant::now());
+        let (key, sent) =
+            self.with_table(py, table, |w| w.create_item(table, priority, columns, now))?;
+        if !sent {
+            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+        }
+        Ok(key)
+    }
+
     /// Waits as [`wait_locked`] on this writer.
     fn wait_until(
         &self,
@@ -252,6 +272,25 @@ impl PyTrajectoryWriter {
         self.append_with(py, columns, values, |w, v| w.append(v, partial))
     }
 
+    /// `append` of a step of `layout`'s structure (its leaves go to the layout's columns).
+    /// Returns `(False, None)` without appending when the step has another structure or a
+    /// leaf that is not a plain value (the caller flattens it), else `(True, append's
+    /// result)`.
+    fn append_layout(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        layout: &PyStepLayout,
+        partial: bool,
+    ) -> PyResult<(bool, Option<Py<PyAppendError>>)> {
+        let Some(values) = layout.leaves(data)? else {
+            return Ok((false, None));
+        };
+        let columns = layout.columns.clone();
+        let result = self.append_with(py, columns, values, |w, v| w.append(v, partial))?;
+        Ok((true, result))
+    }
+
     /// Appends N full steps at once; every value has a leading dimension N.
     fn append_steps(
         &self,
@@ -274,14 +313,35 @@ impl PyTrajectoryWriter {
             .into_iter()
             .map(|(refs, squeeze)| ItemColumn { refs, squeeze })
             .collect();
-        let now = Some(Instant::now());
-        let (key, sent) = self.with_table(py, &table, |w| {
-            w.create_item(&table, priority, &columns, now)
-        })?;
-        if !sent {
-            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+        self.create_item_with(py, &table, priority, &columns)
+    }
+
+    /// Creates an item from `trajectory`, a nest of `owner`'s `TrajectoryColumn`s in dicts,
+    /// lists and tuples; returns None (and creates nothing) for anything else, which the
+    /// caller checks in Python to say what is wrong.
+    fn create_item_of_columns(
+        &self,
+        py: Python<'_>,
+        table: String,
+        priority: f64,
+        trajectory: &Bound<'_, PyAny>,
+        owner: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u64>> {
+        let Some(leaves) = column_leaves(trajectory)? else {
+            return Ok(None);
+        };
+        if leaves.is_empty() || leaves.iter().any(|c| !c.get().is_of(owner)) {
+            return Ok(None);
         }
-        Ok(key)
+        let columns: Vec<ItemColumn> = leaves
+            .iter()
+            .map(|c| ItemColumn {
+                refs: c.get().cells.clone(),
+                squeeze: c.get().squeeze,
+            })
+            .collect();
+        self.create_item_with(py, &table, priority, &columns)
+            .map(Some)
     }
 
     /// Creates an item of the episode's newest `num_steps` full steps of each of `columns`
