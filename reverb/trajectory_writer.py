@@ -177,6 +177,11 @@ class TrajectoryWriter:
         return True
 
     def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
+        layout = self._layout
+        if layout is not None:
+            leaves = layout.flatten(data)
+            if leaves is not None:
+                return layout.columns, leaves
         pairs = _nest.flatten_with_path(data)
         if not pairs:
             raise ValueError("append() needs at least one value")

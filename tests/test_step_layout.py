@@ -61,6 +61,19 @@ def test_a_layout_declines_what_python_must_flatten() -> None:
     assert layout.flatten({"a": [1.0, 2.0], "b": 1}) is None  # a nest where a leaf was
     assert layout.flatten({"a": object(), "b": 1}) is None  # numpy would convert it
     assert layout.flatten({"a": 1, "c": 1}) is None and layout.flatten({"a": 1}) is None
+
+    class Doubled(dict):
+        def __getitem__(self, key: str) -> int:
+            return 2 * dict.__getitem__(self, key)
+
+    # (A dict subclass may change item access: Python flattens it.)
+    assert _native.StepLayout.of(Doubled(a=1), [0]) is None
+    assert _native.StepLayout.of({"a": 1}, [0]).flatten(Doubled(a=1)) is None
+    assert _native.StepLayout.of(collections.OrderedDict(a=1), [0]).flatten({"a": 5}) == [5]
+    deep: list = [1]
+    for _ in range(100):
+        deep = [deep]
+    assert _native.StepLayout.of(deep, [0]) is None
     mapping = types.MappingProxyType({"a": 1})
     assert _native.StepLayout.of(mapping, [0]) is None  # a mapping that is not a dict
     assert _native.StepLayout.of(step, [0]) is None  # columns for another number of leaves

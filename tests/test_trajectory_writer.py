@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import gc
 import threading
 import time
@@ -172,6 +173,19 @@ def test_columns_from_cell_references_and_nested_trajectories(served) -> None:
         writer.history["a"][-5]
     with pytest.raises(IndexError):
         writer.history["a"][[0, 9]]
+    with pytest.raises(IndexError):
+        writer.history["a"][10**20]
+    with pytest.raises(IndexError):
+        made[0:0].dtype  # noqa: B018 - the access is the test
+    picked = writer.history["a"][np.array([3, 1])]
+    np.testing.assert_array_equal(picked.numpy(), [3, 1])
+    assert writer.history["a"][np.int64(-1)].numpy() == 3
+    np.testing.assert_array_equal(writer.history["a"][[np.int8(0), 2.0]].numpy(), [0, 2])
+    assert copy.copy(made) is made and copy.deepcopy({"m": made})["m"] is made
+    cyclic: list = []
+    cyclic.append(cyclic)
+    with pytest.raises(RecursionError):
+        writer.create_item("a", 1.0, cyclic)
     history = writer.history
     # Tuples, lists and nested dicts flatten in tf.nest order (dict keys sorted).
     trajectory = (

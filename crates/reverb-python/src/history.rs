@@ -5,11 +5,13 @@
 //! Cells are `(column, step)` with a writer-wide step. What needs Python (`numpy()`, cell
 //! references, the column's dtype and shape) calls back into `reverb.trajectory_writer`.
 
+use crate::layout::{plain_dict, MAX_DEPTH};
+use crate::numpy::numpy_integer;
 use crate::writer::{locked, PyTrajectoryWriter};
-use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyOverflowError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
+use pyo3::types::{PyInt, PyList, PySlice, PyTuple};
 use pyo3::PyTraverseError;
 
 /// Cells of one column: `(column, writer-wide step)`.
@@ -53,12 +55,24 @@ fn select(index: &Bound<'_, PyAny>, len: usize, what: &str) -> PyResult<(Vec<usi
             .collect();
         return Ok((positions, false));
     }
-    if let Ok(i) = index.extract::<isize>() {
-        return Ok((vec![one(i)?], true));
+    // An int beyond isize is out of range all the same.
+    let int = |i: &Bound<'_, PyAny>| -> PyResult<isize> {
+        i.extract::<isize>().map_err(|e| {
+            if e.is_instance_of::<PyOverflowError>(i.py()) {
+                PyIndexError::new_err(format!("{what} index {i} out of range for {len} steps"))
+            } else {
+                e
+            }
+        })
+    };
+    if index.is_instance_of::<PyInt>() || index.is_instance(numpy_integer(index.py())?)? {
+        return Ok((vec![one(int(index)?)?], true));
     }
+    // (List elements as the Python class took them: through int().)
+    let to_int = index.py().get_type::<PyInt>();
     let positions = index
         .try_iter()?
-        .map(|i| one(i?.extract::<isize>()?))
+        .map(|i| one(int(&to_int.call1((i?,))?)?))
         .collect::<PyResult<_>>()?;
     Ok((positions, false))
 }
@@ -89,7 +103,9 @@ impl PyTrajectoryColumn {
 
     /// `(dtype, row shape)` of the column's cells.
     fn spec<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let column = self.cells.first().map_or(0, |c| c.0);
+        let Some(&(column, _)) = self.cells.first() else {
+            return Err(PyIndexError::new_err("The column has no cells"));
+        };
         self.owner(py)?.call_method1("_spec", (column,))
     }
 }
@@ -146,6 +162,15 @@ impl PyTrajectoryColumn {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.owner)?;
         visit.call(&self.path)
+    }
+
+    /// Columns are immutable: a copy is the column itself.
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
     }
 
     fn __len__(&self) -> usize {
@@ -336,29 +361,34 @@ pub(crate) fn column_leaves<'py>(
     fn walk<'py>(
         x: &Bound<'py, PyAny>,
         out: &mut Vec<Bound<'py, PyTrajectoryColumn>>,
+        depth: usize,
     ) -> PyResult<bool> {
+        if depth > MAX_DEPTH {
+            // (A cyclic or absurdly deep nest: Python's flattening raises RecursionError.)
+            return Ok(false);
+        }
         if let Ok(column) = x.downcast::<PyTrajectoryColumn>() {
             out.push(column.clone());
-        } else if let Ok(dict) = x.downcast::<PyDict>() {
+        } else if let Some(dict) = plain_dict(x)? {
             let keys = dict.keys();
             if keys.sort().is_err() {
                 return Ok(false);
             }
             for key in keys.iter() {
                 match dict.get_item(&key)? {
-                    Some(value) if walk(&value, out)? => {}
+                    Some(value) if walk(&value, out, depth + 1)? => {}
                     _ => return Ok(false),
                 }
             }
         } else if let Ok(list) = x.downcast::<PyList>() {
             for value in list.iter() {
-                if !walk(&value, out)? {
+                if !walk(&value, out, depth + 1)? {
                     return Ok(false);
                 }
             }
         } else if let Ok(tuple) = x.downcast::<PyTuple>() {
             for value in tuple.iter() {
-                if !walk(&value, out)? {
+                if !walk(&value, out, depth + 1)? {
                     return Ok(false);
                 }
             }
@@ -368,5 +398,5 @@ pub(crate) fn column_leaves<'py>(
         Ok(true)
     }
     let mut out = Vec::new();
-    Ok(walk(trajectory, &mut out)?.then_some(out))
+    Ok(walk(trajectory, &mut out, 0)?.then_some(out))
 }

@@ -10,6 +10,45 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
 
+/// Deepest nest walked natively; deeper (or cyclic) ones are left to Python.
+pub(crate) const MAX_DEPTH: usize = 64;
+
+/// `x` as a dict whose items can be read from its storage: a `dict`, `OrderedDict` or
+/// `defaultdict` (other subclasses may override item access: Python reads those).
+pub(crate) fn plain_dict<'a, 'py>(
+    x: &'a Bound<'py, PyAny>,
+) -> PyResult<Option<&'a Bound<'py, PyDict>>> {
+    let Ok(dict) = x.downcast::<PyDict>() else {
+        return Ok(None);
+    };
+    if x.is_exact_instance_of::<PyDict>() {
+        return Ok(Some(dict));
+    }
+    static TYPES: pyo3::sync::PyOnceLock<(Py<PyAny>, Py<PyAny>)> = pyo3::sync::PyOnceLock::new();
+    let py = x.py();
+    let (ordered, default) = TYPES.get_or_try_init(py, || -> PyResult<_> {
+        let collections = py.import("collections")?;
+        Ok((
+            collections.getattr("OrderedDict")?.unbind(),
+            collections.getattr("defaultdict")?.unbind(),
+        ))
+    })?;
+    let ty = x.get_type();
+    Ok((ty.is(ordered) || ty.is(default)).then_some(dict))
+}
+
+/// `collections.abc.Mapping`.
+fn mapping_type(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static MAPPING: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    Ok(MAPPING
+        .get_or_try_init(py, || {
+            py.import("collections.abc")?
+                .getattr("Mapping")
+                .map(Bound::unbind)
+        })?
+        .bind(py))
+}
+
 /// One node of a step's structure.
 enum Node {
     Leaf,
@@ -21,19 +60,23 @@ enum Node {
 }
 
 impl Node {
-    /// The structure of `x`, or None when it holds a mapping that is not a dict (its
-    /// flattening is left to Python).
-    fn of(x: &Bound<'_, PyAny>, mapping: &Bound<'_, PyAny>) -> PyResult<Option<Node>> {
+    /// The structure of `x`, or None when it holds a mapping other than a plain dict (see
+    /// [`plain_dict`]) or nests deeper than [`MAX_DEPTH`] (their flattening is left to
+    /// Python).
+    fn of(x: &Bound<'_, PyAny>, depth: usize) -> PyResult<Option<Node>> {
+        if depth > MAX_DEPTH {
+            return Ok(None);
+        }
         let children = |items: Vec<Bound<'_, PyAny>>| -> PyResult<Option<Vec<Node>>> {
-            items.iter().map(|c| Node::of(c, mapping)).collect()
+            items.iter().map(|c| Node::of(c, depth + 1)).collect()
         };
-        Ok(if let Ok(dict) = x.downcast::<PyDict>() {
+        Ok(if let Some(dict) = plain_dict(x)? {
             let keys = dict.keys();
             keys.sort()?;
             let mut entries = Vec::with_capacity(keys.len());
             for key in keys.iter() {
                 let value = dict.get_item(&key)?.expect("a key of the dict");
-                match Node::of(&value, mapping)? {
+                match Node::of(&value, depth + 1)? {
                     Some(node) => entries.push((key.unbind(), node)),
                     None => return Ok(None),
                 }
@@ -43,7 +86,7 @@ impl Node {
             children(list.iter().collect())?.map(Node::List)
         } else if let Ok(tuple) = x.downcast::<PyTuple>() {
             children(tuple.iter().collect())?.map(|c| Node::Tuple(x.get_type().unbind(), c))
-        } else if x.is_instance(mapping)? {
+        } else if x.is_instance(mapping_type(x.py())?)? {
             None
         } else {
             Some(Node::Leaf)
@@ -66,7 +109,7 @@ impl Node {
                 out.push(x.clone());
             }
             Node::Dict(entries) => {
-                let Ok(dict) = x.downcast::<PyDict>() else {
+                let Some(dict) = plain_dict(x)? else {
                     return Ok(false);
                 };
                 if dict.len() != entries.len() {
@@ -155,9 +198,7 @@ impl PyStepLayout {
     /// that is not a dict, or `columns` has another number of leaves.
     #[staticmethod]
     fn of(step: &Bound<'_, PyAny>, columns: Vec<usize>) -> PyResult<Option<Self>> {
-        let py = step.py();
-        let mapping = py.import("collections.abc")?.getattr("Mapping")?;
-        let Some(root) = Node::of(step, &mapping)? else {
+        let Some(root) = Node::of(step, 0)? else {
             return Ok(None);
         };
         Ok((root.count() == columns.len()).then_some(Self { root, columns }))
@@ -170,6 +211,12 @@ impl PyStepLayout {
             Some(leaves) => Ok(Some(PyList::new(step.py(), leaves)?)),
             None => Ok(None),
         }
+    }
+
+    /// The writer column of each leaf, in flattening order.
+    #[getter]
+    fn columns(&self) -> Vec<usize> {
+        self.columns.clone()
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

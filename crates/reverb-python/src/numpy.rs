@@ -183,6 +183,18 @@ pub(crate) fn is_plain_leaf(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResul
         || value.is_instance(numpy_generic(py)?)?)
 }
 
+/// `numpy.integer`, the type of numpy integer scalars.
+pub(crate) fn numpy_integer(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static INTEGER: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+    Ok(INTEGER
+        .get_or_try_init(py, || {
+            numpy_module(py)?
+                .getattr(intern!(py, "integer"))
+                .map(Bound::unbind)
+        })?
+        .bind(py))
+}
+
 /// `numpy.generic`, the type of numpy scalars.
 fn numpy_generic(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static GENERIC: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
