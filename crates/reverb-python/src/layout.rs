@@ -7,6 +7,7 @@
 use crate::numpy::is_plain_leaf;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 use pyo3::PyTraverseError;
 
@@ -24,29 +25,19 @@ pub(crate) fn plain_dict<'a, 'py>(
     if x.is_exact_instance_of::<PyDict>() {
         return Ok(Some(dict));
     }
-    static TYPES: pyo3::sync::PyOnceLock<(Py<PyAny>, Py<PyAny>)> = pyo3::sync::PyOnceLock::new();
+    static ORDERED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    static DEFAULT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     let py = x.py();
-    let (ordered, default) = TYPES.get_or_try_init(py, || -> PyResult<_> {
-        let collections = py.import("collections")?;
-        Ok((
-            collections.getattr("OrderedDict")?.unbind(),
-            collections.getattr("defaultdict")?.unbind(),
-        ))
-    })?;
     let ty = x.get_type();
-    Ok((ty.is(ordered) || ty.is(default)).then_some(dict))
+    let plain = ty.is(ORDERED.import(py, "collections", "OrderedDict")?)
+        || ty.is(DEFAULT.import(py, "collections", "defaultdict")?);
+    Ok(plain.then_some(dict))
 }
 
 /// `collections.abc.Mapping`.
-fn mapping_type(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    static MAPPING: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
-    Ok(MAPPING
-        .get_or_try_init(py, || {
-            py.import("collections.abc")?
-                .getattr("Mapping")
-                .map(Bound::unbind)
-        })?
-        .bind(py))
+fn mapping_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static MAPPING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    MAPPING.import(py, "collections.abc", "Mapping")
 }
 
 /// One node of a step's structure.
@@ -122,32 +113,31 @@ impl Node {
                     }
                 }
             }
-            Node::List(nodes) => {
-                let Ok(list) = x.downcast::<PyList>() else {
-                    return Ok(false);
-                };
-                if list.len() != nodes.len() {
-                    return Ok(false);
+            Node::List(nodes) => match x.downcast::<PyList>() {
+                Ok(list) if list.len() == nodes.len() => {
+                    return Node::flatten_all(nodes, list.iter(), out)
                 }
-                for (value, node) in list.iter().zip(nodes) {
-                    if !node.flatten(&value, out)? {
-                        return Ok(false);
-                    }
+                _ => return Ok(false),
+            },
+            Node::Tuple(ty, nodes) => match x.downcast::<PyTuple>() {
+                Ok(tuple) if x.get_type().is(ty) && tuple.len() == nodes.len() => {
+                    return Node::flatten_all(nodes, tuple.iter(), out)
                 }
-            }
-            Node::Tuple(ty, nodes) => {
-                if !x.get_type().is(ty) {
-                    return Ok(false);
-                }
-                let tuple = x.downcast::<PyTuple>()?;
-                if tuple.len() != nodes.len() {
-                    return Ok(false);
-                }
-                for (value, node) in tuple.iter().zip(nodes) {
-                    if !node.flatten(&value, out)? {
-                        return Ok(false);
-                    }
-                }
+                _ => return Ok(false),
+            },
+        }
+        Ok(true)
+    }
+
+    /// [`Node::flatten`] of each of `values` by the node at its position.
+    fn flatten_all<'py>(
+        nodes: &[Node],
+        values: impl Iterator<Item = Bound<'py, PyAny>>,
+        out: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<bool> {
+        for (value, node) in values.zip(nodes) {
+            if !node.flatten(&value, out)? {
+                return Ok(false);
             }
         }
         Ok(true)

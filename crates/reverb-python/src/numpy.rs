@@ -7,7 +7,8 @@ use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use reverb_client::tensor::TensorView;
 use reverb_client::tensor::{encode_strings, DTYPES, DT_STRING};
 use reverb_client::Tensor;
@@ -184,27 +185,15 @@ pub(crate) fn is_plain_leaf(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResul
 }
 
 /// `numpy.integer`, the type of numpy integer scalars.
-pub(crate) fn numpy_integer(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    static INTEGER: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
-    Ok(INTEGER
-        .get_or_try_init(py, || {
-            numpy_module(py)?
-                .getattr(intern!(py, "integer"))
-                .map(Bound::unbind)
-        })?
-        .bind(py))
+pub(crate) fn numpy_integer(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static INTEGER: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    INTEGER.import(py, "numpy", "integer")
 }
 
 /// `numpy.generic`, the type of numpy scalars.
-fn numpy_generic(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    static GENERIC: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
-    Ok(GENERIC
-        .get_or_try_init(py, || {
-            numpy_module(py)?
-                .getattr(intern!(py, "generic"))
-                .map(Bound::unbind)
-        })?
-        .bind(py))
+fn numpy_generic(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static GENERIC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    GENERIC.import(py, "numpy", "generic")
 }
 
 fn numpy_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
