@@ -5,8 +5,8 @@
 //! One module per concern: `errors` (client errors as `reverb.errors` classes), `numpy`
 //! (arrays in and out), `server` (tables and servers), `client`, `writer`, `history` (the
 //! trajectory writer's history and item columns), `layout` (steps flattened natively),
-//! `structured_writer`, `sampler`, and
-//! `inproc_abi` (the C ABI the TensorFlow kernels sample this process's servers through).
+//! `structured_writer`, `sampler`, `inproc_abi` (the C ABI the TensorFlow kernels sample this
+//! process's servers through), and `malloc` (glibc's thresholds for big buffers, set on import).
 
 mod blocking;
 mod client;
@@ -14,6 +14,7 @@ mod errors;
 mod history;
 mod inproc_abi;
 mod layout;
+mod malloc;
 mod numpy;
 mod sampler;
 mod server;
@@ -51,6 +52,12 @@ fn signature_specs(signature: &[u8]) -> PyResult<Option<Vec<FlatSpec>>> {
     }))
 }
 
+/// Whether importing this module set glibc's malloc thresholds (see `malloc`).
+#[pyfunction]
+fn _malloc_tuned() -> bool {
+    malloc::tune()
+}
+
 /// Chunks this library's samplers received through shared memory (tests check the path).
 #[pyfunction]
 fn _shm_chunks_received() -> u64 {
@@ -59,6 +66,7 @@ fn _shm_chunks_received() -> u64 {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    malloc::tune();
     m.add_class::<server::PySelector>()?;
     m.add_class::<server::PyRateLimiter>()?;
     m.add_class::<server::PyTable>()?;
@@ -77,6 +85,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signature_specs, m)?)?;
     m.add_function(wrap_pyfunction!(inproc_abi::inproc_port, m)?)?;
     m.add_function(wrap_pyfunction!(_shm_chunks_received, m)?)?;
+    m.add_function(wrap_pyfunction!(_malloc_tuned, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
