@@ -477,7 +477,7 @@ impl TrajectoryWriter {
                         return Ok(false);
                     }
                     let wait = deadline.map_or(Duration::from_millis(100), |d| d - now);
-                    progress = self.shared.changed.wait_timeout(progress, wait).unwrap().0;
+                    progress = self.shared.wait_change(progress, wait);
                 }
             }
             let keep = match &keep {
@@ -562,7 +562,7 @@ impl TrajectoryWriter {
                 return Ok(false);
             }
             let wait = deadline.map_or(Duration::from_millis(100), |d| d - now);
-            let _ = self.shared.changed.wait_timeout(progress, wait).unwrap();
+            drop(self.shared.wait_change(progress, wait));
         }
     }
 

@@ -13,8 +13,8 @@ use crate::{Client, ClientError};
 use prost::Message;
 use reverb_proto::{ChunkData, InsertStreamRequest, PrioritizedItem};
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -74,6 +74,8 @@ pub(crate) struct Shared {
     pub wake: Notify,
     /// Items handed to the stream and not yet taken into a request.
     pub queued: AtomicUsize,
+    /// Bumped (under the lock) by every change of `progress`.
+    version: AtomicU64,
 }
 
 impl Shared {
@@ -112,10 +114,43 @@ impl Drop for UrgentGuard<'_> {
 /// both ends is then paid per batch. Flushes skip it.
 const LINGER: Duration = Duration::from_micros(500);
 
+/// How long a writer waiting for confirmations watches for them before it sleeps.
+const SPIN: Duration = Duration::from_micros(150);
+
 impl Shared {
     fn update(&self, f: impl FnOnce(&mut Progress)) {
-        f(&mut self.progress.lock().unwrap());
+        let mut progress = self.progress.lock().unwrap();
+        f(&mut progress);
+        self.version.fetch_add(1, Ordering::SeqCst);
+        drop(progress);
         self.changed.notify_all();
+    }
+
+    /// Waits (giving up the lock) until the progress changes or `wait` passes, and locks it
+    /// again. Watches for a change for up to [`SPIN`] first, yielding the CPU: a confirmation
+    /// usually comes within a round trip, and a sleeping thread costs the stream a wake-up
+    /// (tens of microseconds on a busy or virtual machine).
+    pub fn wait_change<'a>(
+        &'a self,
+        progress: MutexGuard<'a, Progress>,
+        wait: Duration,
+    ) -> MutexGuard<'a, Progress> {
+        let seen = self.version.load(Ordering::SeqCst);
+        drop(progress);
+        let start = Instant::now();
+        let spin = SPIN.min(wait);
+        while start.elapsed() < spin {
+            if self.version.load(Ordering::SeqCst) != seen {
+                return self.progress.lock().unwrap();
+            }
+            std::thread::yield_now();
+        }
+        let progress = self.progress.lock().unwrap();
+        if self.version.load(Ordering::SeqCst) != seen {
+            return progress;
+        }
+        let left = wait.saturating_sub(start.elapsed());
+        self.changed.wait_timeout(progress, left).unwrap().0
     }
 }
 
@@ -480,6 +515,35 @@ fn sent(req: &InsertStreamRequest, sent_chunks: &mut HashSet<u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `wait_change` returns once a change comes, whether while it watches or while it
+    /// sleeps, and after `wait` when none comes.
+    #[test]
+    fn wait_change_sees_changes_early_and_late() {
+        let shared = Arc::new(Shared::default());
+        for delay in [Duration::ZERO, SPIN * 4] {
+            let updater = {
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    shared.update(|p| p.confirmed += 1);
+                })
+            };
+            let start = Instant::now();
+            let mut progress = shared.progress.lock().unwrap();
+            let before = progress.confirmed;
+            while progress.confirmed == before {
+                progress = shared.wait_change(progress, Duration::from_secs(10));
+            }
+            drop(progress);
+            assert!(start.elapsed() < Duration::from_secs(5), "{delay:?}");
+            updater.join().unwrap();
+        }
+        let start = Instant::now();
+        let progress = shared.wait_change(shared.progress.lock().unwrap(), SPIN * 3);
+        assert_eq!(progress.confirmed, 2);
+        assert!(start.elapsed() >= SPIN * 3);
+    }
 
     fn outgoing() -> Outgoing {
         Outgoing {
