@@ -44,20 +44,28 @@ pub(crate) fn run<T: Send + 'static>(
 ) -> PyResult<T> {
     let mut handle = runtime().spawn(fut);
     let abort = handle.abort_handle();
-    // Most calls are answered within a round trip: watch for the answer a little before
-    // sleeping, so the worker that finishes the call does not have to wake this thread.
-    if let Some(joined) = py.detach(|| spin_on(&mut handle)) {
-        return joined
-            .unwrap_or_else(|e| Err(join_error(e)))
-            .map_err(crate::errors::client_error);
-    }
-    let joined = run_here(py, async move {
-        handle.await.unwrap_or_else(|e| Err(join_error(e)))
+    // Most calls are answered within a round trip: the first slice watches for the answer a
+    // little before sleeping, so the worker that finishes the call need not wake this thread.
+    let mut watched = false;
+    let joined = slices(py, None, |until| {
+        if !std::mem::replace(&mut watched, true) {
+            if let Some(done) = spin_on(&mut handle) {
+                return Some(done);
+            }
+        }
+        let until = tokio::time::Instant::from_std(until);
+        runtime().block_on(async { tokio::time::timeout_at(until, &mut handle).await.ok() })
     });
-    if joined.is_err() {
-        abort.abort();
+    match joined {
+        Ok(done) => done
+            .expect("no deadline")
+            .unwrap_or_else(|e| Err(join_error(e)))
+            .map_err(crate::errors::client_error),
+        Err(signal) => {
+            abort.abort();
+            Err(signal)
+        }
     }
-    joined
 }
 
 /// How long a waiting thread watches for an answer before it sleeps.

@@ -74,7 +74,7 @@ pub(crate) struct Shared {
     pub wake: Notify,
     /// Items handed to the stream and not yet taken into a request.
     pub queued: AtomicUsize,
-    /// Bumped (under the lock) by every change of `progress`.
+    /// Bumped (under the lock) by every update the stream makes to `progress`.
     version: AtomicU64,
 }
 
@@ -521,7 +521,7 @@ mod tests {
     #[test]
     fn wait_change_sees_changes_early_and_late() {
         let shared = Arc::new(Shared::default());
-        for delay in [Duration::ZERO, SPIN * 4] {
+        for (round, delay) in [Duration::ZERO, SPIN * 4].into_iter().enumerate() {
             let updater = {
                 let shared = shared.clone();
                 std::thread::spawn(move || {
@@ -531,8 +531,7 @@ mod tests {
             };
             let start = Instant::now();
             let mut progress = shared.progress.lock().unwrap();
-            let before = progress.confirmed;
-            while progress.confirmed == before {
+            while progress.confirmed <= round as u64 {
                 progress = shared.wait_change(progress, Duration::from_secs(10));
             }
             drop(progress);
