@@ -287,6 +287,29 @@ def test_mutate_priorities_updates(client, insert):
     assert (int(steps[0].data[0]), steps[0].info.priority) == (2, 100.0)
 
 
+def test_priority_whose_weight_overflows_is_refused_and_nothing_changes(make_server):
+    table = reverb.Table(
+        name="squared",
+        sampler=selectors.Prioritized(2.0),
+        remover=selectors.Fifo(),
+        max_size=10,
+        rate_limiter=rate_limiters.MinSize(1),
+    )
+    server = make_server([table])
+    client = reverb.Client(f"localhost:{server.port}")
+    client.insert(np.int8(1), {"squared": 1e100}, timeout=T)
+    with pytest.raises(ValueError, match="Priority 1e\\+?200 .*'squared'.*priority_exponent"):
+        client.insert(np.int8(2), {"squared": 1e200}, timeout=T)
+    (steps,) = list(client.sample("squared", 1, timeout=T))
+    key = steps[0].info.key
+    with pytest.raises(ValueError, match="priority_exponent"):
+        client.mutate_priorities("squared", updates={key: 1e300}, timeout=T)
+    (steps,) = list(client.sample("squared", 1, timeout=T))
+    assert (steps[0].info.key, steps[0].info.priority) == (key, 1e100)
+    assert steps[0].info.probability == 1.0
+    assert table.info.current_size == 1
+
+
 def test_mutate_priorities_changes_prioritized_probabilities(client, insert, tables):
     insert(client, "prioritized", [0, 1], priorities=[1.0, 1.0])
     keys = {}

@@ -177,6 +177,33 @@ impl Selector for Uniform {
 /// block (a single tree of 16M leaves took 0.4 s to double with the table's lock held).
 const BLOCK: usize = 1 << 16;
 
+/// Largest weight (`priority ^ exponent`) a prioritized selector takes: the sum of 10^10
+/// such weights is still finite, so the sum tree never overflows to infinity (which would
+/// make every probability NaN).
+pub const MAX_WEIGHT: f64 = 1e298;
+
+/// The weight of `priority` under a prioritized selector with `exponent`, or an error when
+/// the priority is not a finite number >= 0 or its weight is too large to sum.
+pub fn prioritized_weight(priority: f64, exponent: f64) -> Result<f64> {
+    if priority.is_nan() || priority < 0.0 || priority.is_infinite() {
+        return Err(invalid_arg!(
+            "priority must be a finite number >= 0, got {priority:?}"
+        ));
+    }
+    // 0^α = 0 even for α = 0, so an item with priority 0 is never sampled.
+    if priority == 0.0 {
+        return Ok(0.0);
+    }
+    let weight = priority.powf(exponent);
+    if weight > MAX_WEIGHT {
+        return Err(invalid_arg!(
+            "priority {priority:?} to the power of the priority_exponent {exponent:?} is {weight:?}, \
+             more than the {MAX_WEIGHT:e} a prioritized selector can sum"
+        ));
+    }
+    Ok(weight)
+}
+
 /// Prioritized: dense slots whose weights sit in sum trees, one per block of `BLOCK` slots,
 /// under a small sum tree of the blocks' totals. Every internal node is recomputed as the sum
 /// of its children on update, so floating-point drift never accumulates.
@@ -209,17 +236,7 @@ impl PrioritizedSelector {
     }
 
     fn weight(&self, priority: f64) -> Result<f64> {
-        if priority.is_nan() || priority < 0.0 || priority.is_infinite() {
-            return Err(invalid_arg!(
-                "priority must be a finite number >= 0, got {priority}"
-            ));
-        }
-        // 0^α = 0 even for α = 0, so an item with priority 0 is never sampled.
-        Ok(if priority == 0.0 {
-            0.0
-        } else {
-            priority.powf(self.exponent)
-        })
+        prioritized_weight(priority, self.exponent)
     }
 
     /// The weight of `slot`.

@@ -5,7 +5,7 @@
 use crate::chunk::ItemData;
 use crate::keymap::KeyMap;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
-use crate::selectors::{Selector, SelectorKind};
+use crate::selectors::{prioritized_weight, Selector, SelectorKind};
 use crate::{invalid_arg, Result};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -291,26 +291,23 @@ impl Table {
 
     /// Checks that `priority` is one this table's selectors take.
     pub fn check_priority(&self, priority: f64) -> Result<()> {
-        let ok = match self.config.sampler {
-            SelectorKind::Prioritized { .. } => priority >= 0.0 && priority.is_finite(),
-            _ => !priority.is_nan(),
-        } && match self.config.remover {
-            SelectorKind::Prioritized { .. } => priority >= 0.0 && priority.is_finite(),
-            _ => true,
-        };
-        if ok {
-            Ok(())
-        } else if priority.is_nan() {
-            Err(invalid_arg!(
+        if priority.is_nan() {
+            return Err(invalid_arg!(
                 "Priority NaN is not valid for table '{}': a priority must be a number",
                 self.config.name
-            ))
-        } else {
-            Err(invalid_arg!(
-                "Priority {priority} is not valid for table '{}' (prioritized selectors need a finite priority >= 0)",
-                self.config.name
-            ))
+            ));
         }
+        for kind in [self.config.sampler, self.config.remover] {
+            if let SelectorKind::Prioritized { priority_exponent } = kind {
+                prioritized_weight(priority, priority_exponent).map_err(|e| {
+                    invalid_arg!(
+                        "Priority {priority:?} is not valid for table '{}': {e}",
+                        self.config.name
+                    )
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Inserts an item, or updates the priority of an existing key. Evicts with the remover

@@ -234,6 +234,43 @@ fn mutate_checks_priorities_before_changing_anything() {
     assert_eq!(t.get(1).unwrap().1, 3.0);
 }
 
+/// A priority whose weight (`priority ^ exponent`) is too large to sum is refused, before
+/// anything changes: the sum tree would become infinite and every probability NaN.
+#[test]
+fn priorities_whose_weight_overflows_are_refused() {
+    let t = Table::with_seed(
+        config(
+            SelectorKind::Prioritized {
+                priority_exponent: 2.0,
+            },
+            SelectorKind::Fifo,
+            10,
+        ),
+        1,
+    )
+    .unwrap();
+    insert(&t, 1, 1.0);
+    insert(&t, 2, 1e148); // weight 1e296: taken
+    let err = t
+        .try_insert(item(3, vec![]), 1e150)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Priority 1e150") && err.contains("priority_exponent"),
+        "{err}"
+    );
+    assert!(t.mutate_items(&[(1, 1e200)], &[]).is_err());
+    assert_eq!((t.size(), t.get(1).unwrap().1), (2, 1.0));
+    // Sampling still works, with a finite probability.
+    for sampled in t.try_sample(8, usize::MAX) {
+        assert!(sampled.probability.is_finite() && sampled.probability > 0.0);
+    }
+    // On a uniform table the same priority is only a number.
+    let u = Table::new(config(SelectorKind::Uniform, SelectorKind::Fifo, 10)).unwrap();
+    insert(&u, 1, 1e300);
+    assert_eq!(u.size(), 1);
+}
+
 #[test]
 fn rejects_bad_config() {
     let mut c = config(SelectorKind::Uniform, SelectorKind::Fifo, 0);
