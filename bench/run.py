@@ -47,6 +47,7 @@ LOWER_IS_BETTER = {
     "latency_sample",
     "memory",
     "memory_1m",
+    "memory_frames",
     "append_only",
     "import_time",
 }
@@ -66,7 +67,8 @@ def make_reference_venv(path: str) -> str:
     return python
 
 
-def run_one(python: str, workload: str, mode: str, seconds: float) -> Optional[float]:
+def run_one(python: str, workload: str, mode: str, seconds: float) -> Optional[dict]:
+    """One run of `workload`: its JSON result (`value`, `unit`, maybe `p99`), or None."""
     # One BLAS thread for both sides: idle OpenBLAS threads otherwise spin on the 2 cores.
     env = dict(
         os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore", OPENBLAS_NUM_THREADS="1"
@@ -85,7 +87,7 @@ def run_one(python: str, workload: str, mode: str, seconds: float) -> Optional[f
         return None
     for line in out.stdout.splitlines():
         if line.startswith("{"):
-            return json.loads(line)["value"]
+            return json.loads(line)
     print(f"  {workload}/{mode} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
     return None
 
@@ -125,6 +127,7 @@ def main() -> None:
         "latency_sample": "us (p50)",
         "memory": "bytes/item",
         "memory_1m": "bytes/item",
+        "memory_frames": "% of frame bytes",
         "dataset_small": "samples/s",
         "dataset_frames": "MB/s",
         "append_only": "us/append",
@@ -138,16 +141,18 @@ def main() -> None:
             if workload in ONE_MODE and mode != modes[0]:
                 continue
             key = (workload, mode)
-            results[key] = {"ours": [], "reference": []}
+            results[key] = {"ours": [], "reference": [], "ours_p99": [], "reference_p99": []}
             for _ in range(args.repeats):
                 # Alternate, so both see the same machine conditions.
-                value = run_one(sys.executable, workload, mode, args.seconds)
-                if value is not None:
-                    results[key]["ours"].append(value)
+                sides = [("ours", sys.executable)]
                 if reference and workload not in OURS_ONLY:
-                    value = run_one(reference, workload, mode, args.seconds)
-                    if value is not None:
-                        results[key]["reference"].append(value)
+                    sides.append(("reference", reference))
+                for side, python in sides:
+                    result = run_one(python, workload, mode, args.seconds)
+                    if result is not None:
+                        results[key][side].append(result["value"])
+                        if "p99" in result:
+                            results[key][side + "_p99"].append(result["p99"])
             print(f"{workload}/{mode}: {results[key]}", file=sys.stderr)
 
     lines = [
@@ -166,8 +171,8 @@ def main() -> None:
             ratio = f"{(ref / ours if workload in LOWER_IS_BETTER else ours / ref):.1f}x"
         else:
             ratio = "n/a"
-        ours_text = f"{ours:,.0f} {unit}" if ours else "n/a"
-        ref_text = f"{ref:,.0f} {unit}" if ref else "n/a"
+        ours_text = f"{ours:,.0f} {unit}{_p99(values['ours_p99'])}" if ours else "n/a"
+        ref_text = f"{ref:,.0f} {unit}{_p99(values['reference_p99'])}" if ref else "n/a"
         server = "same process" if mode == "inproc" else "other process"
         lines.append(f"| {workload} | {server} | {ours_text} | {ref_text} | {ratio} |")
     table = "\n".join(lines)
@@ -175,6 +180,11 @@ def main() -> None:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")
+
+
+def _p99(values: List[float]) -> str:
+    """The text ', p99 N' (N the median of the runs' p99s), if the workload reported them."""
+    return f", p99 {statistics.median(values):,.0f}" if values else ""
 
 
 if __name__ == "__main__":

@@ -485,6 +485,28 @@ def _memory(setup: Setup, n: int) -> dict:
     return {"value": (rss(setup.child.pid) - before) / n, "unit": "bytes/item"}
 
 
+def memory_frames(setup: Setup, seconds: float) -> dict:
+    """Server RSS growth over the frame bytes stored (in %): 100,000 84x84 uint8 frames
+    (706 MB) written as in writer_frames (10-step items every step, episodes of 1000 steps).
+    A server's fixed costs (buffers, ~10 MB) weigh less the more it stores."""
+    if setup.child is None:
+        raise SystemExit("memory_frames needs --modes remote (the server's RSS is measured)")
+    n = 100_000
+    client = reverb.Client(setup.address)
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 255, (84, 84), dtype=np.uint8) for _ in range(16)]
+    before = rss(setup.child.pid)
+    with client.trajectory_writer(num_keep_alive_refs=10) as writer:
+        for t in range(n):
+            writer.append({"frame": frames[t % 16]})
+            if writer.episode_steps >= 10:
+                writer.create_item(FRAMES, 1.0, {"frame": writer.history["frame"][-10:]})
+            if t % EPISODE == EPISODE - 1:
+                writer.end_episode()
+    time.sleep(0.5)
+    return {"value": 100 * (rss(setup.child.pid) - before) / (n * 84 * 84), "unit": "%"}
+
+
 def _percentiles(values: list) -> tuple:
     values = sorted(values)
     return values[len(values) // 2], values[int(len(values) * 0.99)]
@@ -581,6 +603,7 @@ WORKLOADS = {
     "actors4": actors4,
     "memory": memory,
     "memory_1m": memory_1m,
+    "memory_frames": memory_frames,
     "latency_insert": latency_insert,
     "latency_sample": latency_sample,
     "append_only": append_only,
