@@ -264,6 +264,7 @@ pub fn restore(
         for selector in [&header.sampler, &header.remover].into_iter().flatten() {
             SelectorKind::from_options(selector)?;
         }
+        table.check_snapshot(&saved[table.name()].snapshot)?;
     }
     tables
         .iter()
@@ -404,6 +405,28 @@ mod tests {
         let err = restore(&[a2.clone(), c], read(&mut bytes.as_slice()).unwrap()).unwrap_err();
         assert!(err.to_string().contains("names must match"), "{err}");
         assert_eq!(a2.size(), 0);
+    }
+
+    /// A table that cannot take its saved items (here priorities whose weight overflows the
+    /// configured exponent) fails the restore before any table, even an earlier one, changes.
+    #[test]
+    fn restore_checks_every_table_before_changing_any() {
+        let (_, _, bytes) = filled();
+        let a2 = table("a", SelectorKind::Fifo, 10);
+        let b2 = table(
+            "b",
+            SelectorKind::Prioritized {
+                priority_exponent: 1000.0,
+            },
+            10,
+        );
+        let err = restore(
+            &[a2.clone(), b2.clone()],
+            read(&mut bytes.as_slice()).unwrap(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("priority_exponent"), "{err}");
+        assert_eq!((a2.size(), b2.size()), (0, 0));
     }
 
     #[test]

@@ -468,12 +468,9 @@ impl Table {
         }
     }
 
-    /// Replaces the contents with a snapshot (checkpoint load): items are added in order
-    /// without consulting the rate limiter, then the counters are restored. Items beyond this
-    /// table's `max_size` are evicted by its remover (counted as deletes). Returns how many
-    /// were evicted.
-    pub fn restore(&self, snapshot: TableSnapshot) -> Result<usize> {
-        // Check everything first: a bad checkpoint must not leave a half-loaded table.
+    /// Checks that [`Table::restore`] would take `snapshot`: every priority one this table's
+    /// selectors take, no key twice.
+    pub fn check_snapshot(&self, snapshot: &TableSnapshot) -> Result<()> {
         let mut keys = std::collections::HashSet::with_capacity(snapshot.items.len());
         for (item, priority, _) in &snapshot.items {
             self.check_priority(*priority)?;
@@ -481,6 +478,16 @@ impl Table {
                 return Err(invalid_arg!("Checkpoint holds item {} twice", item.key));
             }
         }
+        Ok(())
+    }
+
+    /// Replaces the contents with a snapshot (checkpoint load): items are added in order
+    /// without consulting the rate limiter, then the counters are restored. Items beyond this
+    /// table's `max_size` are evicted by its remover (counted as deletes). Returns how many
+    /// were evicted.
+    pub fn restore(&self, snapshot: TableSnapshot) -> Result<usize> {
+        // Check everything first: a bad checkpoint must not leave a half-loaded table.
+        self.check_snapshot(&snapshot)?;
         let mut guard = self.state.lock();
         let st = &mut *guard;
         st.items.clear();
