@@ -11,30 +11,62 @@ use std::sync::Arc;
 static HELD: (AtomicUsize, AtomicUsize) = (AtomicUsize::new(0), AtomicUsize::new(0));
 
 /// One column's rows of one episode range, as encoded bytes. Holds the fields of its
-/// `ChunkData` (not the message itself, whose transport-only fields would cost every stored
-/// chunk 16 bytes more).
+/// `ChunkData` packed (not the message itself: the tables of RL replay hold millions of small
+/// chunks, and the message with its `Bytes` took 32 bytes more of each).
 #[derive(Debug)]
 pub struct Chunk {
     key: u64,
-    range: Option<SequenceRange>,
-    payload: Bytes,
-    tensors_len: i32,
+    episode_id: u64,
+    start: i32,
+    end: i32,
     uncompressed_size: i64,
-    delta_encoded: bool,
+    tensors_len: i32,
+    /// [`HAS_RANGE`], [`SPARSE`], [`DELTA_ENCODED`].
+    flags: u8,
+    /// An allocation of its own: a received payload is a slice of a larger buffer (the
+    /// request's, or a compressor's output with spare capacity), all of which it would
+    /// otherwise keep alive for as long as the chunk is stored.
+    payload: Box<[u8]>,
+}
+
+/// The chunk has a `sequence_range`.
+const HAS_RANGE: u8 = 1;
+/// `sequence_range.sparse`.
+const SPARSE: u8 = 2;
+/// `delta_encoded`.
+const DELTA_ENCODED: u8 = 4;
+
+/// A chunk's payload as `Bytes` for the wire, sharing the chunk's allocation.
+struct SharedPayload(Arc<Chunk>);
+
+impl AsRef<[u8]> for SharedPayload {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.payload
+    }
 }
 
 impl Chunk {
-    /// Wraps a received chunk.
+    /// Stores a received chunk (its payload copied into an allocation of its own; the
+    /// transport-only shared-memory fields are dropped).
     pub fn new(data: ChunkData) -> Self {
         HELD.0.fetch_add(1, Ordering::Relaxed);
         HELD.1.fetch_add(data.data.len(), Ordering::Relaxed);
+        let range = data.sequence_range.unwrap_or_default();
+        let flags = if data.sequence_range.is_some() {
+            HAS_RANGE
+        } else {
+            0
+        } | if range.sparse { SPARSE } else { 0 }
+            | if data.delta_encoded { DELTA_ENCODED } else { 0 };
         Self {
             key: data.chunk_key,
-            range: data.sequence_range,
-            payload: data.data,
-            tensors_len: data.data_tensors_len,
+            episode_id: range.episode_id,
+            start: range.start,
+            end: range.end,
             uncompressed_size: data.data_uncompressed_size,
-            delta_encoded: data.delta_encoded,
+            tensors_len: data.data_tensors_len,
+            flags,
+            payload: Box::from(&data.data[..]),
         }
     }
 
@@ -52,22 +84,27 @@ impl Chunk {
     }
     /// The episode the chunk's rows belong to.
     pub fn episode_id(&self) -> u64 {
-        self.range.as_ref().map_or(0, |r| r.episode_id)
+        self.episode_id
     }
     /// The chunk as it goes back on the wire (its payload shared, not copied).
-    pub fn data(&self) -> ChunkData {
+    pub fn data(self: &Arc<Self>) -> ChunkData {
         ChunkData {
             chunk_key: self.key,
-            sequence_range: self.range,
-            data: self.payload.clone(),
+            sequence_range: (self.flags & HAS_RANGE != 0).then_some(SequenceRange {
+                episode_id: self.episode_id,
+                start: self.start,
+                end: self.end,
+                sparse: self.flags & SPARSE != 0,
+            }),
+            data: Bytes::from_owner(SharedPayload(self.clone())),
             data_tensors_len: self.tensors_len,
             data_uncompressed_size: self.uncompressed_size,
-            delta_encoded: self.delta_encoded,
+            delta_encoded: self.flags & DELTA_ENCODED != 0,
             ..Default::default()
         }
     }
     /// The encoded payload.
-    pub fn payload(&self) -> &Bytes {
+    pub fn payload(&self) -> &[u8] {
         &self.payload
     }
     /// Bytes of encoded payload (what a sample response carries).
@@ -344,6 +381,52 @@ mod tests {
         for (trajectory, chunks) in cases {
             let compact = Trajectory::new(&trajectory, &chunks).unwrap();
             assert_eq!(compact.to_proto(&chunks), trajectory);
+        }
+    }
+
+    #[test]
+    fn a_stored_chunk_gives_back_its_wire_form_without_transport_fields() {
+        let ranges = [
+            None,
+            Some(SequenceRange {
+                episode_id: u64::MAX,
+                start: i32::MIN,
+                end: i32::MAX,
+                sparse: true,
+            }),
+            Some(SequenceRange {
+                episode_id: 7,
+                start: 3,
+                end: 4,
+                sparse: false,
+            }),
+        ];
+        for (i, range) in ranges.into_iter().enumerate() {
+            let data = ChunkData {
+                chunk_key: 11 + i as u64,
+                sequence_range: range,
+                data: Bytes::from(vec![i as u8; 5 + i]),
+                data_tensors_len: 2 + i as i32,
+                data_uncompressed_size: 1 << 40,
+                delta_encoded: i == 1,
+                shm_position: 5,
+                shm_length: 10,
+            };
+            let chunk = Arc::new(Chunk::new(data.clone()));
+            let back = chunk.data();
+            assert_eq!((back.shm_position, back.shm_length), (0, 0));
+            assert_eq!(
+                back,
+                ChunkData {
+                    shm_position: 0,
+                    shm_length: 0,
+                    ..data
+                }
+            );
+            assert_eq!(chunk.episode_id(), range.map_or(0, |r| r.episode_id));
+            // The wire form outlives the chunk it came from.
+            drop(chunk);
+            assert_eq!(&back.data[..], &vec![i as u8; 5 + i][..]);
         }
     }
 

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | Uniform | O(1) | `1/n` |
 //! | Prioritized(α) | O(log n), sum tree | `p^α / Σ p^α` (`0^α = 0`; all-zero → uniform) |
-//! | Fifo / Lifo | O(log n) | 1.0 |
+//! | Fifo / Lifo | O(1) amortized | 1.0 |
 //! | MinHeap / MaxHeap | O(log n); ties → least recently inserted/updated | 1.0 |
 
 use crate::keymap::KeyMap;
@@ -12,7 +12,7 @@ use crate::{invalid_arg, CoreError, Result};
 use rand::{rngs::StdRng, Rng};
 use reverb_proto::key_distribution_options::{Distribution, Heap, Prioritized};
 use reverb_proto::KeyDistributionOptions;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Which selector to build, with its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -375,11 +375,17 @@ impl Selector for PrioritizedSelector {
     }
 }
 
-/// Fifo / Lifo: keys ordered by insertion sequence number.
+/// Fifo / Lifo: keys in insertion order. A deleted key's place stays in `order` (dead) until
+/// it reaches an end or dead places outnumber live ones, when `order` is compacted; the ends
+/// are always live. Every operation is amortized O(1), and a stored key costs its `seq_of`
+/// entry and 8 bytes of `order` (a B-tree by sequence number cost about 4x that).
 pub struct Ordered {
     newest_first: bool,
-    next_seq: u64,
-    by_seq: BTreeMap<u64, u64>,
+    /// Keys in insertion order, live and dead; `order[i]` has sequence number `first + i`.
+    order: VecDeque<u64>,
+    /// The sequence number of `order[0]`.
+    first: u64,
+    /// Each live key's sequence number: a place holds a live key iff it is its key's.
     seq_of: KeyMap<u64>,
 }
 
@@ -387,9 +393,36 @@ impl Ordered {
     fn new(newest_first: bool) -> Self {
         Self {
             newest_first,
-            next_seq: 0,
-            by_seq: BTreeMap::new(),
+            order: VecDeque::new(),
+            first: 0,
             seq_of: KeyMap::new(),
+        }
+    }
+
+    fn is_live(&self, index: usize) -> bool {
+        let key = self.order[index];
+        self.seq_of.get(&key) == Some(&(self.first + index as u64))
+    }
+
+    /// Drops dead places from both ends, and compacts `order` once most places are dead.
+    fn trim(&mut self) {
+        while !self.order.is_empty() && !self.is_live(0) {
+            self.order.pop_front();
+            self.first += 1;
+        }
+        while !self.order.is_empty() && !self.is_live(self.order.len() - 1) {
+            self.order.pop_back();
+        }
+        if self.order.len() > 2 * self.seq_of.len() + 16 {
+            let live: VecDeque<u64> = (0..self.order.len())
+                .filter(|&i| self.is_live(i))
+                .map(|i| self.order[i])
+                .collect();
+            self.first += self.order.len() as u64;
+            for (i, key) in live.iter().enumerate() {
+                self.seq_of.insert(*key, self.first + i as u64);
+            }
+            self.order = live;
         }
     }
 }
@@ -399,10 +432,9 @@ impl Selector for Ordered {
         if self.seq_of.contains_key(&key) {
             return Err(duplicate(key));
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.by_seq.insert(seq, key);
-        self.seq_of.insert(key, seq);
+        self.seq_of
+            .insert(key, self.first + self.order.len() as u64);
+        self.order.push_back(key);
         Ok(())
     }
     fn update(&mut self, key: u64, _priority: f64) -> Result<()> {
@@ -412,20 +444,20 @@ impl Selector for Ordered {
             .ok_or_else(|| missing(key))
     }
     fn delete(&mut self, key: u64) -> Result<()> {
-        let seq = self.seq_of.remove(&key).ok_or_else(|| missing(key))?;
-        self.by_seq.remove(&seq);
+        self.seq_of.remove(&key).ok_or_else(|| missing(key))?;
+        self.trim();
         Ok(())
     }
     fn sample(&mut self, _rng: &mut StdRng) -> Option<(u64, f64)> {
-        let entry = if self.newest_first {
-            self.by_seq.last_key_value()
+        let key = if self.newest_first {
+            self.order.back()
         } else {
-            self.by_seq.first_key_value()
+            self.order.front()
         };
-        entry.map(|(_, &key)| (key, 1.0))
+        key.map(|&key| (key, 1.0))
     }
     fn clear(&mut self) {
-        self.by_seq.clear();
+        self.order.clear();
         self.seq_of.clear();
     }
     fn len(&self) -> usize {
@@ -788,6 +820,30 @@ mod tests {
 
     proptest! {
         // Any sequence of inserts/updates/deletes keeps every selector consistent with a model.
+        #[test]
+        fn fifo_and_lifo_take_the_oldest_and_newest_live_key(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..60), 1..3000)
+        ) {
+            for newest_first in [false, true] {
+                let mut s = Ordered::new(newest_first);
+                let mut model: Vec<u64> = Vec::new(); // live keys in insertion order
+                for &(insert, key) in &ops {
+                    let present = model.iter().position(|&k| k == key);
+                    match (insert, present) {
+                        (true, None) => { s.insert(key, 0.0).unwrap(); model.push(key); }
+                        (true, Some(_)) => prop_assert!(s.insert(key, 0.0).is_err()),
+                        (false, Some(i)) => { s.delete(key).unwrap(); model.remove(i); }
+                        (false, None) => prop_assert!(s.delete(key).is_err()),
+                    }
+                    let expect = if newest_first { model.last() } else { model.first() };
+                    prop_assert_eq!(s.sample(&mut rng()), expect.map(|&k| (k, 1.0)));
+                    prop_assert_eq!(s.len(), model.len());
+                    // Dead places never outnumber live ones by more than the slack.
+                    prop_assert!(s.order.len() <= 2 * model.len() + 16);
+                }
+            }
+        }
+
         #[test]
         fn selectors_agree_with_model(ops in proptest::collection::vec((0u8..3, 0u64..20, 0.0f64..10.0), 1..200)) {
             let kinds = [SelectorKind::Uniform, SelectorKind::Prioritized { priority_exponent: 1.0 },

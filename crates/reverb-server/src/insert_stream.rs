@@ -119,18 +119,6 @@ impl Inserter {
     }
 }
 
-/// A chunk as stored: the shared-memory fields only mean something on the way to one sampling
-/// client, so whatever a writer put there is dropped. The payload gets an allocation of its
-/// own: as received it is a slice of a larger buffer (the request's, or a compressor's output
-/// with spare capacity), all of which it would otherwise keep alive for as long as the chunk
-/// is stored.
-fn stored(mut data: ChunkData) -> ChunkData {
-    data.shm_position = 0;
-    data.shm_length = 0;
-    data.data = bytes::Bytes::copy_from_slice(&data.data);
-    data
-}
-
 /// Reads a received chunk's tensor headers (not its data): a chunk no sampler could decode is
 /// refused.
 fn check_chunk(data: ChunkData) -> Result<Received, Status> {
@@ -143,7 +131,7 @@ fn check_chunk(data: ChunkData) -> Result<Received, Status> {
         })
         .collect();
     Ok(Received {
-        chunk: Arc::new(Chunk::new(stored(data))),
+        chunk: Arc::new(Chunk::new(data)),
         tensors,
     })
 }
@@ -248,22 +236,5 @@ async fn insert_waiting(table: &Table, mut item: ItemData, priority: f64) -> Res
             _ => return Ok(()),
         }
         notified.await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shared_memory_fields_from_writers_are_not_stored() {
-        let chunk = stored(ChunkData {
-            shm_position: 5,
-            shm_length: 10,
-            data: vec![1, 2, 3].into(),
-            ..Default::default()
-        });
-        assert_eq!((chunk.shm_position, chunk.shm_length), (0, 0));
-        assert_eq!(&chunk.data[..], &[1, 2, 3]);
     }
 }
