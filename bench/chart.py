@@ -1,8 +1,9 @@
 """Draws the ratio chart (ours / reference) of one run: the first table in the file, which is
 `bench/run.py --markdown`'s output, or the newest run at the top of bench/RESULTS.md (newest
-first). Rows of other runs are never mixed in.
+first). Rows of other runs are never mixed in. With a third argument, the first table after
+the first line containing it (e.g. "### Full side-by-side run of 1141a80").
 
-python bench/chart.py bench/RESULTS.md bench/ratios.png   (needs matplotlib)
+python bench/chart.py bench/RESULTS.md bench/ratios.png [AFTER]   (needs matplotlib)
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ import re
 import sys
 
 
-def read_rows(source: str) -> list:
-    """(label, ratio) of every row of the first table in `source` with a ratio column."""
+def read_rows(source: str, after: str = "") -> list:
+    """(label, ratio) of every row of the first table in `source` with a ratio column (the
+    first after the first line containing `after`, if given)."""
     rows: list = []
     with open(source) as f:
         lines = f.read().splitlines()
+    if after:
+        starts = [i for i, line in enumerate(lines) if after in line]
+        if not starts:
+            raise SystemExit(f"no line of {source} contains {after!r}")
+        lines = lines[starts[0] + 1 :]
     for line in lines:
         match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
         if match:
@@ -28,7 +35,7 @@ def read_rows(source: str) -> list:
 
 def main() -> None:
     source, target = sys.argv[1], sys.argv[2]
-    rows = read_rows(source)
+    rows = read_rows(source, sys.argv[3] if len(sys.argv) > 3 else "")
     import matplotlib
 
     matplotlib.use("Agg")
