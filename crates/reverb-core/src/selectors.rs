@@ -383,10 +383,9 @@ impl Selector for PrioritizedSelector {
 /// `order`, where a B-tree by sequence number cost about 33.
 pub struct Ordered {
     newest_first: bool,
-    /// `(key, sequence number)` in insertion order, live and dead ([`DEAD`] set).
+    /// `(key, sequence number)` in insertion order, live and dead ([`DEAD`] set): one live
+    /// place per key of `seq_of`, so `order.len() - seq_of.len()` places are dead.
     order: VecDeque<(u64, u64)>,
-    /// Dead places in `order`.
-    dead: usize,
     next_seq: u64,
     /// Each live key's sequence number.
     seq_of: KeyMap<u64>,
@@ -400,7 +399,6 @@ impl Ordered {
         Self {
             newest_first,
             order: VecDeque::new(),
-            dead: 0,
             next_seq: 0,
             seq_of: KeyMap::new(),
         }
@@ -425,15 +423,12 @@ impl Ordered {
     fn trim(&mut self) {
         while self.order.front().is_some_and(|p| p.1 & DEAD != 0) {
             self.order.pop_front();
-            self.dead -= 1;
         }
         while self.order.back().is_some_and(|p| p.1 & DEAD != 0) {
             self.order.pop_back();
-            self.dead -= 1;
         }
-        if self.dead > self.seq_of.len() + 16 {
+        if self.order.len() - self.seq_of.len() > self.seq_of.len() + 16 {
             self.order.retain(|p| p.1 & DEAD == 0);
-            self.dead = 0;
         }
         // A table that shrank gives the memory of its bigger past back.
         if self.order.capacity() > 4 * self.order.len() + 1024 {
@@ -463,7 +458,6 @@ impl Selector for Ordered {
         let seq = self.seq_of.remove(&key).ok_or_else(|| missing(key))?;
         let at = self.position(seq);
         self.order[at].1 |= DEAD;
-        self.dead += 1;
         self.trim();
         Ok(())
     }
@@ -477,7 +471,6 @@ impl Selector for Ordered {
     }
     fn clear(&mut self) {
         self.order = VecDeque::new();
-        self.dead = 0;
         self.seq_of.clear();
     }
     fn len(&self) -> usize {
@@ -861,7 +854,8 @@ mod tests {
                     prop_assert_eq!(s.len(), model.len());
                     // Dead places never outnumber live ones by more than the slack.
                     prop_assert!(s.order.len() <= 2 * model.len() + 16);
-                    prop_assert_eq!(s.dead, s.order.len() - model.len());
+                    let dead = s.order.iter().filter(|p| p.1 & DEAD != 0).count();
+                    prop_assert_eq!(dead, s.order.len() - model.len());
                 }
             }
         }
