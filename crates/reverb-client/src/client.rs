@@ -669,7 +669,7 @@ impl Client {
         requests: Vec<InsertStreamRequest>,
         timeout: Option<Duration>,
     ) -> Result<()> {
-        let keys: std::collections::HashSet<u64> = requests
+        let keys: reverb_proto::KeySet = requests
             .iter()
             .flat_map(|r| r.items.iter().map(|i| i.key))
             .collect();

@@ -4,8 +4,7 @@
 
 use crate::tensor::{encode_strings, parse_chunk, Encoded, Tensor, DT_STRING};
 use crate::{ClientError, Result};
-use reverb_proto::{sample_stream_response, ChunkData, SampleInfo};
-use std::collections::HashMap;
+use reverb_proto::{sample_stream_response, ChunkData, KeyHashMap, SampleInfo};
 
 /// One sampled item: its info and one decoded tensor per column.
 #[derive(Debug, Clone)]
@@ -178,7 +177,8 @@ pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample>
 
 /// Checks a sample's chunk references and sizes its columns, leaving the data compressed.
 pub(crate) fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSample> {
-    let mut parsed: HashMap<u64, Vec<Encoded>> = HashMap::with_capacity(chunks.len());
+    let mut parsed: KeyHashMap<Vec<Encoded>> =
+        KeyHashMap::with_capacity_and_hasher(chunks.len(), Default::default());
     for chunk in chunks {
         if let std::collections::hash_map::Entry::Vacant(slot) = parsed.entry(chunk.chunk_key) {
             slot.insert(parse_chunk(chunk)?);

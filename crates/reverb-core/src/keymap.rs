@@ -8,9 +8,14 @@
 //! one shard: the same total work, in pauses of about 1/`SHARDS` of one, on different
 //! inserts. A map stays one map until it first holds `SPLIT_AT` entries, so a small table
 //! costs no more memory than with one map.
+//! Keys are hashed as [`KeyHashMap`] hashes them (a table has three such maps, each searched
+//! on every insert).
 
-use std::collections::hash_map::{Entry, RandomState};
-use std::collections::HashMap;
+use foldhash::fast::RandomState;
+pub use reverb_proto::{KeyHashMap, KeySet};
+use std::collections::hash_map::Entry;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, RandomState>;
 
 const SHARD_BITS: u32 = 8;
 /// Number of shards of a big map.
@@ -47,9 +52,9 @@ fn shard(key: u64) -> usize {
 impl<V> KeyMap<V> {
     /// An empty map (it allocates nothing until used).
     pub fn new() -> Self {
-        let state = RandomState::new();
+        let state = RandomState::default();
         Self {
-            shards: vec![HashMap::with_hasher(state.clone())],
+            shards: vec![HashMap::with_hasher(state)],
             state,
             len: 0,
         }
@@ -77,7 +82,7 @@ impl<V> KeyMap<V> {
         }
         let one = std::mem::take(&mut self.shards).pop().expect("one map");
         self.shards = (0..SHARDS)
-            .map(|_| HashMap::with_hasher(self.state.clone()))
+            .map(|_| HashMap::with_hasher(self.state))
             .collect();
         for (key, value) in one {
             self.shards[shard(key)].insert(key, value);
@@ -141,7 +146,7 @@ impl<V> KeyMap<V> {
 
     /// Removes everything and frees the memory (back to one map).
     pub fn clear(&mut self) {
-        self.shards = vec![HashMap::with_hasher(self.state.clone())];
+        self.shards = vec![HashMap::with_hasher(self.state)];
         self.len = 0;
     }
 
@@ -180,7 +185,7 @@ mod tests {
         #[test]
         fn behaves_as_one_hash_map(ops in prop::collection::vec(op(), 0..400)) {
             let mut ours: KeyMap<u32> = KeyMap::new();
-            let mut model: HashMap<u64, u32> = HashMap::new();
+            let mut model: std::collections::HashMap<u64, u32> = Default::default();
             for op in ops {
                 match op {
                     Op::Insert(k, v) => prop_assert_eq!(ours.insert(k, v), model.insert(k, v)),

@@ -9,10 +9,9 @@
 
 use crate::status::from_core;
 use crate::tables::Tables;
-use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
+use reverb_core::{Chunk, InsertOutcome, ItemData, KeyHashMap, KeySet, Table, Waiter};
 use reverb_proto::payload::{dtype_name, read_chunk};
 use reverb_proto::{ChunkData, InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
@@ -55,7 +54,7 @@ pub(crate) async fn run(tables: Tables, mut inbound: Streaming<InsertStreamReque
 /// The state of one insert stream: the chunks the client asked the server to keep.
 #[derive(Default)]
 pub(crate) struct Inserter {
-    chunks: HashMap<u64, Received>,
+    chunks: KeyHashMap<Received>,
 }
 
 /// A chunk of the stream and what its tensors are, so items can be checked against it.
@@ -112,7 +111,7 @@ impl Inserter {
             confirmed.push(key);
         }
         if !request.keep_chunk_keys.is_empty() || !confirmed.is_empty() {
-            let keep: HashSet<u64> = request.keep_chunk_keys.into_iter().collect();
+            let keep: KeySet = request.keep_chunk_keys.into_iter().collect();
             self.chunks.retain(|k, _| keep.contains(k));
         }
         Ok(confirmed)
@@ -138,7 +137,7 @@ fn check_chunk(data: ChunkData) -> Result<Received, Status> {
 
 /// Checks an item's trajectory against the chunks it references (every slice within its
 /// tensor's rows, every column of one dtype and row shape) and attaches those chunks.
-fn resolve(item: PrioritizedItem, chunks: &HashMap<u64, Received>) -> Result<ItemData, Status> {
+fn resolve(item: PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<ItemData, Status> {
     let key = item.key;
     let trajectory = item
         .flat_trajectory

@@ -5,8 +5,8 @@ use super::columns::{ChunkSlot, Columns};
 use super::ItemColumn;
 use crate::{ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column as FlatColumn};
-use reverb_proto::{FlatTrajectory, PrioritizedItem};
-use std::collections::{HashMap, HashSet, VecDeque};
+use reverb_proto::{FlatTrajectory, KeyHashMap, KeySet, PrioritizedItem};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// An item and the chunks it references.
@@ -16,7 +16,7 @@ pub(super) type Queued = (PrioritizedItem, Vec<Arc<ChunkSlot>>);
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     items: VecDeque<Queued>,
-    chunks: HashMap<u64, (Arc<ChunkSlot>, usize)>,
+    chunks: KeyHashMap<(Arc<ChunkSlot>, usize)>,
 }
 
 impl Pending {
@@ -75,7 +75,7 @@ impl Pending {
 
     /// Chunk keys the server must keep: finalized chunks of live cells and of queued items.
     pub fn keep_keys(&self, columns: &Columns) -> Vec<u64> {
-        let mut seen: HashSet<u64> = HashSet::new();
+        let mut seen = KeySet::default();
         let mut keep: Vec<u64> = Vec::new();
         let mut add = |slot: &ChunkSlot| {
             if slot.finalized() && seen.insert(slot.key) {

@@ -11,8 +11,8 @@
 
 use crate::{Client, ClientError};
 use prost::Message;
-use reverb_proto::{ChunkData, InsertStreamRequest, PrioritizedItem};
-use std::collections::{HashSet, VecDeque};
+use reverb_proto::{ChunkData, InsertStreamRequest, KeySet, PrioritizedItem};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -272,7 +272,7 @@ async fn session(
     let mut stub = client.stub.clone();
     let mut sender = Sender {
         tx: req_tx,
-        sent_chunks: HashSet::new(),
+        sent_chunks: KeySet::default(),
         in_flight: VecDeque::new(),
         limit: client.max_message_size(),
     };
@@ -322,7 +322,7 @@ async fn session(
 struct Sender {
     tx: mpsc::UnboundedSender<InsertStreamRequest>,
     /// Chunks the server holds for this stream.
-    sent_chunks: HashSet<u64>,
+    sent_chunks: KeySet,
     /// Keys of the items of each request sent and not confirmed yet, oldest first.
     in_flight: VecDeque<Vec<u64>>,
     /// Largest message the stream may carry.
@@ -333,7 +333,7 @@ impl Sender {
     /// Takes confirmed keys off the requests in flight (a server may confirm a request's
     /// items in several answers), dropping requests fully confirmed.
     fn retire(&mut self, keys: &[u64]) {
-        let keys: HashSet<u64> = keys.iter().copied().collect();
+        let keys: KeySet = keys.iter().copied().collect();
         let mut left = keys.len();
         for request in self.in_flight.iter_mut() {
             if left == 0 {
@@ -440,7 +440,7 @@ async fn inproc_session(
     max_in_flight: usize,
     failed_request: &mut usize,
 ) -> Result<(), ClientError> {
-    let mut sent_chunks: HashSet<u64> = HashSet::new();
+    let mut sent_chunks = KeySet::default();
     // What the previous connection did not confirm goes first, in order, one item per request.
     let mut resend = unconfirmed.len();
     loop {
@@ -487,9 +487,9 @@ fn closed() -> ClientError {
 }
 
 /// Builds one request: chunks not yet on the server, the items, and what to keep.
-fn request(batch: &[Outgoing], sent_chunks: &HashSet<u64>) -> InsertStreamRequest {
+fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> InsertStreamRequest {
     let mut chunks: Vec<ChunkData> = Vec::new();
-    let mut added: HashSet<u64> = HashSet::new();
+    let mut added = KeySet::default();
     for o in batch {
         for c in &o.chunks {
             if !sent_chunks.contains(&c.chunk_key) && added.insert(c.chunk_key) {
@@ -506,9 +506,9 @@ fn request(batch: &[Outgoing], sent_chunks: &HashSet<u64>) -> InsertStreamReques
 }
 
 /// Records what the server holds once it has handled `req`: exactly the kept chunks.
-fn sent(req: &InsertStreamRequest, sent_chunks: &mut HashSet<u64>) {
+fn sent(req: &InsertStreamRequest, sent_chunks: &mut KeySet) {
     sent_chunks.extend(req.chunks.iter().map(|c| c.chunk_key));
-    let kept: HashSet<u64> = req.keep_chunk_keys.iter().copied().collect();
+    let kept: KeySet = req.keep_chunk_keys.iter().copied().collect();
     sent_chunks.retain(|k| kept.contains(k));
 }
 
