@@ -225,6 +225,7 @@ class TrajectoryWriter:
         reconnect_timeout: float = 60.0,
         num_envs: Optional[int] = None,
         validate_items: bool = False,
+        signature_timeout_ms: Optional[int] = None,
     ) -> TrajectoryWriter: ...
     def append(
         self, columns: Sequence[int], values: Sequence[object], partial: bool = False

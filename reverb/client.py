@@ -295,23 +295,32 @@ class Client:
         validate_items: bool = True,
         max_in_flight_items: int = 1024,
         delta_encode: bool = False,
+        get_signature_timeout_ms: Optional[int] = None,
     ) -> trajectory_writer.TrajectoryWriter:
         """A `TrajectoryWriter` whose columns keep their last `num_keep_alive_refs` cells
         referenceable. At most `max_in_flight_items` items are unconfirmed at once: beyond
         that `create_item` waits (no unbounded memory if you never flush). `delta_encode`
-        stores integer columns as differences between steps (smaller for counters/frames)."""
+        stores integer columns as differences between steps (smaller for counters/frames).
+        `get_signature_timeout_ms` (from Reverb before 0.8, which programs such as dm-acme 0.4
+        pass) bounds how long the first item of a table waits for the server's signatures
+        (default 60 s)."""
         if num_keep_alive_refs < 1:
             raise ValueError(
                 f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer"
             )
         if max_in_flight_items < 1:
             raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
+        if get_signature_timeout_ms is not None and get_signature_timeout_ms < 0:
+            raise ValueError(
+                f"get_signature_timeout_ms ({get_signature_timeout_ms}) must be None or >= 0"
+            )
         native = _native.TrajectoryWriter(
             self._client,
             num_keep_alive_refs=num_keep_alive_refs,
             max_in_flight_items=max_in_flight_items,
             delta_encode=delta_encode,
             validate_items=validate_items,
+            signature_timeout_ms=get_signature_timeout_ms,
         )
         return trajectory_writer.TrajectoryWriter(native)
 

@@ -324,7 +324,7 @@ class TrajectoryWriter:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("The TrajectoryWriter is closed")
+            raise RuntimeError("TrajectoryWriter::Close has been called.")
 
     # History.
 

@@ -205,5 +205,18 @@ T(
     lambda: (lambda w: (w.append([np.zeros(1)]), w.create_item("q", 3, 1.0)))(c.writer(2)),
 )
 T("legacy create_item before append", lambda: c.writer(2).create_item("q", 1, 1.0))
+
+
+def closed_writer():
+    w = c.trajectory_writer(2)
+    w.append({"x": np.float32(1)})
+    w.close()
+    return w
+
+
+T("trajectory_writer flush after close", lambda: closed_writer().flush())
+T("trajectory_writer append after close", lambda: closed_writer().append({"x": np.float32(2)}))
+T("trajectory_writer end_episode after close", lambda: closed_writer().end_episode())
+T("trajectory_writer close twice", lambda: closed_writer().close())
 print("RESULTS" + json.dumps(RESULTS))
 os._exit(0)

@@ -150,6 +150,30 @@ def test_a_call_to_no_server_raises_deadline_exceeded_at_its_timeout(call) -> No
     assert 0.45 <= time.monotonic() - start < 3.0
 
 
+def test_a_writer_waits_for_signatures_as_long_as_get_signature_timeout_ms(late_server) -> None:
+    """`get_signature_timeout_ms` (from Reverb before 0.8; dm-acme 0.4's adders pass it)
+    bounds how long a validating writer's first item of a table waits for the server."""
+    writer = reverb.Client(f"localhost:{_free_port()}").trajectory_writer(
+        1, get_signature_timeout_ms=500
+    )
+    writer.append({"x": np.float32(7.0)})
+    start = time.monotonic()
+    with pytest.raises(reverb.errors.DeadlineExceededError):
+        writer.create_item("q", 1.0, {"x": writer.history["x"][-1]})
+    assert 0.45 <= time.monotonic() - start < 3.0
+    writer.close()
+    # Long enough for a server started a second later: the item is stored.
+    address = f"localhost:{late_server.port}"
+    writer = reverb.Client(address).trajectory_writer(1, get_signature_timeout_ms=10_000)
+    writer.append({"x": np.float32(7.0)})
+    writer.create_item("q", 1.0, {"x": writer.history["x"][-1]})
+    writer.flush(timeout_ms=10_000)
+    writer.close()
+    assert reverb.Client(address).server_info(timeout=10)["q"].current_size == 1
+    with pytest.raises(ValueError, match="get_signature_timeout_ms"):
+        reverb.Client(address).trajectory_writer(1, get_signature_timeout_ms=-1)
+
+
 def test_a_call_without_timeout_gives_up_after_the_connect_wait(monkeypatch) -> None:
     monkeypatch.setenv("REVERB_CONNECT_WAIT_SECONDS", "0.5")
     address = f"localhost:{_free_port()}"

@@ -474,7 +474,7 @@ def test_context_manager_flushes_unless_reverb_error(served) -> None:
             raise KeyError("not a reverb error: the writer still flushes")
     assert client.server_info(timeout=T)["a"].current_size == 1
     writer.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RuntimeError, match="Close has been called"):
         writer.append({"x": 2})
 
 

@@ -71,6 +71,8 @@ fn steps_of(steps: &Bound<'_, PyAny>) -> PyResult<Steps> {
 #[pyclass(name = "TrajectoryWriter", module = "reverb._native", frozen)]
 pub(crate) struct PyTrajectoryWriter {
     pub(crate) inner: Mutex<TrajectoryWriter>,
+    /// How long the first item of a table waits for the server's table signatures.
+    pub(crate) tables_timeout: Duration,
 }
 
 /// Runs `f` on a locked writer: directly if the lock is free, otherwise without the GIL.
@@ -178,10 +180,8 @@ impl PyTrajectoryWriter {
             return result.py();
         }
         let client = self.with(py, |w| w.client().clone());
-        let infos = run(
-            py,
-            async move { client.server_info(Some(TABLES_TIMEOUT)).await },
-        )?;
+        let timeout = self.tables_timeout;
+        let infos = run(py, async move { client.server_info(Some(timeout)).await })?;
         self.with(py, |w| {
             w.set_tables(&infos)?;
             f(w)
@@ -222,7 +222,7 @@ impl PyTrajectoryWriter {
 #[pymethods]
 impl PyTrajectoryWriter {
     #[new]
-    #[pyo3(signature = (client, *, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0, num_envs=None, validate_items=false))]
+    #[pyo3(signature = (client, *, num_keep_alive_refs, max_chunk_length=None, max_in_flight_items=1024, delta_encode=false, reconnect_timeout=60.0, num_envs=None, validate_items=false, signature_timeout_ms=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -234,6 +234,7 @@ impl PyTrajectoryWriter {
         reconnect_timeout: f64,
         num_envs: Option<usize>,
         validate_items: bool,
+        signature_timeout_ms: Option<u64>,
     ) -> PyResult<Self> {
         if !(reconnect_timeout.is_finite() && reconnect_timeout >= 0.0) {
             return Err(PyValueError::new_err(
@@ -256,6 +257,7 @@ impl PyTrajectoryWriter {
         .py()?;
         Ok(Self {
             inner: Mutex::new(writer),
+            tables_timeout: signature_timeout_ms.map_or(TABLES_TIMEOUT, Duration::from_millis),
         })
     }
 
