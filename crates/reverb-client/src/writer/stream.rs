@@ -76,6 +76,9 @@ pub(crate) struct Shared {
     pub queued: AtomicUsize,
     /// Bumped (under the lock) by every update the stream makes to `progress`.
     version: AtomicU64,
+    /// Callers asleep on `changed` (counted under the lock before they sleep), so that an
+    /// update nobody waits for costs no wake-up call.
+    sleepers: AtomicUsize,
 }
 
 impl Shared {
@@ -123,7 +126,11 @@ impl Shared {
         f(&mut progress);
         self.version.fetch_add(1, Ordering::SeqCst);
         drop(progress);
-        self.changed.notify_all();
+        // A caller that went to sleep before this update counted itself under the lock
+        // (taken above after it, or it would have seen the new version and not slept).
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
+        }
     }
 
     /// Waits (giving up the lock) until the progress changes or `wait` passes, and locks it
@@ -150,7 +157,10 @@ impl Shared {
             return progress;
         }
         let left = wait.saturating_sub(start.elapsed());
-        self.changed.wait_timeout(progress, left).unwrap().0
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let progress = self.changed.wait_timeout(progress, left).unwrap().0;
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        progress
     }
 }
 
