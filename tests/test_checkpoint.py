@@ -336,6 +336,21 @@ def test_the_references_checkpointer_paths_restore_a_checkpoint(tmp_path: pathli
         assert contents(server.localhost_client()) == saved
 
 
+def test_the_references_checkpointer_paths_are_there_after_a_plain_import() -> None:
+    # TF-Agents' examples call reverb.platform.checkpointers_lib.DefaultCheckpointer right
+    # after `import reverb` (a fresh process: this one imported the modules already).
+    code = (
+        "import sys, reverb\n"
+        "from reverb import checkpointers\n"
+        "p = reverb.platform\n"
+        "assert p.checkpointers_lib.DefaultCheckpointer is checkpointers.DefaultCheckpointer\n"
+        "assert p.default.checkpointers.DefaultCheckpointer is checkpointers.DefaultCheckpointer\n"
+        "assert p.default.checkpointers.checkpointers_lib is p.checkpointers_lib\n"
+        "assert 'tensorflow' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_only_the_servers_own_checkpoints_are_pruned_and_loaded(tmp_path: pathlib.Path) -> None:
     """Regression: a `backup/` holding a checkpoint under the root sorted after our
     timestamps, so every new checkpoint was pruned right after it was written and a restart
