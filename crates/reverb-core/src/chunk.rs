@@ -111,6 +111,13 @@ impl Chunk {
     pub fn byte_size(&self) -> usize {
         self.payload.len()
     }
+    /// The rows its range spans (`end - start + 1`) when it has a dense one (not sparse).
+    fn dense_rows(&self) -> Option<i32> {
+        let dense = self.flags & HAS_RANGE != 0 && self.flags & SPARSE == 0;
+        (dense && self.end >= self.start)
+            .then(|| self.end.checked_sub(self.start)?.checked_add(1))
+            .flatten()
+    }
 }
 
 impl Drop for Chunk {
@@ -123,7 +130,11 @@ impl Drop for Chunk {
 /// An item's columns as chunk slices, held in one allocation: the wire form
 /// (`FlatTrajectory`) takes one per column and one more, which for the small items of RL
 /// replay is a large part of what a stored item costs. A slice names its chunk by position
-/// in the item's chunk list (see [`ItemData::chunks`]), not by key.
+/// in the item's chunk list (see [`ItemData::chunks`]), not by key. A column running through
+/// consecutive chunks of dense ranges (to the end of each but the last, from the start of each
+/// but the first: what writers make) is one slice, a run, split again by the chunks' rows
+/// when the wire form is asked for: a 10-step item of 2-step frame chunks holds one slice
+/// rather than five or six.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trajectory(Box<[Slice]>);
 
@@ -137,13 +148,16 @@ struct Slice {
     chunk: u32,
 }
 
-const FLAG_SHIFT: u32 = 29;
+const FLAG_SHIFT: u32 = 28;
 /// The slice starts a column.
 const FIRST: u32 = 1 << FLAG_SHIFT;
 /// The column it starts is squeezed.
 const SQUEEZE: u32 = 2 << FLAG_SHIFT;
 /// A column without slices (only its flags mean anything).
 const EMPTY: u32 = 4 << FLAG_SHIFT;
+/// A run: `length` rows from `offset` in the chunk at its position, continuing from the
+/// start of each next chunk (by position) until `length` is used up.
+const RUN: u32 = 8 << FLAG_SHIFT;
 /// Most chunks an item may reference.
 pub const MAX_ITEM_CHUNKS: usize = 1 << FLAG_SHIFT;
 
@@ -183,14 +197,38 @@ impl Trajectory {
                     chunk: FIRST | squeeze | EMPTY,
                 });
             }
+            // The end of the chunk the last slice pushed ends at, if it ends at one: the
+            // next slice may continue it as a run.
+            let mut run_end: Option<u32> = None;
             for (i, s) in column.chunk_slices.iter().enumerate() {
-                let flags = if i == 0 { FIRST | squeeze } else { 0 };
-                slices.push(Slice {
-                    offset: s.offset,
-                    length: s.length,
-                    index: s.index,
-                    chunk: position(s.chunk_key)? | flags,
-                });
+                let at = position(s.chunk_key)?;
+                let rows = chunks[at as usize].dense_rows();
+                let last = slices.last_mut().filter(|_| i > 0);
+                match last {
+                    Some(last)
+                        if run_end.is_some_and(|end| end + 1 == at)
+                            && last.index == s.index
+                            && s.offset == 0
+                            && s.length >= 1
+                            && rows.is_some_and(|rows| s.length <= rows)
+                            && last.length.checked_add(s.length).is_some() =>
+                    {
+                        last.length += s.length;
+                        last.chunk |= RUN;
+                    }
+                    _ => {
+                        let flags = if i == 0 { FIRST | squeeze } else { 0 };
+                        slices.push(Slice {
+                            offset: s.offset,
+                            length: s.length,
+                            index: s.index,
+                            chunk: at | flags,
+                        });
+                    }
+                }
+                let ends_chunk = s.length >= 1
+                    && rows.is_some_and(|rows| s.offset.checked_add(s.length) == Some(rows));
+                run_end = ends_chunk.then_some(at);
             }
         }
         Ok(Self(slices.into_boxed_slice()))
@@ -206,15 +244,37 @@ impl Trajectory {
                     squeeze: s.chunk & SQUEEZE != 0,
                 });
             }
-            if s.chunk & EMPTY == 0 {
-                let column = columns.last_mut().expect("a slice starts every column");
-                let position = (s.chunk & (FIRST - 1)) as usize;
+            if s.chunk & EMPTY != 0 {
+                continue;
+            }
+            let column = columns.last_mut().expect("a slice starts every column");
+            let mut position = (s.chunk & (FIRST - 1)) as usize;
+            if s.chunk & RUN == 0 {
                 column.chunk_slices.push(flat_trajectory::ChunkSlice {
                     chunk_key: chunks[position].key(),
                     offset: s.offset,
                     length: s.length,
                     index: s.index,
                 });
+                continue;
+            }
+            // A run was made only of pieces these rows reproduce exactly.
+            let (mut offset, mut left) = (s.offset, s.length);
+            while left > 0 {
+                let chunk = &chunks[position];
+                let rows = chunk
+                    .dense_rows()
+                    .expect("a run's chunks have dense ranges");
+                let length = left.min(rows - offset);
+                column.chunk_slices.push(flat_trajectory::ChunkSlice {
+                    chunk_key: chunk.key(),
+                    offset,
+                    length,
+                    index: s.index,
+                });
+                left -= length;
+                offset = 0;
+                position += 1;
             }
         }
         FlatTrajectory { columns }
@@ -381,6 +441,143 @@ mod tests {
         for (trajectory, chunks) in cases {
             let compact = Trajectory::new(&trajectory, &chunks).unwrap();
             assert_eq!(compact.to_proto(&chunks), trajectory);
+        }
+    }
+
+    /// A chunk of `key` whose range spans `rows` (dense), or sparse / without a range.
+    fn ranged(key: u64, rows: Option<i32>, sparse: bool) -> Arc<Chunk> {
+        Arc::new(Chunk::new(ChunkData {
+            chunk_key: key,
+            sequence_range: rows.map(|rows| SequenceRange {
+                episode_id: 1,
+                start: 10,
+                end: 10 + rows - 1,
+                sparse,
+            }),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_column_through_consecutive_chunks_is_one_slice() {
+        // A 10-step item of 2-step chunks, starting in the middle of its first chunk.
+        let chunks: Vec<_> = (0..6).map(|k| ranged(k, Some(2), false)).collect();
+        let mut slices = vec![slice(0, 1, 1, 0)];
+        slices.extend((1..5).map(|k| slice(k, 0, 2, 0)));
+        slices.push(slice(5, 0, 1, 0));
+        let trajectory = FlatTrajectory {
+            columns: vec![Column {
+                chunk_slices: slices,
+                squeeze: false,
+            }],
+        };
+        let compact = Trajectory::new(&trajectory, &chunks).unwrap();
+        assert_eq!(compact.0.len(), 1);
+        assert_eq!(compact.to_proto(&chunks), trajectory);
+        // Not a run: a gap in a chunk, another tensor, a sparse chunk, a chunk without range.
+        let broken = [
+            (vec![slice(0, 0, 1, 0), slice(1, 0, 2, 0)], chunks.clone()),
+            (vec![slice(0, 0, 2, 0), slice(1, 1, 1, 0)], chunks.clone()),
+            (vec![slice(0, 0, 2, 0), slice(1, 0, 2, 1)], chunks.clone()),
+            (vec![slice(0, 0, 2, 0), slice(2, 0, 2, 0)], chunks.clone()),
+            (
+                vec![slice(0, 0, 2, 0), slice(1, 0, 2, 0)],
+                vec![ranged(0, Some(2), true), ranged(1, Some(2), false)],
+            ),
+            (
+                vec![slice(0, 0, 2, 0), slice(1, 0, 2, 0)],
+                vec![ranged(0, Some(2), false), ranged(1, None, false)],
+            ),
+        ];
+        for (slices, chunks) in broken {
+            let trajectory = FlatTrajectory {
+                columns: vec![Column {
+                    chunk_slices: slices,
+                    squeeze: true,
+                }],
+            };
+            let compact = Trajectory::new(&trajectory, &chunks).unwrap();
+            assert_eq!(compact.0.len(), 2, "{trajectory:?}");
+            assert_eq!(compact.to_proto(&chunks), trajectory);
+        }
+    }
+
+    proptest::proptest! {
+        /// Any trajectory over chunks of any ranges comes back exactly as it went in.
+        #[test]
+        fn any_trajectory_round_trips(
+            ranges in proptest::collection::vec(
+                (proptest::option::of(0i32..4), proptest::bool::weighted(0.2)), 1..8),
+            columns in proptest::collection::vec(
+                (proptest::collection::vec((0usize..8, -1i32..4, -1i32..5, 0i32..2), 0..8),
+                 proptest::bool::ANY),
+                0..4),
+        ) {
+            let chunks: Vec<_> = ranges
+                .iter()
+                .enumerate()
+                .map(|(k, &(rows, sparse))| ranged(k as u64, rows, sparse))
+                .collect();
+            let trajectory = FlatTrajectory {
+                columns: columns
+                    .into_iter()
+                    .map(|(slices, squeeze)| Column {
+                        chunk_slices: slices
+                            .into_iter()
+                            .map(|(k, offset, length, index)| {
+                                slice((k % chunks.len()) as u64, offset, length, index)
+                            })
+                            .collect(),
+                        squeeze,
+                    })
+                    .collect(),
+            };
+            let compact = Trajectory::new(&trajectory, &chunks).unwrap();
+            proptest::prop_assert_eq!(compact.to_proto(&chunks), trajectory);
+        }
+
+        /// Columns as writers make them (consecutive steps across dense chunks) are one slice
+        /// each, and come back exactly; so does such a column with one slice changed.
+        #[test]
+        fn writer_columns_are_runs(
+            rows in proptest::collection::vec(1i32..5, 1..8),
+            spans in proptest::collection::vec((0usize..8, 0i32..5, 1i32..20, 0i32..3), 1..4),
+            change in proptest::option::of((0usize..8, -1i32..3, -1i32..3)),
+        ) {
+            let chunks: Vec<_> = rows
+                .iter()
+                .enumerate()
+                .map(|(k, &rows)| ranged(k as u64, Some(rows), false))
+                .collect();
+            let mut columns = Vec::new();
+            for &(first, offset, length, index) in &spans {
+                let first = first % chunks.len();
+                let mut offset = offset % rows[first];
+                let (mut left, mut at) = (length, first);
+                let mut slices = Vec::new();
+                while left > 0 && at < chunks.len() {
+                    let take = left.min(rows[at] - offset);
+                    slices.push(slice(at as u64, offset, take, index));
+                    left -= take;
+                    offset = 0;
+                    at += 1;
+                }
+                columns.push(Column { chunk_slices: slices, squeeze: false });
+            }
+            let trajectory = FlatTrajectory { columns };
+            let compact = Trajectory::new(&trajectory, &chunks).unwrap();
+            proptest::prop_assert_eq!(compact.0.len(), spans.len());
+            proptest::prop_assert_eq!(compact.to_proto(&chunks), trajectory.clone());
+            if let Some((which, d_offset, d_length)) = change {
+                let mut changed = trajectory;
+                let column = &mut changed.columns[which % spans.len()];
+                let n = column.chunk_slices.len();
+                let s = &mut column.chunk_slices[which % n];
+                s.offset += d_offset;
+                s.length += d_length;
+                let compact = Trajectory::new(&changed, &chunks).unwrap();
+                proptest::prop_assert_eq!(compact.to_proto(&chunks), changed);
+            }
         }
     }
 
