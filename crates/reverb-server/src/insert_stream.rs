@@ -221,17 +221,21 @@ fn resolve(item: PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<ItemD
 }
 
 /// Inserts, waiting while the rate limiter blocks.
-async fn insert_waiting(table: &Table, mut item: ItemData, priority: f64) -> Result<(), Status> {
-    let mut _waiting = None;
+async fn insert_waiting(table: &Table, item: ItemData, priority: f64) -> Result<(), Status> {
+    // Most inserts are not blocked: they register for the table's changes only once one is
+    // (registering takes the notifier's lock twice, for every item of a busy stream).
+    let mut item = match table.try_insert(item, priority).map_err(from_core)? {
+        InsertOutcome::Blocked(back) => back,
+        _ => return Ok(()),
+    };
+    let _waiting = table.waiting(Waiter::Insert);
     loop {
         let notified = table.changed().notified();
         tokio::pin!(notified);
+        // Registered before trying again, so a change after this attempt wakes the wait.
         notified.as_mut().enable();
         match table.try_insert(item, priority).map_err(from_core)? {
-            InsertOutcome::Blocked(back) => {
-                item = back;
-                _waiting.get_or_insert_with(|| table.waiting(Waiter::Insert));
-            }
+            InsertOutcome::Blocked(back) => item = back,
             _ => return Ok(()),
         }
         notified.await;

@@ -182,10 +182,19 @@ pub(crate) async fn sample_waiting(
     gone: impl std::future::Future<Output = ()>,
     is_gone: impl Fn() -> bool,
 ) -> Result<Vec<SampledItem>, Option<Status>> {
+    // Most calls find items: they register for the table's changes only once one did not.
+    if is_gone() {
+        return Err(None);
+    }
+    let batch = table.try_sample(max_items, MAX_BATCH_BYTES);
+    if !batch.is_empty() {
+        return Ok(batch);
+    }
     let deadline = timeout.map(|t| Instant::now() + t);
     tokio::pin!(gone);
     let mut _waiting = None;
     loop {
+        // Registered before trying again, so a change after this attempt wakes the wait.
         let notified = table.changed().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
