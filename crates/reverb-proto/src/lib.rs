@@ -36,8 +36,9 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// A hash map from item or chunk keys, hashed with foldhash (randomly seeded per map): a few
 /// nanoseconds per key where the standard SipHash takes about 20, for the maps and sets of
-/// keys built and searched on every request and insert. Keys come from clients; with the
-/// seed unknown to them they cannot aim at one bucket.
+/// keys built and searched on every request and insert. Keys come from clients, who do not
+/// know the seed; foldhash does not claim to withstand one who times many inserts to find
+/// colliding keys (nor does the reference's hashing), which needs access to the server.
 pub type KeyHashMap<V> = std::collections::HashMap<u64, V, foldhash::fast::RandomState>;
 /// A set of item or chunk keys, hashed as [`KeyHashMap`].
 pub type KeySet = std::collections::HashSet<u64, foldhash::fast::RandomState>;

@@ -112,6 +112,9 @@ pub struct TrajectoryWriter {
     slow_steps: bool,
     /// With `validate_items`: the flat signature of each table the server had when asked.
     signatures: HashMap<String, Option<Vec<Spec>>>,
+    /// `set_tables` ran since the last signature check: a table missing from them is
+    /// unknown to the server, not asked about again by that check.
+    tables_just_set: bool,
 }
 
 /// How long the first item of a table waits for the server's list of tables (with
@@ -159,6 +162,7 @@ impl TrajectoryWriter {
             last_step_at: None,
             slow_steps: true,
             signatures: HashMap::new(),
+            tables_just_set: false,
         })
     }
 
@@ -384,6 +388,7 @@ impl TrajectoryWriter {
     /// Takes the tables' signatures from a `ServerInfo` answer (with `validate_items`).
     pub fn set_tables(&mut self, infos: &[TableInfo]) -> Result<()> {
         self.signatures = table_signatures(infos)?;
+        self.tables_just_set = true;
         Ok(())
     }
 
@@ -394,9 +399,12 @@ impl TrajectoryWriter {
         if !self.options.validate_items {
             return Ok(());
         }
-        if self.needs_tables(table) {
+        // (A caller that just gave the tables, e.g. after a wait within its own timeout and
+        // without Python's GIL, is not made to wait for them again here.)
+        if self.needs_tables(table) && !self.tables_just_set {
             self.load_tables()?;
         }
+        self.tables_just_set = false;
         let Some(entry) = self.signatures.get(table) else {
             let mut names: Vec<&str> = self.signatures.keys().map(String::as_str).collect();
             names.sort_unstable();
