@@ -113,10 +113,10 @@ impl Chunk {
     }
     /// The rows its range spans (`end - start + 1`) when it has a dense one (not sparse).
     fn dense_rows(&self) -> Option<i32> {
-        let dense = self.flags & HAS_RANGE != 0 && self.flags & SPARSE == 0;
-        (dense && self.end >= self.start)
-            .then(|| self.end.checked_sub(self.start)?.checked_add(1))
-            .flatten()
+        if self.flags & (HAS_RANGE | SPARSE) != HAS_RANGE || self.end < self.start {
+            return None;
+        }
+        self.end.checked_sub(self.start)?.checked_add(1)
     }
 }
 
@@ -197,14 +197,13 @@ impl Trajectory {
                     chunk: FIRST | squeeze | EMPTY,
                 });
             }
-            // The end of the chunk the last slice pushed ends at, if it ends at one: the
-            // next slice may continue it as a run.
+            // The chunk the column's last slice ends at the end of, if it does: the next
+            // slice may continue it as a run.
             let mut run_end: Option<u32> = None;
             for (i, s) in column.chunk_slices.iter().enumerate() {
                 let at = position(s.chunk_key)?;
                 let rows = chunks[at as usize].dense_rows();
-                let last = slices.last_mut().filter(|_| i > 0);
-                match last {
+                match slices.last_mut() {
                     Some(last)
                         if run_end.is_some_and(|end| end + 1 == at)
                             && last.index == s.index

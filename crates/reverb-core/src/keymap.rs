@@ -12,10 +12,8 @@
 //! on every insert).
 
 use foldhash::fast::RandomState;
-pub use reverb_proto::{KeyHashMap, KeySet};
+use reverb_proto::KeyHashMap;
 use std::collections::hash_map::Entry;
-
-type HashMap<K, V> = std::collections::HashMap<K, V, RandomState>;
 
 const SHARD_BITS: u32 = 8;
 /// Number of shards of a big map.
@@ -32,7 +30,7 @@ pub const SPLIT_AT: usize = 16;
 #[derive(Debug, Clone)]
 pub struct KeyMap<V> {
     /// One map, or `SHARDS`.
-    shards: Vec<HashMap<u64, V>>,
+    shards: Vec<KeyHashMap<V>>,
     state: RandomState,
     len: usize,
 }
@@ -54,20 +52,20 @@ impl<V> KeyMap<V> {
     pub fn new() -> Self {
         let state = RandomState::default();
         Self {
-            shards: vec![HashMap::with_hasher(state)],
+            shards: vec![KeyHashMap::with_hasher(state)],
             state,
             len: 0,
         }
     }
 
-    fn map(&self, key: u64) -> &HashMap<u64, V> {
+    fn map(&self, key: u64) -> &KeyHashMap<V> {
         match self.shards.len() {
             1 => &self.shards[0],
             _ => &self.shards[shard(key)],
         }
     }
 
-    fn map_mut(&mut self, key: u64) -> &mut HashMap<u64, V> {
+    fn map_mut(&mut self, key: u64) -> &mut KeyHashMap<V> {
         match self.shards.len() {
             1 => &mut self.shards[0],
             _ => &mut self.shards[shard(key)],
@@ -82,7 +80,7 @@ impl<V> KeyMap<V> {
         }
         let one = std::mem::take(&mut self.shards).pop().expect("one map");
         self.shards = (0..SHARDS)
-            .map(|_| HashMap::with_hasher(self.state))
+            .map(|_| KeyHashMap::with_hasher(self.state))
             .collect();
         for (key, value) in one {
             self.shards[shard(key)].insert(key, value);
@@ -146,7 +144,7 @@ impl<V> KeyMap<V> {
 
     /// Removes everything and frees the memory (back to one map).
     pub fn clear(&mut self) {
-        self.shards = vec![HashMap::with_hasher(self.state)];
+        self.shards = vec![KeyHashMap::with_hasher(self.state)];
         self.len = 0;
     }
 

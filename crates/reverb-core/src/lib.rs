@@ -11,7 +11,6 @@ pub mod table;
 
 pub use chunk::{Chunk, ItemData, Trajectory};
 pub use error::{CoreError, Result};
-pub use keymap::{KeyHashMap, KeySet};
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};
 pub use table::{

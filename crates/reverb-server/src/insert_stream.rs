@@ -9,9 +9,11 @@
 
 use crate::status::from_core;
 use crate::tables::Tables;
-use reverb_core::{Chunk, InsertOutcome, ItemData, KeyHashMap, KeySet, Table, Waiter};
+use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
 use reverb_proto::payload::{dtype_name, read_chunk};
-use reverb_proto::{ChunkData, InsertStreamRequest, InsertStreamResponse, PrioritizedItem};
+use reverb_proto::{
+    ChunkData, InsertStreamRequest, InsertStreamResponse, KeyHashMap, KeySet, PrioritizedItem,
+};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
