@@ -8,8 +8,8 @@
 //! one shard: the same total work, in pauses of about 1/`SHARDS` of one, on different
 //! inserts. A map stays one map until it first holds `SPLIT_AT` entries, so a small table
 //! costs no more memory than with one map.
-//! Keys are hashed as [`KeyHashMap`] hashes them (a table has three such maps, each searched
-//! on every insert).
+//! Keys are hashed as [`KeyHashMap`] hashes them. A table has one such map of its items (its
+//! selectors find a key by the place the table keeps for it) and one of its episodes.
 
 use foldhash::fast::RandomState;
 use reverb_proto::KeyHashMap;

@@ -8,7 +8,7 @@
 //! | MinHeap / MaxHeap | O(log n); ties → least recently inserted/updated | 1.0 |
 
 use crate::keymap::KeyMap;
-use crate::{invalid_arg, CoreError, Result};
+use crate::{invalid_arg, Result};
 use rand::{rngs::StdRng, Rng};
 use reverb_proto::key_distribution_options::{Distribution, Heap, Prioritized};
 use reverb_proto::KeyDistributionOptions;
@@ -96,14 +96,31 @@ impl SelectorKind {
     }
 }
 
-/// A set of keys with priorities that can pick one key. Never called concurrently.
+/// Where a table's key sits in a selector: what the table keeps with the key's entry and
+/// hands back to [`Selector::update`] and [`Selector::delete`], so that the selectors of a
+/// table need no index of their own (one hash index per table, the table's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// The key.
+    pub key: u64,
+    /// The table's sequence number for the key (increasing in insertion order, below 2^63).
+    pub seq: u64,
+    /// What [`Selector::insert`] returned for the key, or the last move it reported.
+    pub slot: u32,
+}
+
+/// Keys with priorities that can pick one key. Never called concurrently. The table owns the
+/// keys: it calls `insert` only with new keys and `update`/`delete` only with present ones,
+/// at their current [`Place`].
 pub trait Selector: Send {
-    /// Adds a key. Errors if it is already present.
-    fn insert(&mut self, key: u64, priority: f64) -> Result<()>;
-    /// Changes the priority of a present key.
-    fn update(&mut self, key: u64, priority: f64) -> Result<()>;
-    /// Removes a present key.
-    fn delete(&mut self, key: u64) -> Result<()>;
+    /// Adds a new key whose sequence number is `seq`; returns its slot. Errs on a priority
+    /// the selector does not take (and then holds no trace of the key).
+    fn insert(&mut self, key: u64, seq: u64, priority: f64) -> Result<u32>;
+    /// Changes the priority of the key at `at`.
+    fn update(&mut self, at: Place, priority: f64) -> Result<()>;
+    /// Removes the key at `at`. Returns another key whose slot this changed, with its new
+    /// slot (for the table to record).
+    fn delete(&mut self, at: Place) -> Option<(u64, u32)>;
     /// Picks a key and the probability it had of being picked; `None` when empty.
     fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)>;
     /// Removes every key.
@@ -121,40 +138,32 @@ pub trait Selector: Send {
     }
 }
 
-fn missing(key: u64) -> CoreError {
-    CoreError::NotFound(format!("key {key} is not in the selector"))
+/// The slot of the next key of a selector holding `len` keys in slots `0..len`.
+fn next_slot(len: usize) -> Result<u32> {
+    u32::try_from(len).map_err(|_| invalid_arg!("a selector holds at most {} keys", u32::MAX))
 }
 
-fn duplicate(key: u64) -> CoreError {
-    CoreError::InvalidArgument(format!("key {key} is already in the selector"))
-}
-
-/// Uniform: a dense key vector plus its index; swap-remove keeps every operation O(1).
+/// Uniform: a dense key vector (a key's slot is its position); swap-remove keeps every
+/// operation O(1).
 #[derive(Default)]
 pub struct Uniform {
     keys: Vec<u64>,
-    index: KeyMap<usize>,
 }
 
 impl Selector for Uniform {
-    fn insert(&mut self, key: u64, _priority: f64) -> Result<()> {
-        if self.index.contains_key(&key) {
-            return Err(duplicate(key));
-        }
-        self.index.insert(key, self.keys.len());
+    fn insert(&mut self, key: u64, _seq: u64, _priority: f64) -> Result<u32> {
+        let slot = next_slot(self.keys.len())?;
         self.keys.push(key);
+        Ok(slot)
+    }
+    fn update(&mut self, _at: Place, _priority: f64) -> Result<()> {
         Ok(())
     }
-    fn update(&mut self, key: u64, _priority: f64) -> Result<()> {
-        self.index.get(&key).map(|_| ()).ok_or_else(|| missing(key))
-    }
-    fn delete(&mut self, key: u64) -> Result<()> {
-        let pos = self.index.remove(&key).ok_or_else(|| missing(key))?;
-        self.keys.swap_remove(pos);
-        if pos < self.keys.len() {
-            self.index.insert(self.keys[pos], pos);
-        }
-        Ok(())
+    fn delete(&mut self, at: Place) -> Option<(u64, u32)> {
+        let slot = at.slot as usize;
+        debug_assert_eq!(self.keys[slot], at.key);
+        self.keys.swap_remove(slot);
+        self.keys.get(slot).map(|&moved| (moved, at.slot))
     }
     fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
         if self.keys.is_empty() {
@@ -164,8 +173,7 @@ impl Selector for Uniform {
         Some((key, 1.0 / self.keys.len() as f64))
     }
     fn clear(&mut self) {
-        self.keys.clear();
-        self.index.clear();
+        self.keys = Vec::new();
     }
     fn len(&self) -> usize {
         self.keys.len()
@@ -217,8 +225,8 @@ pub struct PrioritizedSelector {
     /// The same over the blocks' totals: `top[top_capacity + b]` is block `b`'s total.
     top: Vec<f64>,
     top_capacity: usize,
+    /// The key in each slot.
     keys: Vec<u64>,
-    index: KeyMap<usize>,
 }
 
 impl PrioritizedSelector {
@@ -231,7 +239,6 @@ impl PrioritizedSelector {
             top: vec![0.0; 2],
             top_capacity: 1,
             keys: Vec::new(),
-            index: KeyMap::new(),
         }
     }
 
@@ -307,39 +314,37 @@ fn doubled(tree: &[f64], capacity: usize, used: usize) -> Vec<f64> {
 }
 
 impl Selector for PrioritizedSelector {
-    fn insert(&mut self, key: u64, priority: f64) -> Result<()> {
+    fn insert(&mut self, key: u64, _seq: u64, priority: f64) -> Result<u32> {
         let weight = self.weight(priority)?;
-        if self.index.contains_key(&key) {
-            return Err(duplicate(key));
-        }
+        let slot = next_slot(self.keys.len())?;
         if self.keys.len() == self.blocks.len() * self.capacity {
             self.grow();
         }
-        let slot = self.keys.len();
         self.keys.push(key);
-        self.index.insert(key, slot);
-        self.set(slot, weight);
-        Ok(())
+        self.set(slot as usize, weight);
+        Ok(slot)
     }
-    fn update(&mut self, key: u64, priority: f64) -> Result<()> {
+    fn update(&mut self, at: Place, priority: f64) -> Result<()> {
         let weight = self.weight(priority)?;
-        let slot = *self.index.get(&key).ok_or_else(|| missing(key))?;
-        self.set(slot, weight);
+        debug_assert_eq!(self.keys[at.slot as usize], at.key);
+        self.set(at.slot as usize, weight);
         Ok(())
     }
-    fn delete(&mut self, key: u64) -> Result<()> {
-        let slot = self.index.remove(&key).ok_or_else(|| missing(key))?;
+    fn delete(&mut self, at: Place) -> Option<(u64, u32)> {
+        let slot = at.slot as usize;
+        debug_assert_eq!(self.keys[slot], at.key);
         let last = self.keys.len() - 1;
+        let mut moved = None;
         if slot != last {
-            let moved = self.keys[last];
-            let moved_weight = self.get(last);
-            self.keys[slot] = moved;
-            self.index.insert(moved, slot);
-            self.set(slot, moved_weight);
+            let key = self.keys[last];
+            let weight = self.get(last);
+            self.keys[slot] = key;
+            self.set(slot, weight);
+            moved = Some((key, at.slot));
         }
         self.set(last, 0.0);
         self.keys.pop();
-        Ok(())
+        moved
     }
     fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
         let n = self.keys.len();
@@ -375,20 +380,18 @@ impl Selector for PrioritizedSelector {
     }
 }
 
-/// Fifo / Lifo: keys in insertion order. A deleted key's place stays in `order`, marked dead,
-/// until it reaches an end or dead places outnumber live ones, when one linear pass drops
-/// them (no hashing: at 10M places a pass takes milliseconds). The ends are always live.
-/// Inserts are O(1), deletes O(log n) (a binary search by sequence number; O(1) at the ends,
-/// where Fifo and Lifo delete), sampling O(1). A key costs its `seq_of` entry and 16 bytes of
-/// `order`, where a B-tree by sequence number cost about 33.
+/// Fifo / Lifo: keys in insertion order, found by the table's sequence numbers. A deleted
+/// key's place stays in `order`, marked dead, until it reaches an end or dead places
+/// outnumber live ones, when one linear pass drops them (no hashing: at 10M places a pass
+/// takes milliseconds). The ends are always live. Inserts are O(1), deletes O(log n) (a
+/// binary search by sequence number; O(1) at the ends, where Fifo and Lifo delete), sampling
+/// O(1). A key costs 16 bytes of `order`.
 pub struct Ordered {
     newest_first: bool,
-    /// `(key, sequence number)` in insertion order, live and dead ([`DEAD`] set): one live
-    /// place per key of `seq_of`, so `order.len() - seq_of.len()` places are dead.
+    /// `(key, sequence number)` in insertion order, live and dead ([`DEAD`] set).
     order: VecDeque<(u64, u64)>,
-    next_seq: u64,
-    /// Each live key's sequence number.
-    seq_of: KeyMap<u64>,
+    /// Live places in `order`.
+    live: usize,
 }
 
 /// Marks a dead place's sequence number (sequence numbers stay below 2^63).
@@ -399,8 +402,7 @@ impl Ordered {
         Self {
             newest_first,
             order: VecDeque::new(),
-            next_seq: 0,
-            seq_of: KeyMap::new(),
+            live: 0,
         }
     }
 
@@ -427,7 +429,7 @@ impl Ordered {
         while self.order.back().is_some_and(|p| p.1 & DEAD != 0) {
             self.order.pop_back();
         }
-        if self.order.len() - self.seq_of.len() > self.seq_of.len() + 16 {
+        if self.order.len() - self.live > self.live + 16 {
             self.order.retain(|p| p.1 & DEAD == 0);
         }
         // A table that shrank gives the memory of its bigger past back.
@@ -438,28 +440,22 @@ impl Ordered {
 }
 
 impl Selector for Ordered {
-    fn insert(&mut self, key: u64, _priority: f64) -> Result<()> {
-        if self.seq_of.contains_key(&key) {
-            return Err(duplicate(key));
-        }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.seq_of.insert(key, seq);
+    fn insert(&mut self, key: u64, seq: u64, _priority: f64) -> Result<u32> {
+        debug_assert!(self.order.back().is_none_or(|p| p.1 & !DEAD < seq));
         self.order.push_back((key, seq));
+        self.live += 1;
+        Ok(0)
+    }
+    fn update(&mut self, _at: Place, _priority: f64) -> Result<()> {
         Ok(())
     }
-    fn update(&mut self, key: u64, _priority: f64) -> Result<()> {
-        self.seq_of
-            .get(&key)
-            .map(|_| ())
-            .ok_or_else(|| missing(key))
-    }
-    fn delete(&mut self, key: u64) -> Result<()> {
-        let seq = self.seq_of.remove(&key).ok_or_else(|| missing(key))?;
-        let at = self.position(seq);
-        self.order[at].1 |= DEAD;
+    fn delete(&mut self, at: Place) -> Option<(u64, u32)> {
+        let i = self.position(at.seq);
+        debug_assert_eq!(self.order[i], (at.key, at.seq));
+        self.order[i].1 |= DEAD;
+        self.live -= 1;
         self.trim();
-        Ok(())
+        None
     }
     fn sample(&mut self, _rng: &mut StdRng) -> Option<(u64, f64)> {
         let place = if self.newest_first {
@@ -471,10 +467,10 @@ impl Selector for Ordered {
     }
     fn clear(&mut self) {
         self.order = VecDeque::new();
-        self.seq_of.clear();
+        self.live = 0;
     }
     fn len(&self) -> usize {
-        self.seq_of.len()
+        self.live
     }
 }
 
@@ -527,29 +523,29 @@ impl HeapSelector {
 }
 
 impl Selector for HeapSelector {
-    fn insert(&mut self, key: u64, priority: f64) -> Result<()> {
-        if self.position.contains_key(&key) {
-            return Err(duplicate(key));
-        }
+    fn insert(&mut self, key: u64, _seq: u64, priority: f64) -> Result<u32> {
         let pos = self.position_for(priority)?;
         self.ordered.insert(pos, key);
         self.position.insert(key, pos);
-        Ok(())
+        Ok(0)
     }
-    fn update(&mut self, key: u64, priority: f64) -> Result<()> {
-        if !self.position.contains_key(&key) {
-            return Err(missing(key));
-        }
+    fn update(&mut self, at: Place, priority: f64) -> Result<()> {
         let pos = self.position_for(priority)?;
-        let old = self.position.insert(key, pos).expect("checked above");
+        let old = self
+            .position
+            .insert(at.key, pos)
+            .expect("the table updates present keys");
         self.ordered.remove(&old);
-        self.ordered.insert(pos, key);
+        self.ordered.insert(pos, at.key);
         Ok(())
     }
-    fn delete(&mut self, key: u64) -> Result<()> {
-        let pos = self.position.remove(&key).ok_or_else(|| missing(key))?;
+    fn delete(&mut self, at: Place) -> Option<(u64, u32)> {
+        let pos = self
+            .position
+            .remove(&at.key)
+            .expect("the table deletes present keys");
         self.ordered.remove(&pos);
-        Ok(())
+        None
     }
     fn sample(&mut self, _rng: &mut StdRng) -> Option<(u64, f64)> {
         self.ordered.first_key_value().map(|(_, &key)| (key, 1.0))
@@ -574,8 +570,101 @@ mod tests {
         StdRng::seed_from_u64(7)
     }
 
+    /// A selector with the places of its keys kept as a table keeps them, so tests can
+    /// address keys by key (and check the table's side of the contract: new keys only,
+    /// present keys only, moves recorded).
+    struct Keyed<S> {
+        sel: S,
+        places: HashMap<u64, Place>,
+        next_seq: u64,
+    }
+
+    impl Keyed<Box<dyn Selector>> {
+        fn build(kind: SelectorKind) -> Self {
+            Keyed::new(kind.build().unwrap())
+        }
+    }
+
+    impl<S: Selector> Keyed<S> {
+        fn new(sel: S) -> Self {
+            Self {
+                sel,
+                places: HashMap::new(),
+                next_seq: 0,
+            }
+        }
+        fn insert(&mut self, key: u64, priority: f64) -> Result<()> {
+            if self.places.contains_key(&key) {
+                return Err(invalid_arg!("key {key} is present"));
+            }
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let slot = self.sel.insert(key, seq, priority)?;
+            self.places.insert(key, Place { key, seq, slot });
+            Ok(())
+        }
+        fn update(&mut self, key: u64, priority: f64) -> Result<()> {
+            let at = *self
+                .places
+                .get(&key)
+                .ok_or_else(|| invalid_arg!("no {key}"))?;
+            self.sel.update(at, priority)
+        }
+        fn delete(&mut self, key: u64) -> Result<()> {
+            let at = self
+                .places
+                .remove(&key)
+                .ok_or_else(|| invalid_arg!("no {key}"))?;
+            if let Some((moved, slot)) = self.sel.delete(at) {
+                self.places
+                    .get_mut(&moved)
+                    .expect("a present key moved")
+                    .slot = slot;
+            }
+            Ok(())
+        }
+        fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
+            self.sel.sample(rng)
+        }
+        fn len(&self) -> usize {
+            assert_eq!(self.sel.len(), self.places.len());
+            self.sel.len()
+        }
+        fn total_weight(&self) -> f64 {
+            self.sel.total_weight()
+        }
+        fn clear(&mut self) {
+            self.sel.clear();
+            self.places.clear();
+        }
+    }
+
+    impl Selector for Box<dyn Selector> {
+        fn insert(&mut self, key: u64, seq: u64, priority: f64) -> Result<u32> {
+            (**self).insert(key, seq, priority)
+        }
+        fn update(&mut self, at: Place, priority: f64) -> Result<()> {
+            (**self).update(at, priority)
+        }
+        fn delete(&mut self, at: Place) -> Option<(u64, u32)> {
+            (**self).delete(at)
+        }
+        fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
+            (**self).sample(rng)
+        }
+        fn clear(&mut self) {
+            (**self).clear()
+        }
+        fn len(&self) -> usize {
+            (**self).len()
+        }
+        fn total_weight(&self) -> f64 {
+            (**self).total_weight()
+        }
+    }
+
     /// Draws `n` samples and returns the observed frequency of each key.
-    fn frequencies(sel: &mut dyn Selector, n: usize) -> HashMap<u64, f64> {
+    fn frequencies<S: Selector>(sel: &mut Keyed<S>, n: usize) -> HashMap<u64, f64> {
         let mut rng = rng();
         let mut counts = HashMap::new();
         for _ in 0..n {
@@ -588,7 +677,7 @@ mod tests {
 
     #[test]
     fn uniform_distribution_and_probability() {
-        let mut s = SelectorKind::Uniform.build().unwrap();
+        let mut s = Keyed::build(SelectorKind::Uniform);
         for k in 0..10 {
             s.insert(k, 1.0).unwrap();
         }
@@ -596,7 +685,7 @@ mod tests {
         assert_eq!(s.total_weight(), 9.0);
         let (_, p) = s.sample(&mut rng()).unwrap();
         assert!((p - 1.0 / 9.0).abs() < 1e-12);
-        let freq = frequencies(s.as_mut(), 90_000);
+        let freq = frequencies(&mut s, 90_000);
         assert!(!freq.contains_key(&3));
         for k in (0..10).filter(|&k| k != 3) {
             // 5 standard deviations of a binomial(90000, 1/9) frequency is ~0.0052.
@@ -610,11 +699,9 @@ mod tests {
 
     #[test]
     fn prioritized_distribution_matches_weights() {
-        let mut s = SelectorKind::Prioritized {
+        let mut s = Keyed::build(SelectorKind::Prioritized {
             priority_exponent: 0.5,
-        }
-        .build()
-        .unwrap();
+        });
         let priorities = [(1u64, 1.0), (2, 4.0), (3, 9.0), (4, 0.0), (5, 16.0)];
         for (k, p) in priorities {
             s.insert(k, p).unwrap();
@@ -624,7 +711,7 @@ mod tests {
         s.update(5, 0.0).unwrap();
         assert!((s.total_weight() - 6.0).abs() < 1e-12);
         s.update(5, 16.0).unwrap();
-        let freq = frequencies(s.as_mut(), 100_000);
+        let freq = frequencies(&mut s, 100_000);
         assert!(!freq.contains_key(&4), "zero priority is never sampled");
         for (k, w) in [(1u64, 0.1), (2, 0.2), (3, 0.3), (5, 0.4)] {
             assert!((freq[&k] - w).abs() < 0.008, "key {k}: {} vs {w}", freq[&k]);
@@ -643,30 +730,26 @@ mod tests {
 
     #[test]
     fn prioritized_zero_exponent_zero_priority_is_zero() {
-        let mut s = SelectorKind::Prioritized {
+        let mut s = Keyed::build(SelectorKind::Prioritized {
             priority_exponent: 0.0,
-        }
-        .build()
-        .unwrap();
+        });
         s.insert(1, 0.0).unwrap();
         s.insert(2, 5.0).unwrap();
-        let freq = frequencies(s.as_mut(), 1000);
+        let freq = frequencies(&mut s, 1000);
         assert_eq!(freq.get(&2), Some(&1.0));
     }
 
     #[test]
     fn prioritized_all_zero_falls_back_to_uniform() {
-        let mut s = SelectorKind::Prioritized {
+        let mut s = Keyed::build(SelectorKind::Prioritized {
             priority_exponent: 1.0,
-        }
-        .build()
-        .unwrap();
+        });
         for k in 0..4 {
             s.insert(k, 0.0).unwrap();
         }
         let (_, p) = s.sample(&mut rng()).unwrap();
         assert_eq!(p, 0.25);
-        let freq = frequencies(s.as_mut(), 40_000);
+        let freq = frequencies(&mut s, 40_000);
         for k in 0..4 {
             assert!((freq[&k] - 0.25).abs() < 0.015);
         }
@@ -674,11 +757,9 @@ mod tests {
 
     #[test]
     fn prioritized_grows_updates_and_deletes() {
-        let mut s = SelectorKind::Prioritized {
+        let mut s = Keyed::build(SelectorKind::Prioritized {
             priority_exponent: 1.0,
-        }
-        .build()
-        .unwrap();
+        });
         for k in 0..5000 {
             s.insert(k, 1.0).unwrap();
         }
@@ -716,30 +797,30 @@ mod tests {
 
     #[test]
     fn prioritized_growth_keeps_every_sum() {
-        let mut s = PrioritizedSelector::new(1.0);
+        let mut s = Keyed::new(PrioritizedSelector::new(1.0));
         let n = 3 * BLOCK as u64 + 1;
         for k in 0..n {
             s.insert(k, 1.0 + (k % 4) as f64).unwrap();
         }
-        assert_eq!((s.blocks.len(), s.top_capacity), (4, 4));
-        assert_sums(&s);
+        assert_eq!((s.sel.blocks.len(), s.sel.top_capacity), (4, 4));
+        assert_sums(&s.sel);
         let expected: f64 = (0..n).map(|k| 1.0 + (k % 4) as f64).sum();
         assert_eq!(s.total_weight(), expected);
         for k in (0..n).step_by(5) {
             s.delete(k).unwrap();
         }
-        assert_sums(&s);
+        assert_sums(&s.sel);
     }
 
     #[test]
     fn prioritized_across_blocks() {
         // Three full blocks and part of a fourth: the top tree has grown twice.
         let n = 3 * BLOCK as u64 + 100;
-        let mut s = PrioritizedSelector::new(1.0);
+        let mut s = Keyed::new(PrioritizedSelector::new(1.0));
         for k in 0..n {
             s.insert(k, 0.0).unwrap();
         }
-        assert_eq!(s.blocks.len(), 4);
+        assert_eq!(s.sel.blocks.len(), 4);
         // Weights in the first, a middle and the last block.
         let weighted = [(5, 1.0), (BLOCK as u64 + 7, 2.0), (n - 1, 1.0)];
         for (k, w) in weighted {
@@ -760,7 +841,7 @@ mod tests {
         assert_eq!(p, weighted.iter().find(|x| x.0 == k).unwrap().1 / 4.0);
         // Deleting from the first block moves the last slot (the last key, weight 1) there.
         s.delete(5).unwrap();
-        assert_eq!(s.index.get(&(n - 1)), Some(&5));
+        assert_eq!(s.places[&(n - 1)].slot, 5);
         assert_eq!(s.total_weight(), 3.0);
         // Emptying the tail blocks leaves their (zero) trees in place; sampling still works.
         for k in (2 * BLOCK as u64)..(n - 1) {
@@ -774,16 +855,16 @@ mod tests {
         for k in 0..BLOCK as u64 {
             s.insert(n + k, 1.0).unwrap();
         }
-        assert_eq!(s.blocks.len(), 4);
+        assert_eq!(s.sel.blocks.len(), 4);
         assert_eq!(s.total_weight(), 3.0 + BLOCK as f64);
         s.clear();
-        assert_eq!((s.len(), s.total_weight(), s.blocks.len()), (0, 0.0, 1));
+        assert_eq!((s.len(), s.total_weight(), s.sel.blocks.len()), (0, 0.0, 1));
     }
 
     #[test]
     fn fifo_and_lifo_order() {
-        let mut fifo = SelectorKind::Fifo.build().unwrap();
-        let mut lifo = SelectorKind::Lifo.build().unwrap();
+        let mut fifo = Keyed::build(SelectorKind::Fifo);
+        let mut lifo = Keyed::build(SelectorKind::Lifo);
         for k in [5u64, 3, 9] {
             fifo.insert(k, 0.0).unwrap();
             lifo.insert(k, 0.0).unwrap();
@@ -798,8 +879,8 @@ mod tests {
 
     #[test]
     fn heap_ties_go_to_least_recently_touched() {
-        let mut min = SelectorKind::MinHeap.build().unwrap();
-        let mut max = SelectorKind::MaxHeap.build().unwrap();
+        let mut min = Keyed::build(SelectorKind::MinHeap);
+        let mut max = Keyed::build(SelectorKind::MaxHeap);
         for (k, p) in [(1u64, 2.0), (2, 1.0), (3, 1.0), (4, 3.0), (5, 3.0)] {
             min.insert(k, p).unwrap();
             max.insert(k, p).unwrap();
@@ -839,7 +920,7 @@ mod tests {
             ops in proptest::collection::vec((any::<bool>(), 0u64..60), 1..3000)
         ) {
             for newest_first in [false, true] {
-                let mut s = Ordered::new(newest_first);
+                let mut s = Keyed::new(Ordered::new(newest_first));
                 let mut model: Vec<u64> = Vec::new(); // live keys in insertion order
                 for &(insert, key) in &ops {
                     let present = model.iter().position(|&k| k == key);
@@ -853,9 +934,9 @@ mod tests {
                     prop_assert_eq!(s.sample(&mut rng()), expect.map(|&k| (k, 1.0)));
                     prop_assert_eq!(s.len(), model.len());
                     // Dead places never outnumber live ones by more than the slack.
-                    prop_assert!(s.order.len() <= 2 * model.len() + 16);
-                    let dead = s.order.iter().filter(|p| p.1 & DEAD != 0).count();
-                    prop_assert_eq!(dead, s.order.len() - model.len());
+                    prop_assert!(s.sel.order.len() <= 2 * model.len() + 16);
+                    let dead = s.sel.order.iter().filter(|p| p.1 & DEAD != 0).count();
+                    prop_assert_eq!(dead, s.sel.order.len() - model.len());
                 }
             }
         }
@@ -866,7 +947,7 @@ mod tests {
             let kinds = [SelectorKind::Uniform, SelectorKind::Prioritized { priority_exponent: 1.0 },
                 SelectorKind::Fifo, SelectorKind::Lifo, SelectorKind::MinHeap, SelectorKind::MaxHeap];
             for kind in kinds {
-                let mut s = kind.build().unwrap();
+                let mut s = Keyed::build(kind);
                 let mut model: Vec<(u64, f64)> = Vec::new(); // insertion/update order
                 for &(op, key, prio) in &ops {
                     let present = model.iter().position(|e| e.0 == key);

@@ -5,7 +5,7 @@
 use crate::chunk::ItemData;
 use crate::keymap::KeyMap;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
-use crate::selectors::{prioritized_weight, Selector, SelectorKind};
+use crate::selectors::{prioritized_weight, Place, Selector, SelectorKind};
 use crate::{invalid_arg, Result};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -80,9 +80,23 @@ pub enum InsertOutcome {
 struct Entry {
     data: Arc<ItemData>,
     priority: f64,
-    times_sampled: i32,
-    /// Insertion order (checkpoints save items in it so FIFO/LIFO/heap order rebuilds).
+    /// Insertion order (checkpoints save items in it so FIFO/LIFO/heap order rebuilds; the
+    /// Fifo and Lifo selectors find the item by it).
     seq: u64,
+    times_sampled: i32,
+    /// The item's slots in the sampler and the remover ([`Place::slot`]).
+    slots: [u32; 2],
+}
+
+impl Entry {
+    /// The item's place in the sampler (`which` 0) or the remover (1).
+    fn place(&self, which: usize) -> Place {
+        Place {
+            key: self.data.key,
+            seq: self.seq,
+            slot: self.slots[which],
+        }
+    }
 }
 
 /// A consistent copy of a table's contents, taken under the lock in O(items) pointer copies;
@@ -317,8 +331,8 @@ impl Table {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if let Some(entry) = st.items.get_mut(&item.key) {
-            st.sampler.update(item.key, priority)?;
-            st.remover.update(item.key, priority)?;
+            st.sampler.update(entry.place(0), priority)?;
+            st.remover.update(entry.place(1), priority)?;
             entry.priority = priority;
             drop(guard);
             self.changed.notify_waiters();
@@ -401,8 +415,8 @@ impl Table {
         }
         for &(key, priority) in updates {
             if let Some(entry) = st.items.get_mut(&key) {
-                st.sampler.update(key, priority)?;
-                st.remover.update(key, priority)?;
+                st.sampler.update(entry.place(0), priority)?;
+                st.remover.update(entry.place(1), priority)?;
                 entry.priority = priority;
             }
         }
@@ -529,25 +543,34 @@ impl State {
     /// Stores a new item (the caller has checked the key is new and the limiter allows it).
     fn add_item(&mut self, item: ItemData, priority: f64, times_sampled: i32) -> Result<()> {
         let key = item.key;
-        self.sampler.insert(key, priority)?;
-        if let Err(e) = self.remover.insert(key, priority) {
-            self.sampler.delete(key).expect("just inserted");
-            return Err(e);
-        }
+        let seq = self.next_seq;
+        let sampler_slot = self.sampler.insert(key, seq, priority)?;
+        let remover_slot = match self.remover.insert(key, seq, priority) {
+            Ok(slot) => slot,
+            Err(e) => {
+                let moved = self.sampler.delete(Place {
+                    key,
+                    seq,
+                    slot: sampler_slot,
+                });
+                debug_assert!(moved.is_none(), "the newest key moves no other");
+                return Err(e);
+            }
+        };
+        self.next_seq += 1;
         for chunk in item.chunks() {
             *self
                 .episode_refs
                 .get_or_insert_with(chunk.episode_id(), || 0) += 1;
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
         self.items.insert(
             key,
             Entry {
                 data: Arc::new(item),
                 priority,
-                times_sampled,
                 seq,
+                times_sampled,
+                slots: [sampler_slot, remover_slot],
             },
         );
         Ok(())
@@ -557,8 +580,17 @@ impl State {
         let Some(entry) = self.items.remove(&key) else {
             return;
         };
-        self.sampler.delete(key).expect("selector and items agree");
-        self.remover.delete(key).expect("selector and items agree");
+        for (which, selector) in [&mut self.sampler, &mut self.remover]
+            .into_iter()
+            .enumerate()
+        {
+            if let Some((moved, slot)) = selector.delete(entry.place(which)) {
+                self.items
+                    .get_mut(&moved)
+                    .expect("selectors and items agree")
+                    .slots[which] = slot;
+            }
+        }
         self.limiter.delete();
         for chunk in entry.data.chunks() {
             let episode = chunk.episode_id();

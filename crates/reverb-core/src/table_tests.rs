@@ -301,3 +301,114 @@ fn a_table_stamps_items_with_the_time_it_stored_them() {
     let at = stored.inserted_at().unwrap();
     assert!((before..before + 60).contains(&at.seconds), "{at:?}");
 }
+
+/// What a model of a table knows: each key's priority, times sampled and insertion order.
+#[derive(Default)]
+struct Model {
+    items: Vec<(u64, f64, i32)>,
+}
+
+impl Model {
+    fn find(&self, key: u64) -> Option<usize> {
+        self.items.iter().position(|e| e.0 == key)
+    }
+}
+
+proptest::proptest! {
+    // Whatever mix of inserts, updates, deletes, evictions and samples (with
+    // max_times_sampled) a table goes through, with any sampler and remover, it holds exactly
+    // the model's items with their priorities and sample counts, samples only those with the
+    // probability its sampler gives them, and evicts the model's oldest or newest item when
+    // its remover is Fifo or Lifo. (The selectors find items by the places the table keeps
+    // for them: a place left stale after a move would lose or mix up items here.)
+    #[test]
+    fn a_table_holds_exactly_its_items(
+        pair in 0usize..8,
+        ops in proptest::collection::vec((0u8..4, 0u64..24, 0u32..4), 1..300),
+    ) {
+        use SelectorKind::*;
+        let prioritized = Prioritized { priority_exponent: 1.0 };
+        let (sampler, remover) = [
+            (Uniform, Fifo), (prioritized, Fifo), (Uniform, Uniform), (prioritized, Uniform),
+            (Uniform, prioritized), (MaxHeap, Lifo), (prioritized, MinHeap), (Lifo, prioritized),
+        ][pair];
+        let mut c = config(sampler, remover, 12);
+        c.max_times_sampled = 3;
+        let t = Table::with_seed(c, 1).unwrap();
+        let mut m = Model::default();
+        for (op, key, p) in ops {
+            let priority = 1.0 + p as f64;
+            match op {
+                0 => {
+                    let outcome = t.try_insert(item(key, vec![chunk(key, key)]), priority).unwrap();
+                    match m.find(key) {
+                        Some(i) => {
+                            proptest::prop_assert!(matches!(outcome, InsertOutcome::Updated));
+                            m.items[i].1 = priority;
+                        }
+                        None => {
+                            proptest::prop_assert!(matches!(outcome, InsertOutcome::Inserted));
+                            m.items.push((key, priority, 0));
+                            if m.items.len() > 12 {
+                                let gone: Vec<usize> = (0..m.items.len())
+                                    .filter(|&i| t.get(m.items[i].0).is_none())
+                                    .collect();
+                                proptest::prop_assert_eq!(gone.len(), 1);
+                                match remover {
+                                    Fifo => proptest::prop_assert_eq!(gone[0], 0),
+                                    Lifo => proptest::prop_assert_eq!(gone[0], 12),
+                                    _ => {}
+                                }
+                                m.items.remove(gone[0]);
+                            }
+                        }
+                    }
+                }
+                1 => {
+                    t.mutate_items(&[(key, priority)], &[]).unwrap();
+                    if let Some(i) = m.find(key) {
+                        m.items[i].1 = priority;
+                    }
+                }
+                2 => {
+                    t.mutate_items(&[], &[key]).unwrap();
+                    if let Some(i) = m.find(key) {
+                        m.items.remove(i);
+                    }
+                }
+                _ => {
+                    let total: f64 = m.items.iter().map(|e| e.1).sum();
+                    for s in t.try_sample(1, usize::MAX) {
+                        let i = m.find(s.item.key);
+                        proptest::prop_assert!(i.is_some(), "sampled {} not held", s.item.key);
+                        let i = i.unwrap();
+                        let expect = match sampler {
+                            Uniform => 1.0 / m.items.len() as f64,
+                            Prioritized { .. } => m.items[i].1 / total,
+                            _ => 1.0,
+                        };
+                        proptest::prop_assert!((s.probability - expect).abs() < 1e-9);
+                        m.items[i].2 += 1;
+                        proptest::prop_assert_eq!(s.times_sampled, m.items[i].2);
+                        if m.items[i].2 == 3 {
+                            m.items.remove(i);
+                        }
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(t.size(), m.items.len());
+            for &(key, priority, times) in &m.items {
+                let got = t.get(key);
+                proptest::prop_assert!(got.is_some(), "item {} lost", key);
+                let (_, p, n) = got.unwrap();
+                proptest::prop_assert_eq!((p, n), (priority, times));
+            }
+            let weight: f64 = match sampler {
+                Prioritized { .. } => m.items.iter().map(|e| e.1).sum(),
+                _ => m.items.len() as f64,
+            };
+            let got = t.info().sampler_total_weight.unwrap();
+            proptest::prop_assert!((got - weight).abs() < 1e-9, "weight {} vs {}", got, weight);
+        }
+    }
+}
