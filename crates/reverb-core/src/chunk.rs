@@ -136,7 +136,15 @@ impl Drop for Chunk {
 /// when the wire form is asked for: a 10-step item of 2-step frame chunks holds one slice
 /// rather than five or six.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Trajectory(Box<[Slice]>);
+pub struct Trajectory(Slices);
+
+/// A trajectory's slices: one (an item of one column kept as one run, as frame items are)
+/// held inline, more in an allocation of their own.
+#[derive(Debug, Clone, PartialEq)]
+enum Slices {
+    One(Slice),
+    Many(Box<[Slice]>),
+}
 
 /// One chunk slice of a column, or the place of a column that has none.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -230,13 +238,23 @@ impl Trajectory {
                 run_end = ends_chunk.then_some(at);
             }
         }
-        Ok(Self(slices.into_boxed_slice()))
+        Ok(Self(match slices[..] {
+            [one] => Slices::One(one),
+            _ => Slices::Many(slices.into_boxed_slice()),
+        }))
+    }
+
+    fn slices(&self) -> &[Slice] {
+        match &self.0 {
+            Slices::One(one) => std::slice::from_ref(one),
+            Slices::Many(many) => many,
+        }
     }
 
     /// The wire form, with the keys of `chunks` (the list it was made with).
     pub fn to_proto(&self, chunks: &[Arc<Chunk>]) -> FlatTrajectory {
         let mut columns: Vec<flat_trajectory::Column> = Vec::new();
-        for s in self.0.iter() {
+        for s in self.slices() {
             if s.chunk & FIRST != 0 {
                 columns.push(flat_trajectory::Column {
                     chunk_slices: Vec::new(),
@@ -393,6 +411,38 @@ mod tests {
             .collect()
     }
 
+    /// What a stored item and chunk cost beside their payload (each Arc adds 16 bytes, and
+    /// the allocator rounds to 16 with 8 of its own): an item of one run allocates only its
+    /// record and its chunk list.
+    #[test]
+    fn records_stay_small() {
+        assert!(std::mem::size_of::<ItemData>() <= 56);
+        assert!(std::mem::size_of::<Chunk>() <= 56);
+        let run = FlatTrajectory {
+            columns: vec![Column {
+                chunk_slices: vec![slice(1, 1, 1, 0), slice(2, 0, 1, 0)],
+                squeeze: false,
+            }],
+        };
+        let chunks: Vec<Arc<Chunk>> = [1, 2]
+            .map(|chunk_key| {
+                Arc::new(Chunk::new(ChunkData {
+                    chunk_key,
+                    sequence_range: Some(SequenceRange {
+                        episode_id: 1,
+                        start: 2 * chunk_key as i32,
+                        end: 2 * chunk_key as i32 + 1,
+                        sparse: false,
+                    }),
+                    ..Default::default()
+                }))
+            })
+            .into();
+        let trajectory = Trajectory::new(&run, &chunks).unwrap();
+        assert!(matches!(trajectory.0, Slices::One(_)));
+        assert_eq!(trajectory.to_proto(&chunks), run);
+    }
+
     #[test]
     fn the_compact_trajectory_gives_back_the_wire_form() {
         let cases = [
@@ -471,7 +521,7 @@ mod tests {
             }],
         };
         let compact = Trajectory::new(&trajectory, &chunks).unwrap();
-        assert_eq!(compact.0.len(), 1);
+        assert_eq!(compact.slices().len(), 1);
         assert_eq!(compact.to_proto(&chunks), trajectory);
         // Not a run: a gap in a chunk, another tensor, a sparse chunk, a chunk without range.
         let broken = [
@@ -496,7 +546,7 @@ mod tests {
                 }],
             };
             let compact = Trajectory::new(&trajectory, &chunks).unwrap();
-            assert_eq!(compact.0.len(), 2, "{trajectory:?}");
+            assert_eq!(compact.slices().len(), 2, "{trajectory:?}");
             assert_eq!(compact.to_proto(&chunks), trajectory);
         }
     }
@@ -565,7 +615,7 @@ mod tests {
             }
             let trajectory = FlatTrajectory { columns };
             let compact = Trajectory::new(&trajectory, &chunks).unwrap();
-            proptest::prop_assert_eq!(compact.0.len(), spans.len());
+            proptest::prop_assert_eq!(compact.slices().len(), spans.len());
             proptest::prop_assert_eq!(compact.to_proto(&chunks), trajectory.clone());
             if let Some((which, d_offset, d_length)) = change {
                 let mut changed = trajectory;
