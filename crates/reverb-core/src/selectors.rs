@@ -35,7 +35,7 @@ pub enum SelectorKind {
 }
 
 impl SelectorKind {
-    /// Builds the selector.
+    /// Builds the selector, for a table that keeps each key's slot ([`Place::slot`]).
     pub fn build(self) -> Result<Box<dyn Selector>> {
         Ok(match self {
             SelectorKind::Uniform => Box::new(Uniform::default()),
@@ -54,6 +54,19 @@ impl SelectorKind {
             SelectorKind::Lifo => Box::new(Ordered::new(true)),
             SelectorKind::MinHeap => Box::new(HeapSelector::new(true)),
             SelectorKind::MaxHeap => Box::new(HeapSelector::new(false)),
+        })
+    }
+
+    /// Builds the selector for a table that keeps no slot for it (a table keeps one per item,
+    /// for its sampler): one that finds keys by slot then keeps its own index of them.
+    pub fn build_unslotted(self) -> Result<Box<dyn Selector>> {
+        let selector = self.build()?;
+        Ok(match self {
+            SelectorKind::Uniform | SelectorKind::Prioritized { .. } => Box::new(Indexed {
+                inner: selector,
+                slots: KeyMap::new(),
+            }),
+            _ => selector,
         })
     }
 
@@ -177,6 +190,56 @@ impl Selector for Uniform {
     }
     fn len(&self) -> usize {
         self.keys.len()
+    }
+}
+
+/// A selector that finds keys by slot, with its own index of the slots (see
+/// [`SelectorKind::build_unslotted`]): it ignores the slot of the places it is given and
+/// reports no moves.
+struct Indexed {
+    inner: Box<dyn Selector>,
+    slots: KeyMap<u32>,
+}
+
+impl Indexed {
+    fn place(&self, at: Place) -> Place {
+        let slot = *self
+            .slots
+            .get(&at.key)
+            .expect("the table passes present keys");
+        Place { slot, ..at }
+    }
+}
+
+impl Selector for Indexed {
+    fn insert(&mut self, key: u64, seq: u64, priority: f64) -> Result<u32> {
+        let slot = self.inner.insert(key, seq, priority)?;
+        self.slots.insert(key, slot);
+        Ok(0)
+    }
+    fn update(&mut self, at: Place, priority: f64) -> Result<()> {
+        self.inner.update(self.place(at), priority)
+    }
+    fn delete(&mut self, at: Place) -> Option<(u64, u32)> {
+        let at = self.place(at);
+        self.slots.remove(&at.key);
+        if let Some((moved, slot)) = self.inner.delete(at) {
+            self.slots.insert(moved, slot);
+        }
+        None
+    }
+    fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
+        self.inner.sample(rng)
+    }
+    fn clear(&mut self) {
+        self.inner.clear();
+        self.slots.clear();
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn total_weight(&self) -> f64 {
+        self.inner.total_weight()
     }
 }
 

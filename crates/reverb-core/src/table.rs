@@ -84,9 +84,12 @@ struct Entry {
     /// Fifo and Lifo selectors find the item by it).
     seq: u64,
     times_sampled: i32,
-    /// The item's slots in the sampler and the remover ([`Place::slot`]).
-    slots: [u32; 2],
+    /// The item's slot in the sampler ([`Place::slot`]; the remover keeps its own).
+    slot: u32,
 }
+
+// What a table's index holds per item beside its key: keep it at 32 bytes.
+const _: () = assert!(std::mem::size_of::<Entry>() == 32);
 
 impl Entry {
     /// The item's place in the sampler (`which` 0) or the remover (1).
@@ -94,7 +97,7 @@ impl Entry {
         Place {
             key: self.data.key,
             seq: self.seq,
-            slot: self.slots[which],
+            slot: if which == 0 { self.slot } else { 0 },
         }
     }
 }
@@ -216,7 +219,7 @@ impl Table {
         let state = State {
             items: KeyMap::new(),
             sampler: config.sampler.build()?,
-            remover: config.remover.build()?,
+            remover: config.remover.build_unslotted()?,
             limiter: RateLimiter::new(config.rate_limiter)?,
             episode_refs: KeyMap::new(),
             num_deleted_episodes: 0,
@@ -545,18 +548,15 @@ impl State {
         let key = item.key;
         let seq = self.next_seq;
         let sampler_slot = self.sampler.insert(key, seq, priority)?;
-        let remover_slot = match self.remover.insert(key, seq, priority) {
-            Ok(slot) => slot,
-            Err(e) => {
-                let moved = self.sampler.delete(Place {
-                    key,
-                    seq,
-                    slot: sampler_slot,
-                });
-                debug_assert!(moved.is_none(), "the newest key moves no other");
-                return Err(e);
-            }
-        };
+        if let Err(e) = self.remover.insert(key, seq, priority) {
+            let moved = self.sampler.delete(Place {
+                key,
+                seq,
+                slot: sampler_slot,
+            });
+            debug_assert!(moved.is_none(), "the newest key moves no other");
+            return Err(e);
+        }
         self.next_seq += 1;
         for chunk in item.chunks() {
             *self
@@ -570,7 +570,7 @@ impl State {
                 priority,
                 seq,
                 times_sampled,
-                slots: [sampler_slot, remover_slot],
+                slot: sampler_slot,
             },
         );
         Ok(())
@@ -580,17 +580,14 @@ impl State {
         let Some(entry) = self.items.remove(&key) else {
             return;
         };
-        for (which, selector) in [&mut self.sampler, &mut self.remover]
-            .into_iter()
-            .enumerate()
-        {
-            if let Some((moved, slot)) = selector.delete(entry.place(which)) {
-                self.items
-                    .get_mut(&moved)
-                    .expect("selectors and items agree")
-                    .slots[which] = slot;
-            }
+        if let Some((moved, slot)) = self.sampler.delete(entry.place(0)) {
+            self.items
+                .get_mut(&moved)
+                .expect("selectors and items agree")
+                .slot = slot;
         }
+        let moved = self.remover.delete(entry.place(1));
+        debug_assert!(moved.is_none(), "a remover keeps its own slots");
         self.limiter.delete();
         for chunk in entry.data.chunks() {
             let episode = chunk.episode_id();
