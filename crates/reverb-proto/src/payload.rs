@@ -177,6 +177,138 @@ pub fn read_chunk(chunk: &ChunkData) -> Result<Vec<TensorPayload>, PayloadError>
         .collect()
 }
 
+/// The dtype and shape of each tensor of a chunk: what [`read_chunk`] gives, with its
+/// checks and errors, but for the payloads writers send (fixed-size dtypes, each field once)
+/// read straight from the wire bytes, without building the messages (a server reads every
+/// chunk it receives this way).
+pub fn chunk_layouts(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadError> {
+    if let Some(layouts) = scan_layouts(&chunk.data) {
+        return Ok(layouts);
+    }
+    Ok(read_chunk(chunk)?
+        .into_iter()
+        .map(|t| (t.dtype, t.shape))
+        .collect())
+}
+
+/// A protobuf reader over a message's bytes that gives up (`None`) on anything unusual.
+struct Wire<'a>(&'a [u8]);
+
+impl<'a> Wire<'a> {
+    fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for i in 0..10 {
+            let (&byte, rest) = self.0.split_first()?;
+            self.0 = rest;
+            // (A tenth byte holds bit 63 only; prost refuses more.)
+            if i == 9 && byte > 1 {
+                return None;
+            }
+            value |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// The next field's number and wire type; `None` at the end.
+    fn field(&mut self) -> Option<Option<(u64, u64)>> {
+        if self.0.is_empty() {
+            return Some(None);
+        }
+        let key = self.varint()?;
+        Some(Some((key >> 3, key & 7)))
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let len = usize::try_from(self.varint()?).ok()?;
+        if len > self.0.len() {
+            return None;
+        }
+        let (bytes, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Some(bytes)
+    }
+}
+
+const VARINT: u64 = 0;
+const LEN: u64 = 2;
+
+/// [`chunk_layouts`] of a payload of fixed-size tensors whose fields each appear once, or
+/// `None` for anything else (which [`read_chunk`] then reads, or refuses with its error):
+/// `Some` only where `read_chunk` accepts the payload and gives these layouts.
+fn scan_layouts(payload: &[u8]) -> Option<Vec<(i32, Vec<i64>)>> {
+    let mut chunk = Wire(payload);
+    let mut layouts = Vec::with_capacity(1);
+    while let Some((field, wire)) = chunk.field()? {
+        if (field, wire) != (1, LEN) {
+            return None;
+        }
+        layouts.push(scan_tensor(chunk.bytes()?)?);
+    }
+    Some(layouts)
+}
+
+fn scan_tensor(tensor: &[u8]) -> Option<(i32, Vec<i64>)> {
+    let mut wire = Wire(tensor);
+    let (mut dtype, mut shape, mut content) = (None, None, None);
+    while let Some((field, kind)) = wire.field()? {
+        match (field, kind) {
+            (1, VARINT) if dtype.is_none() => dtype = Some(wire.varint()? as i32),
+            (2, LEN) if shape.is_none() => shape = Some(scan_shape(wire.bytes()?)?),
+            (3, VARINT) => {
+                wire.varint()?;
+            }
+            (4, LEN) if content.is_none() => content = Some(wire.bytes()?),
+            _ => return None,
+        }
+    }
+    let (dtype, shape, content) = (dtype?, shape.unwrap_or_default(), content.unwrap_or(&[]));
+    let size = dtype_size(dtype)?;
+    if shape.iter().any(|&d| d < 0) {
+        return None;
+    }
+    let len = shape
+        .iter()
+        .skip(1)
+        .try_fold(size, |n, &d| n.checked_mul(d as usize))
+        .filter(|&n| n <= isize::MAX as usize)?
+        .checked_mul(shape.first().map_or(1, |&d| d as usize))
+        .filter(|&n| n <= isize::MAX as usize)?;
+    let stored = if len == 0 && content.is_empty() {
+        0
+    } else {
+        snap::raw::decompress_len(content).ok()?
+    };
+    (stored == len).then_some((dtype, shape))
+}
+
+fn scan_shape(shape: &[u8]) -> Option<Vec<i64>> {
+    let mut wire = Wire(shape);
+    let mut dims = Vec::with_capacity(4);
+    while let Some((field, kind)) = wire.field()? {
+        match (field, kind) {
+            (2, LEN) => {
+                let mut dim = Wire(wire.bytes()?);
+                let mut size = None;
+                while let Some((field, kind)) = dim.field()? {
+                    match (field, kind) {
+                        (1, VARINT) if size.is_none() => size = Some(dim.varint()? as i64),
+                        _ => return None,
+                    }
+                }
+                dims.push(size.unwrap_or(0));
+            }
+            (3, VARINT) => {
+                wire.varint()?;
+            }
+            _ => return None,
+        }
+    }
+    Some(dims)
+}
+
 fn read_tensor(
     key: u64,
     proto: TensorProto,
@@ -292,6 +424,7 @@ fn read_strings(
 mod tests {
     use super::*;
     use crate::tensorflow::{tensor_shape_proto::Dim, TensorShapeProto};
+    use proptest::prelude::*;
 
     fn strings(n: i64, values: &[&[u8]]) -> TensorProto {
         TensorProto {
@@ -327,5 +460,140 @@ mod tests {
         let many = (0..100).map(|_| strings(huge / 50, &[b"x"])).collect();
         let err = read_chunk(&chunk(many)).unwrap_err();
         assert!(err.message.contains("past"), "{}", err.message);
+    }
+
+    /// A chunk of `tensors` as the wire carries it.
+    fn chunk_of(tensors: Vec<TensorProto>) -> ChunkData {
+        ChunkData {
+            chunk_key: 7,
+            data: ChunkTensors { tensors }.encode_to_vec().into(),
+            ..Default::default()
+        }
+    }
+
+    /// What `read_chunk` makes of a chunk, as layouts.
+    fn slow(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadError> {
+        Ok(read_chunk(chunk)?
+            .into_iter()
+            .map(|t| (t.dtype, t.shape))
+            .collect())
+    }
+
+    #[test]
+    fn writers_chunks_are_scanned() {
+        let tensor = |dtype: DataType, dims: &[i64], bytes: usize| TensorProto {
+            dtype: dtype as i32,
+            tensor_shape: Some(TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&size| Dim {
+                        size,
+                        name: String::new(),
+                    })
+                    .collect(),
+                unknown_rank: false,
+            }),
+            tensor_content: snap::raw::Encoder::new()
+                .compress_vec(&vec![3u8; bytes])
+                .unwrap()
+                .into(),
+            ..Default::default()
+        };
+        let chunk = chunk_of(vec![
+            tensor(DataType::DtFloat, &[2, 8], 64),
+            tensor(DataType::DtInt32, &[2], 8),
+            tensor(DataType::DtUint8, &[0, 84, 84], 0),
+        ]);
+        let want = vec![
+            (DataType::DtFloat as i32, vec![2, 8]),
+            (DataType::DtInt32 as i32, vec![2]),
+            (DataType::DtUint8 as i32, vec![0, 84, 84]),
+        ];
+        assert_eq!(scan_layouts(&chunk.data), Some(want.clone()));
+        assert_eq!(chunk_layouts(&chunk), Ok(want));
+        // A payload whose size disagrees with its shape is left to read_chunk, which says so.
+        let bad = chunk_of(vec![tensor(DataType::DtFloat, &[2, 8], 60)]);
+        assert_eq!(scan_layouts(&bad.data), None);
+        assert_eq!(chunk_layouts(&bad), slow(&bad));
+        assert!(chunk_layouts(&bad).is_err());
+    }
+
+    fn arb_tensor() -> impl Strategy<Value = TensorProto> {
+        let dtypes = prop_oneof![
+            Just(DataType::DtFloat as i32),
+            Just(DataType::DtUint8 as i32),
+            Just(DataType::DtInt64 as i32),
+            Just(DT_STRING),
+            Just(0),
+            Just(-3),
+            Just(1 << 20),
+        ];
+        let dims = proptest::collection::vec(-2i64..5, 0..4);
+        let names = prop_oneof![Just(String::new()), Just("x".to_string())];
+        (
+            dtypes,
+            dims,
+            names,
+            0usize..200,
+            any::<bool>(),
+            any::<bool>(),
+            0usize..3,
+        )
+            .prop_map(
+                |(dtype, dims, name, bytes, compress, unknown_rank, strings)| {
+                    let raw = vec![1u8; bytes];
+                    TensorProto {
+                        dtype,
+                        tensor_shape: Some(TensorShapeProto {
+                            dim: dims
+                                .into_iter()
+                                .map(|size| Dim {
+                                    size,
+                                    name: name.clone(),
+                                })
+                                .collect(),
+                            unknown_rank,
+                        }),
+                        version_number: bytes as i32 % 3,
+                        tensor_content: if compress {
+                            snap::raw::Encoder::new().compress_vec(&raw).unwrap().into()
+                        } else {
+                            raw.into()
+                        },
+                        string_val: (0..strings).map(|_| Bytes::from_static(b"ab")).collect(),
+                        ..Default::default()
+                    }
+                },
+            )
+    }
+
+    proptest::proptest! {
+        // Wherever the scan gives layouts, read_chunk accepts the chunk and gives the same;
+        // and a chunk read_chunk accepts with fixed-size tensors only is scanned.
+        #[test]
+        fn the_scan_agrees_with_read_chunk(tensors in proptest::collection::vec(arb_tensor(), 0..4)) {
+            let simple = tensors.iter().all(|t| t.string_val.is_empty()
+                && t.tensor_shape.as_ref().is_some_and(|s| s.dim.iter().all(|d| d.name.is_empty())));
+            let chunk = chunk_of(tensors);
+            let scanned = scan_layouts(&chunk.data);
+            let read = slow(&chunk);
+            if let Some(layouts) = &scanned {
+                proptest::prop_assert_eq!(Ok(layouts.clone()), read.clone());
+            }
+            let fixed = read.as_ref().is_ok_and(|l| l.iter().all(|(d, _)| *d != DT_STRING));
+            if simple && fixed {
+                proptest::prop_assert!(scanned.is_some());
+            }
+            proptest::prop_assert_eq!(chunk_layouts(&chunk), read);
+        }
+
+        // Any bytes at all: the scan never accepts what read_chunk refuses.
+        #[test]
+        fn the_scan_accepts_nothing_read_chunk_refuses(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let chunk = ChunkData { chunk_key: 1, data: bytes.into(), ..Default::default() };
+            if let Some(layouts) = scan_layouts(&chunk.data) {
+                proptest::prop_assert_eq!(Ok(layouts), slow(&chunk));
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 use crate::status::from_core;
 use crate::tables::Tables;
 use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
-use reverb_proto::payload::{dtype_name, read_chunk};
+use reverb_proto::payload::{chunk_layouts, dtype_name};
 use reverb_proto::{
     ChunkData, InsertStreamRequest, InsertStreamResponse, KeyHashMap, KeySet, PrioritizedItem,
 };
@@ -123,13 +123,10 @@ impl Inserter {
 /// Reads a received chunk's tensor headers (not its data): a chunk no sampler could decode is
 /// refused.
 fn check_chunk(data: ChunkData) -> Result<Received, Status> {
-    let tensors = read_chunk(&data)
+    let tensors = chunk_layouts(&data)
         .map_err(|e| Status::invalid_argument(e.message))?
         .into_iter()
-        .map(|t| Layout {
-            dtype: t.dtype,
-            shape: t.shape,
-        })
+        .map(|(dtype, shape)| Layout { dtype, shape })
         .collect();
     Ok(Received {
         chunk: Arc::new(Chunk::new(data)),
