@@ -88,7 +88,8 @@ struct Entry {
     slot: u32,
 }
 
-// What a table's index holds per item beside its key: keep it at 32 bytes.
+// What a table's index holds per item beside its key: keep it at 32 bytes (64-bit).
+#[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<Entry>() == 32);
 
 impl Entry {
