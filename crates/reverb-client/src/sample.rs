@@ -343,22 +343,13 @@ mod tests {
     /// A chunk whose single uint8 tensor claims `shape` but holds `payload` bytes.
     fn lying_chunk(key: u64, shape: &[i64], payload: usize) -> reverb_proto::ChunkData {
         use prost::Message;
-        use reverb_proto::tensorflow::{tensor_shape_proto::Dim, TensorProto, TensorShapeProto};
+        use reverb_proto::tensorflow::{TensorProto, TensorShapeProto};
         let content = snap::raw::Encoder::new()
             .compress_vec(&vec![7u8; payload])
             .unwrap();
         let tensor = TensorProto {
             dtype: 4,
-            tensor_shape: Some(TensorShapeProto {
-                dim: shape
-                    .iter()
-                    .map(|&size| Dim {
-                        size,
-                        name: String::new(),
-                    })
-                    .collect(),
-                unknown_rank: false,
-            }),
+            tensor_shape: Some(TensorShapeProto::of(shape)),
             tensor_content: content.into(),
             ..Default::default()
         };

@@ -270,24 +270,14 @@ fn tf_name(dtype: i32) -> String {
 mod tests {
     use super::*;
     use reverb_proto::tensorflow::{
-        tensor_shape_proto::Dim, DictValue, ListValue, NamedTupleValue, NoneValue, PairValue,
-        TensorSpecProto,
+        DictValue, ListValue, NamedTupleValue, NoneValue, PairValue, TensorSpecProto,
     };
 
     fn spec(dtype: i32, dims: &[i64]) -> StructuredValue {
         StructuredValue {
             kind: Some(Kind::TensorSpecValue(TensorSpecProto {
                 name: String::new(),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&size| Dim {
-                            size,
-                            name: String::new(),
-                        })
-                        .collect(),
-                    unknown_rank: false,
-                }),
+                shape: Some(TensorShapeProto::of(dims)),
                 dtype,
             })),
         }

@@ -4,7 +4,7 @@
 use crate::{ClientError, Result};
 use bytes::Bytes;
 use prost::Message;
-use reverb_proto::tensorflow::{tensor_shape_proto, DataType, TensorProto, TensorShapeProto};
+use reverb_proto::tensorflow::{DataType, TensorProto, TensorShapeProto};
 use reverb_proto::{ChunkData, ChunkTensors, SequenceRange};
 
 pub use reverb_proto::payload::{dtype_name, dtype_size, encode_strings, DTYPES, DT_STRING};
@@ -114,19 +114,6 @@ impl AsView for TensorView<'_> {
     }
 }
 
-fn shape_proto(shape: &[i64]) -> TensorShapeProto {
-    TensorShapeProto {
-        dim: shape
-            .iter()
-            .map(|&size| tensor_shape_proto::Dim {
-                size,
-                name: String::new(),
-            })
-            .collect(),
-        unknown_rank: false,
-    }
-}
-
 /// Encodes tensors (each `[rows, ...]`) as one chunk.
 pub fn encode_chunk(chunk_key: u64, range: SequenceRange, tensors: &[Tensor]) -> ChunkData {
     encode_chunk_with(chunk_key, range, tensors, false)
@@ -165,7 +152,7 @@ fn encode_chunk_using(
                 // As the reference stores them: uncompressed, never delta-encoded.
                 return TensorProto {
                     dtype: t.dtype,
-                    tensor_shape: Some(shape_proto(&t.shape)),
+                    tensor_shape: Some(TensorShapeProto::of(&t.shape)),
                     tensor_content: Bytes::from(t.data.clone()),
                     ..Default::default()
                 };
@@ -179,7 +166,7 @@ fn encode_chunk_using(
             };
             TensorProto {
                 dtype: t.dtype,
-                tensor_shape: Some(shape_proto(&t.shape)),
+                tensor_shape: Some(TensorShapeProto::of(&t.shape)),
                 tensor_content: Bytes::from(content.expect("snappy compress")),
                 ..Default::default()
             }
@@ -432,7 +419,7 @@ mod tests {
         // A TensorProto holding string_val (as TensorFlow's Python makes them) decodes too.
         let proto = TensorProto {
             dtype: DT_STRING,
-            tensor_shape: Some(shape_proto(&[2, 2])),
+            tensor_shape: Some(TensorShapeProto::of(&[2, 2])),
             string_val: elements.iter().map(|e| Bytes::copy_from_slice(e)).collect(),
             ..Default::default()
         };
@@ -451,7 +438,7 @@ mod tests {
         // Malformed string content is refused, not decoded.
         let bad = TensorProto {
             dtype: DT_STRING,
-            tensor_shape: Some(shape_proto(&[3])),
+            tensor_shape: Some(TensorShapeProto::of(&[3])),
             tensor_content: Bytes::from(encode_strings([&b"x"[..], b"y"])),
             ..Default::default()
         };

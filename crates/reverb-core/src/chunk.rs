@@ -424,20 +424,7 @@ mod tests {
                 squeeze: false,
             }],
         };
-        let chunks: Vec<Arc<Chunk>> = [1, 2]
-            .map(|chunk_key| {
-                Arc::new(Chunk::new(ChunkData {
-                    chunk_key,
-                    sequence_range: Some(SequenceRange {
-                        episode_id: 1,
-                        start: 2 * chunk_key as i32,
-                        end: 2 * chunk_key as i32 + 1,
-                        sparse: false,
-                    }),
-                    ..Default::default()
-                }))
-            })
-            .into();
+        let chunks = vec![ranged(1, Some(2), false), ranged(2, Some(2), false)];
         let trajectory = Trajectory::new(&run, &chunks).unwrap();
         assert!(matches!(trajectory.0, Slices::One(_)));
         assert_eq!(trajectory.to_proto(&chunks), run);

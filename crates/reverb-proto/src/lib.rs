@@ -17,6 +17,22 @@ pub mod tls;
 /// TensorFlow's TensorProto, TensorShapeProto and DataType (the subset chunks carry).
 pub mod tensorflow {
     include!(concat!(env!("OUT_DIR"), "/tensorflow.rs"));
+
+    impl TensorShapeProto {
+        /// A shape of known rank and dimensions.
+        pub fn of(dims: &[i64]) -> Self {
+            Self {
+                dim: dims
+                    .iter()
+                    .map(|&size| tensor_shape_proto::Dim {
+                        size,
+                        name: String::new(),
+                    })
+                    .collect(),
+                unknown_rank: false,
+            }
+        }
+    }
 }
 
 /// Package `deepmind`.

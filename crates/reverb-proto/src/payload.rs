@@ -6,6 +6,7 @@
 use crate::tensorflow::{DataType, TensorProto};
 use crate::{ChunkData, ChunkTensors};
 use bytes::Bytes;
+use prost::encoding::{decode_key, decode_varint, WireType};
 use prost::Message;
 
 /// TensorFlow's `DT_STRING`.
@@ -182,43 +183,35 @@ pub fn read_chunk(chunk: &ChunkData) -> Result<Vec<TensorPayload>, PayloadError>
 /// read straight from the wire bytes, without building the messages (a server reads every
 /// chunk it receives this way).
 pub fn chunk_layouts(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadError> {
-    if let Some(layouts) = scan_layouts(&chunk.data) {
-        return Ok(layouts);
+    match scan_layouts(&chunk.data) {
+        Some(layouts) => Ok(layouts),
+        None => read_layouts(chunk),
     }
+}
+
+/// [`read_chunk`]'s tensors as layouts.
+fn read_layouts(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadError> {
     Ok(read_chunk(chunk)?
         .into_iter()
         .map(|t| (t.dtype, t.shape))
         .collect())
 }
 
-/// A protobuf reader over a message's bytes that gives up (`None`) on anything unusual.
+/// A protobuf reader over a message's bytes, with prost's decoding of keys and varints, that
+/// gives up (`None`) on anything unusual.
 struct Wire<'a>(&'a [u8]);
 
 impl<'a> Wire<'a> {
     fn varint(&mut self) -> Option<u64> {
-        let mut value = 0u64;
-        for i in 0..10 {
-            let (&byte, rest) = self.0.split_first()?;
-            self.0 = rest;
-            // (A tenth byte holds bit 63 only; prost refuses more.)
-            if i == 9 && byte > 1 {
-                return None;
-            }
-            value |= u64::from(byte & 0x7f) << (7 * i);
-            if byte & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
+        decode_varint(&mut self.0).ok()
     }
 
     /// The next field's number and wire type; `None` at the end.
-    fn field(&mut self) -> Option<Option<(u64, u64)>> {
+    fn field(&mut self) -> Option<Option<(u32, WireType)>> {
         if self.0.is_empty() {
             return Some(None);
         }
-        let key = self.varint()?;
-        Some(Some((key >> 3, key & 7)))
+        decode_key(&mut self.0).ok().map(Some)
     }
 
     fn bytes(&mut self) -> Option<&'a [u8]> {
@@ -232,8 +225,8 @@ impl<'a> Wire<'a> {
     }
 }
 
-const VARINT: u64 = 0;
-const LEN: u64 = 2;
+const VARINT: WireType = WireType::Varint;
+const LEN: WireType = WireType::LengthDelimited;
 
 /// [`chunk_layouts`] of a payload of fixed-size tensors whose fields each appear once, or
 /// `None` for anything else (which [`read_chunk`] then reads, or refuses with its error):
@@ -429,13 +422,7 @@ mod tests {
     fn strings(n: i64, values: &[&[u8]]) -> TensorProto {
         TensorProto {
             dtype: DT_STRING,
-            tensor_shape: Some(TensorShapeProto {
-                dim: vec![Dim {
-                    size: n,
-                    name: String::new(),
-                }],
-                unknown_rank: false,
-            }),
+            tensor_shape: Some(TensorShapeProto::of(&[n])),
             string_val: values.iter().map(|v| Bytes::copy_from_slice(v)).collect(),
             ..Default::default()
         }
@@ -462,44 +449,18 @@ mod tests {
         assert!(err.message.contains("past"), "{}", err.message);
     }
 
-    /// A chunk of `tensors` as the wire carries it.
-    fn chunk_of(tensors: Vec<TensorProto>) -> ChunkData {
-        ChunkData {
-            chunk_key: 7,
-            data: ChunkTensors { tensors }.encode_to_vec().into(),
-            ..Default::default()
-        }
-    }
-
-    /// What `read_chunk` makes of a chunk, as layouts.
-    fn slow(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadError> {
-        Ok(read_chunk(chunk)?
-            .into_iter()
-            .map(|t| (t.dtype, t.shape))
-            .collect())
-    }
-
     #[test]
     fn writers_chunks_are_scanned() {
         let tensor = |dtype: DataType, dims: &[i64], bytes: usize| TensorProto {
             dtype: dtype as i32,
-            tensor_shape: Some(TensorShapeProto {
-                dim: dims
-                    .iter()
-                    .map(|&size| Dim {
-                        size,
-                        name: String::new(),
-                    })
-                    .collect(),
-                unknown_rank: false,
-            }),
+            tensor_shape: Some(TensorShapeProto::of(dims)),
             tensor_content: snap::raw::Encoder::new()
                 .compress_vec(&vec![3u8; bytes])
                 .unwrap()
                 .into(),
             ..Default::default()
         };
-        let chunk = chunk_of(vec![
+        let good = chunk(vec![
             tensor(DataType::DtFloat, &[2, 8], 64),
             tensor(DataType::DtInt32, &[2], 8),
             tensor(DataType::DtUint8, &[0, 84, 84], 0),
@@ -509,12 +470,12 @@ mod tests {
             (DataType::DtInt32 as i32, vec![2]),
             (DataType::DtUint8 as i32, vec![0, 84, 84]),
         ];
-        assert_eq!(scan_layouts(&chunk.data), Some(want.clone()));
-        assert_eq!(chunk_layouts(&chunk), Ok(want));
+        assert_eq!(scan_layouts(&good.data), Some(want.clone()));
+        assert_eq!(chunk_layouts(&good), Ok(want));
         // A payload whose size disagrees with its shape is left to read_chunk, which says so.
-        let bad = chunk_of(vec![tensor(DataType::DtFloat, &[2, 8], 60)]);
+        let bad = chunk(vec![tensor(DataType::DtFloat, &[2, 8], 60)]);
         assert_eq!(scan_layouts(&bad.data), None);
-        assert_eq!(chunk_layouts(&bad), slow(&bad));
+        assert_eq!(chunk_layouts(&bad), read_layouts(&bad));
         assert!(chunk_layouts(&bad).is_err());
     }
 
@@ -574,9 +535,9 @@ mod tests {
         fn the_scan_agrees_with_read_chunk(tensors in proptest::collection::vec(arb_tensor(), 0..4)) {
             let simple = tensors.iter().all(|t| t.string_val.is_empty()
                 && t.tensor_shape.as_ref().is_some_and(|s| s.dim.iter().all(|d| d.name.is_empty())));
-            let chunk = chunk_of(tensors);
+            let chunk = chunk(tensors);
             let scanned = scan_layouts(&chunk.data);
-            let read = slow(&chunk);
+            let read = read_layouts(&chunk);
             if let Some(layouts) = &scanned {
                 proptest::prop_assert_eq!(Ok(layouts.clone()), read.clone());
             }
@@ -592,7 +553,7 @@ mod tests {
         fn the_scan_accepts_nothing_read_chunk_refuses(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let chunk = ChunkData { chunk_key: 1, data: bytes.into(), ..Default::default() };
             if let Some(layouts) = scan_layouts(&chunk.data) {
-                proptest::prop_assert_eq!(Ok(layouts), slow(&chunk));
+                proptest::prop_assert_eq!(Ok(layouts), read_layouts(&chunk));
             }
         }
     }
