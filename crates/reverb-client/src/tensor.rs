@@ -5,7 +5,7 @@ use crate::{ClientError, Result};
 use bytes::Bytes;
 use prost::Message;
 use reverb_proto::tensorflow::{DataType, TensorProto, TensorShapeProto};
-use reverb_proto::{ChunkData, ChunkTensors, SequenceRange};
+use reverb_proto::{ChunkData, SequenceRange};
 
 pub use reverb_proto::payload::{dtype_name, dtype_size, encode_strings, DTYPES, DT_STRING};
 use reverb_proto::payload::{elements_of, read_chunk};
@@ -143,43 +143,73 @@ fn encode_chunk_using(
     tensors: &[Tensor],
     delta: bool,
 ) -> ChunkData {
-    let mut uncompressed = 0i64;
-    let protos: Vec<TensorProto> = tensors
-        .iter()
-        .map(|t| {
+    thread_local! {
+        // Reused: compressing into a fresh buffer would allocate and clear it every chunk.
+        static COMPRESSED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    COMPRESSED.with_borrow_mut(|scratch| {
+        let mut uncompressed = 0i64;
+        let mut out = Vec::new();
+        for t in tensors {
             uncompressed += t.data.len() as i64;
-            if t.dtype == DT_STRING {
+            let content: &[u8] = if t.dtype == DT_STRING {
                 // As the reference stores them: uncompressed, never delta-encoded.
-                return TensorProto {
-                    dtype: t.dtype,
-                    tensor_shape: Some(TensorShapeProto::of(&t.shape)),
-                    tensor_content: Bytes::from(t.data.clone()),
-                    ..Default::default()
-                };
-            }
-            let content = if delta {
-                let mut encoded = t.clone();
-                delta_encode(&mut encoded);
-                encoder.compress_vec(&encoded.data)
+                &t.data
             } else {
-                encoder.compress_vec(&t.data)
+                let mut encoded;
+                let raw = if delta {
+                    encoded = t.clone();
+                    delta_encode(&mut encoded);
+                    &encoded.data
+                } else {
+                    &t.data
+                };
+                let max = snap::raw::max_compress_len(raw.len());
+                if scratch.len() < max {
+                    scratch.resize(max, 0);
+                }
+                let n = encoder.compress(raw, scratch).expect("snappy compress");
+                &scratch[..n]
             };
-            TensorProto {
-                dtype: t.dtype,
-                tensor_shape: Some(TensorShapeProto::of(&t.shape)),
-                tensor_content: Bytes::from(content.expect("snappy compress")),
-                ..Default::default()
-            }
-        })
-        .collect();
-    ChunkData {
-        chunk_key,
-        sequence_range: Some(range),
-        data: Bytes::from(ChunkTensors { tensors: protos }.encode_to_vec()),
-        data_tensors_len: tensors.len() as i32,
-        data_uncompressed_size: uncompressed,
-        delta_encoded: delta,
+            write_tensor(&mut out, t, content);
+        }
+        ChunkData {
+            chunk_key,
+            sequence_range: Some(range),
+            data: Bytes::from(out),
+            data_tensors_len: tensors.len() as i32,
+            data_uncompressed_size: uncompressed,
+            delta_encoded: delta,
+            ..Default::default()
+        }
+    })
+}
+
+/// Appends to `out` a `ChunkTensors.tensors` entry: `t`'s dtype and shape, with `content` as
+/// its `tensor_content`. The bytes prost gives the same message (fields in number order),
+/// without first copying `content` into a message of its own.
+fn write_tensor(out: &mut Vec<u8>, t: &Tensor, content: &[u8]) {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+    let header = TensorProto {
+        dtype: t.dtype,
+        tensor_shape: Some(TensorShapeProto::of(&t.shape)),
         ..Default::default()
+    };
+    // (prost leaves an empty `bytes` field out.)
+    let content_len = if content.is_empty() {
+        0
+    } else {
+        1 + encoded_len_varint(content.len() as u64) + content.len()
+    };
+    let len = header.encoded_len() + content_len;
+    out.reserve(1 + encoded_len_varint(len as u64) + len);
+    encode_key(1, WireType::LengthDelimited, out);
+    encode_varint(len as u64, out);
+    header.encode_raw(out);
+    if !content.is_empty() {
+        encode_key(4, WireType::LengthDelimited, out);
+        encode_varint(content.len() as u64, out);
+        out.extend_from_slice(content);
     }
 }
 
@@ -366,6 +396,7 @@ fn delta_decode(tensor: &mut Tensor) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reverb_proto::ChunkTensors;
 
     #[test]
     fn chunk_round_trip() {
@@ -386,6 +417,55 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A chunk's payload is the bytes prost gives its `ChunkTensors` message, tensors
+        /// compressed (strings left as they are, integers delta-encoded when asked).
+        #[test]
+        fn chunks_encode_as_prost_does(
+            columns in proptest::collection::vec(
+                (0usize..4, 0i64..5, 0i64..40, proptest::num::u8::ANY), 1..4),
+            delta in proptest::bool::ANY,
+        ) {
+            let tensors: Vec<Tensor> = columns
+                .iter()
+                .map(|&(kind, rows, width, fill)| {
+                    let (dtype, size) = [(1, 4), (3, 4), (9, 8), (DT_STRING, 0)][kind];
+                    if dtype == DT_STRING {
+                        let elements: Vec<Vec<u8>> =
+                            (0..rows).map(|r| vec![fill; (r * width) as usize % 17]).collect();
+                        let data = encode_strings(elements.iter().map(Vec::as_slice));
+                        return Tensor::new(dtype, vec![rows], data).unwrap();
+                    }
+                    let data = (0..rows * width * size).map(|i| (i as u8 / 3) ^ fill).collect();
+                    Tensor::new(dtype, vec![rows, width], data).unwrap()
+                })
+                .collect();
+            let range = SequenceRange { episode_id: 3, start: 0, end: 4, sparse: false };
+            let chunk = encode_chunk_with(9, range, &tensors, delta);
+            let protos = tensors
+                .iter()
+                .map(|t| {
+                    let content = if t.dtype == DT_STRING {
+                        t.data.clone()
+                    } else {
+                        let mut t = t.clone();
+                        if delta {
+                            delta_encode(&mut t);
+                        }
+                        snap::raw::Encoder::new().compress_vec(&t.data).unwrap()
+                    };
+                    TensorProto {
+                        dtype: t.dtype,
+                        tensor_shape: Some(TensorShapeProto::of(&t.shape)),
+                        tensor_content: Bytes::from(content),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            let expected = ChunkTensors { tensors: protos }.encode_to_vec();
+            proptest::prop_assert_eq!(&chunk.data[..], &expected[..]);
+            proptest::prop_assert_eq!(decode_chunk(&chunk).unwrap(), tensors);
+        }
+
         #[test]
         fn string_lists_round_trip(elements in proptest::collection::vec(
             proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..20)) {

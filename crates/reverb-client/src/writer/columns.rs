@@ -82,6 +82,16 @@ impl Column {
 
     /// The cell of `step`, if still kept.
     pub fn cell(&self, step: u64) -> Option<&Cell> {
+        // Cells are in step order and usually one per step: look where that puts `step`
+        // first, then search (a column may skip steps).
+        let last = self.cells.back()?;
+        let back = last.step.checked_sub(step)?;
+        if let Some(i) = (self.cells.len() as u64 - 1).checked_sub(back) {
+            let cell = &self.cells[i as usize];
+            if cell.step == step {
+                return Some(cell);
+            }
+        }
         let i = self.cells.partition_point(|c| c.step < step);
         self.cells.get(i).filter(|c| c.step == step)
     }
@@ -415,6 +425,34 @@ impl Columns {
         match self.get(column) {
             Some(col) => steps.iter().map(|&s| col.cell(s).is_some()).collect(),
             None => vec![false; steps.len()],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `cell` finds exactly the kept cells, whatever steps a column skipped.
+        #[test]
+        fn cell_finds_each_kept_step(
+            gaps in proptest::collection::vec(1u64..4, 1..40),
+            keep_alive in 1usize..12,
+        ) {
+            let envs = Envs::new(1);
+            let mut columns = Columns::new(keep_alive, Some(3), false);
+            let mut step = 0;
+            for gap in gaps {
+                step += gap;
+                columns.push_row(0, step, 1, &[], &[0; 4], &envs);
+            }
+            let column = columns.get(0).unwrap();
+            for probe in 0..step + 3 {
+                let expected = column.cells.iter().find(|c| c.step == probe);
+                prop_assert_eq!(column.cell(probe).map(|c| c.step), expected.map(|c| c.step));
+            }
         }
     }
 }

@@ -485,7 +485,7 @@ impl TrajectoryWriter {
                         return Ok(false);
                     }
                     let wait = deadline.map_or(Duration::from_millis(100), |d| d - now);
-                    progress = self.shared.wait_change(progress, wait);
+                    progress = self.shared.wait_change(progress, wait, stream::SPIN);
                 }
             }
             let keep = match &keep {
@@ -557,6 +557,9 @@ impl TrajectoryWriter {
         if !self.pump(deadline)? {
             return Ok(false);
         }
+        // Watching costs a CPU the stream and (on this host) the server need: a flush that
+        // waits for many items watches only for its first round trip's worth, then sleeps.
+        let watch_until = Instant::now() + stream::SPIN;
         loop {
             let mut progress = self.shared.progress.lock().unwrap();
             if let Some(e) = progress.take_error() {
@@ -570,7 +573,8 @@ impl TrajectoryWriter {
                 return Ok(false);
             }
             let wait = deadline.map_or(Duration::from_millis(100), |d| d - now);
-            drop(self.shared.wait_change(progress, wait));
+            let spin = watch_until.saturating_duration_since(now);
+            drop(self.shared.wait_change(progress, wait, spin));
         }
     }
 

@@ -129,7 +129,9 @@ pub(super) fn build_item(
                 column.refs.len()
             )));
         }
-        let mut spec: Option<(i32, &Vec<i64>)> = None;
+        // The first reference's writer column, dtype and row shape: the others must agree
+        // (references to the same writer column always do).
+        let mut first: Option<(usize, i32, &[i64])> = None;
         let mut slices: Vec<ChunkSlice> = Vec::new();
         for &(c, step) in &column.refs {
             let col = columns.get(c);
@@ -140,9 +142,9 @@ pub(super) fn build_item(
                 ))
             })?;
             let col = col.expect("cell found");
-            match spec {
-                None => spec = Some((col.dtype, &col.row_shape)),
-                Some((d, s)) if d != col.dtype || s != &col.row_shape => {
+            match first {
+                None => first = Some((c, col.dtype, &col.row_shape)),
+                Some((c0, d, s)) if c0 != c && (d != col.dtype || s != col.row_shape) => {
                     return Err(ClientError::invalid(format!(
                         "Column {i} of the item mixes references of different dtypes or shapes"
                     )))

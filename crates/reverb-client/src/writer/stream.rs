@@ -118,7 +118,7 @@ impl Drop for UrgentGuard<'_> {
 const LINGER: Duration = Duration::from_micros(500);
 
 /// How long a writer waiting for confirmations watches for them before it sleeps.
-const SPIN: Duration = Duration::from_micros(150);
+pub(super) const SPIN: Duration = Duration::from_micros(150);
 
 impl Shared {
     fn update(&self, f: impl FnOnce(&mut Progress)) {
@@ -134,18 +134,19 @@ impl Shared {
     }
 
     /// Waits (giving up the lock) until the progress changes or `wait` passes, and locks it
-    /// again. Watches for a change for up to [`SPIN`] first, yielding the CPU: a confirmation
-    /// usually comes within a round trip, and a sleeping thread costs the stream a wake-up
-    /// (tens of microseconds on a busy or virtual machine).
+    /// again. Watches for a change for up to `spin` (at most `wait`) first, yielding the CPU:
+    /// a confirmation usually comes within a round trip, and a sleeping thread costs the
+    /// stream a wake-up (tens of microseconds on a busy or virtual machine).
     pub fn wait_change<'a>(
         &'a self,
         progress: MutexGuard<'a, Progress>,
         wait: Duration,
+        spin: Duration,
     ) -> MutexGuard<'a, Progress> {
         let seen = self.version.load(Ordering::SeqCst);
         drop(progress);
         let start = Instant::now();
-        let spin = SPIN.min(wait);
+        let spin = spin.min(wait);
         while start.elapsed() < spin {
             if self.version.load(Ordering::SeqCst) != seen {
                 return self.progress.lock().unwrap();
@@ -542,14 +543,14 @@ mod tests {
             let start = Instant::now();
             let mut progress = shared.progress.lock().unwrap();
             while progress.confirmed <= round as u64 {
-                progress = shared.wait_change(progress, Duration::from_secs(10));
+                progress = shared.wait_change(progress, Duration::from_secs(10), SPIN);
             }
             drop(progress);
             assert!(start.elapsed() < Duration::from_secs(5), "{delay:?}");
             updater.join().unwrap();
         }
         let start = Instant::now();
-        let progress = shared.wait_change(shared.progress.lock().unwrap(), SPIN * 3);
+        let progress = shared.wait_change(shared.progress.lock().unwrap(), SPIN * 3, SPIN);
         assert_eq!(progress.confirmed, 2);
         assert!(start.elapsed() >= SPIN * 3);
     }
