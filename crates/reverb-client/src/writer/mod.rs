@@ -502,15 +502,16 @@ impl TrajectoryWriter {
             let tx = self.tx.as_ref().ok_or_else(|| {
                 ClientError::new(Code::FailedPrecondition, "The writer is closed")
             })?;
-            let half_queued = self.shared.queue_one(window as usize);
-            if tx.send(Outgoing { item, chunks, keep }).is_err() {
+            let outgoing = Outgoing { item, chunks, keep };
+            let send_now = self.shared.queue_one(window as usize, outgoing.payload());
+            if tx.send(outgoing).is_err() {
                 self.check_error()?;
                 return Err(ClientError::new(
                     Code::Internal,
                     "The writer's insert stream stopped",
                 ));
             }
-            if half_queued {
+            if send_now {
                 self.shared.send_now();
             }
             self.sent += 1;

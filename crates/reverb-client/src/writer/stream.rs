@@ -29,6 +29,13 @@ pub(crate) struct Outgoing {
     pub keep: Arc<Vec<u64>>,
 }
 
+impl Outgoing {
+    /// The payload bytes of the chunks the item carries.
+    pub fn payload(&self) -> usize {
+        self.chunks.iter().map(|c| c.data.len()).sum()
+    }
+}
+
 /// What the stream task reports to the writer.
 #[derive(Debug, Default)]
 pub(crate) struct Progress {
@@ -74,6 +81,8 @@ pub(crate) struct Shared {
     pub wake: Notify,
     /// Items handed to the stream and not yet taken into a request.
     pub queued: AtomicUsize,
+    /// The chunk payload bytes those items reference (a chunk counted once per item).
+    queued_bytes: AtomicUsize,
     /// Bumped (under the lock) by every update the stream makes to `progress`.
     version: AtomicU64,
     /// Callers asleep on `changed` (counted under the lock before they sleep), so that an
@@ -82,13 +91,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Counts an item about to be handed to the stream (counted before it is sent, so the
-    /// stream's count never goes below zero). Returns whether half the in-flight `window`
-    /// then waits in the queue: the caller calls `send_now` once the item is sent, and the
-    /// stream sends at once rather than lingering. One half travels while the other fills,
-    /// so a small window (the legacy writer's 25) keeps the server busy.
-    pub fn queue_one(&self, window: usize) -> bool {
-        self.queued.fetch_add(1, Ordering::SeqCst) + 1 == window.div_ceil(2)
+    /// Counts an item about to be handed to the stream, referencing `bytes` of chunk payload
+    /// (counted before it is sent, so the stream's counts never go below zero). Returns
+    /// whether half the in-flight `window`, or [`LINGER_BYTES`], then waits in the queue:
+    /// the caller calls `send_now` once the item is sent, and the stream sends at once
+    /// rather than lingering. One half travels while the other fills, so a small window
+    /// (the legacy writer's 25) keeps the server busy; and big steps (frames), whose
+    /// per-item costs a linger would not save much of, reach the server while the writer
+    /// makes the next ones instead of in bursts.
+    pub fn queue_one(&self, window: usize, bytes: usize) -> bool {
+        let items = self.queued.fetch_add(1, Ordering::SeqCst) + 1;
+        let before = self.queued_bytes.fetch_add(bytes, Ordering::SeqCst);
+        items == window.div_ceil(2) || (before < LINGER_BYTES && before + bytes >= LINGER_BYTES)
     }
 
     /// Cuts the stream's linger short.
@@ -116,6 +130,9 @@ impl Drop for UrgentGuard<'_> {
 /// How long the stream waits for more items before sending a small batch: per-item work on
 /// both ends is then paid per batch. Flushes skip it.
 const LINGER: Duration = Duration::from_micros(500);
+
+/// Queued chunk payload that cuts a linger short.
+const LINGER_BYTES: usize = 256 << 10;
 
 /// How long a writer waiting for confirmations watches for them before it sleeps.
 pub(super) const SPIN: Duration = Duration::from_micros(150);
@@ -400,19 +417,19 @@ fn take_batch(
     max_items: usize,
     shared: &Shared,
 ) -> Vec<Outgoing> {
-    let payload = |o: &Outgoing| o.chunks.iter().map(|c| c.data.len()).sum::<usize>();
-    let mut bytes = payload(&first);
+    let mut bytes = first.payload();
     let mut batch = vec![first];
     while bytes < MAX_REQUEST_BYTES && batch.len() < max_items {
         match rx.try_recv() {
             Ok(o) => {
-                bytes += payload(&o);
+                bytes += o.payload();
                 batch.push(o);
             }
             Err(_) => break,
         }
     }
     shared.queued.fetch_sub(batch.len(), Ordering::SeqCst);
+    shared.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
     batch
 }
 
@@ -569,14 +586,14 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         for round in 0..3 {
             // One item of a window of 4 queued: the stream lingers for more.
-            assert!(!shared.queue_one(4));
+            assert!(!shared.queue_one(4, 0));
             tx.send(outgoing()).unwrap();
             let start = tokio::time::Instant::now();
             linger(&shared).await;
             // (The timer wheel rounds the linger up to its 1 ms tick.)
             assert!(start.elapsed() >= LINGER, "round {round}");
             // The second is half the window: the stream sends at once.
-            assert!(shared.queue_one(4));
+            assert!(shared.queue_one(4, 0));
             tx.send(outgoing()).unwrap();
             shared.send_now();
             let start = tokio::time::Instant::now();
@@ -589,12 +606,42 @@ mod tests {
         }
     }
 
+    /// Items whose chunks add up to `LINGER_BYTES` cut the linger short too, whatever the
+    /// window; the count starts afresh once they are taken.
+    #[tokio::test(start_paused = true)]
+    async fn big_payloads_queued_cut_the_linger_short() {
+        let shared = Shared::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let with_payload = |bytes: usize| {
+            let mut o = outgoing();
+            o.chunks.push(Arc::new(ChunkData {
+                data: vec![0; bytes].into(),
+                ..Default::default()
+            }));
+            o
+        };
+        for round in 0..2 {
+            let small = with_payload(LINGER_BYTES / 2 - 1);
+            assert!(!shared.queue_one(1024, small.payload()));
+            tx.send(small).unwrap();
+            let start = tokio::time::Instant::now();
+            linger(&shared).await;
+            assert!(start.elapsed() >= LINGER, "round {round}");
+            let big = with_payload(LINGER_BYTES / 2 + 1);
+            assert!(shared.queue_one(1024, big.payload()), "round {round}");
+            tx.send(big).unwrap();
+            let first = rx.recv().await.unwrap();
+            assert_eq!(take_batch(first, &mut rx, 1024, &shared).len(), 2);
+            assert_eq!(shared.queued_bytes.load(Ordering::SeqCst), 0);
+        }
+    }
+
     #[test]
     fn a_batch_holds_at_most_max_items() {
         let shared = Shared::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
         for _ in 0..5 {
-            assert!(!shared.queue_one(1024));
+            assert!(!shared.queue_one(1024, 0));
             tx.send(outgoing()).unwrap();
         }
         let first = rx.try_recv().unwrap();
