@@ -136,6 +136,9 @@ pub fn encode_chunk_with(
     ENCODER.with_borrow_mut(|encoder| encode_chunk_using(encoder, chunk_key, range, tensors, delta))
 }
 
+/// The most compression buffer a thread keeps between chunks.
+const KEPT_SCRATCH: usize = 4 << 20;
+
 fn encode_chunk_using(
     encoder: &mut snap::raw::Encoder,
     chunk_key: u64,
@@ -172,6 +175,10 @@ fn encode_chunk_using(
                 &scratch[..n]
             };
             write_tensor(&mut out, t, content);
+        }
+        // (One big chunk, e.g. a whole trajectory `Client.insert` sends, is not kept for.)
+        if scratch.len() > KEPT_SCRATCH {
+            *scratch = Vec::new();
         }
         ChunkData {
             chunk_key,

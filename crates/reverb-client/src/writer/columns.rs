@@ -10,6 +10,7 @@ use crate::tensor::{
 use crate::{ClientError, Result};
 use reverb_proto::{ChunkData, SequenceRange};
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 /// A chunk being built: items and cells share it; its data is set when finalized.
@@ -17,6 +18,8 @@ use std::sync::{Arc, OnceLock};
 pub(super) struct ChunkSlot {
     pub key: u64,
     pub data: OnceLock<Arc<ChunkData>>,
+    /// Whether an item carrying the chunk went to the stream (which counts its bytes once).
+    pub queued: AtomicBool,
 }
 
 impl ChunkSlot {
@@ -269,6 +272,7 @@ impl Columns {
             slot: Arc::new(ChunkSlot {
                 key: rand::random(),
                 data: OnceLock::new(),
+                queued: AtomicBool::new(false),
             }),
             first_step: step,
             last_step: step,

@@ -26,6 +26,7 @@ use envs::Envs;
 use pending::{build_item, Pending};
 use reverb_proto::TableInfo;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stream::{Outgoing, Shared};
@@ -495,15 +496,27 @@ impl TrajectoryWriter {
                     .clone(),
             };
             let (item, slots) = self.pending.pop().expect("front exists");
+            let mut new_bytes = 0;
             let chunks = slots
                 .iter()
-                .map(|s| s.data.get().expect("finalized").clone())
+                .map(|s| {
+                    let data = s.data.get().expect("finalized").clone();
+                    if !s.queued.swap(true, Ordering::Relaxed) {
+                        new_bytes += data.data.len();
+                    }
+                    data
+                })
                 .collect();
             let tx = self.tx.as_ref().ok_or_else(|| {
                 ClientError::new(Code::FailedPrecondition, "The writer is closed")
             })?;
-            let outgoing = Outgoing { item, chunks, keep };
-            let send_now = self.shared.queue_one(window as usize, outgoing.payload());
+            let outgoing = Outgoing {
+                item,
+                chunks,
+                keep,
+                new_bytes,
+            };
+            let send_now = self.shared.queue_one(window as usize, new_bytes);
             if tx.send(outgoing).is_err() {
                 self.check_error()?;
                 return Err(ClientError::new(

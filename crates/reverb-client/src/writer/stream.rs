@@ -27,6 +27,8 @@ pub(crate) struct Outgoing {
     pub chunks: Vec<Arc<ChunkData>>,
     /// Chunks the server must keep after this item (still referenced by the writer).
     pub keep: Arc<Vec<u64>>,
+    /// The payload bytes of the chunks no item handed to the stream before carried.
+    pub new_bytes: usize,
 }
 
 impl Outgoing {
@@ -81,7 +83,7 @@ pub(crate) struct Shared {
     pub wake: Notify,
     /// Items handed to the stream and not yet taken into a request.
     pub queued: AtomicUsize,
-    /// The chunk payload bytes those items reference (a chunk counted once per item).
+    /// The chunk payload those items carry first (`Outgoing::new_bytes`).
     queued_bytes: AtomicUsize,
     /// Bumped (under the lock) by every update the stream makes to `progress`.
     version: AtomicU64,
@@ -91,8 +93,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Counts an item about to be handed to the stream, referencing `bytes` of chunk payload
-    /// (counted before it is sent, so the stream's counts never go below zero). Returns
+    /// Counts an item about to be handed to the stream, the first to carry `bytes` of chunk
+    /// payload (counted before it is sent, so the stream's counts never go below zero). Returns
     /// whether half the in-flight `window`, or [`LINGER_BYTES`], then waits in the queue:
     /// the caller calls `send_now` once the item is sent, and the stream sends at once
     /// rather than lingering. One half travels while the other fills, so a small window
@@ -132,7 +134,7 @@ impl Drop for UrgentGuard<'_> {
 const LINGER: Duration = Duration::from_micros(500);
 
 /// Queued chunk payload that cuts a linger short.
-const LINGER_BYTES: usize = 256 << 10;
+const LINGER_BYTES: usize = 64 << 10;
 
 /// How long a writer waiting for confirmations watches for them before it sleeps.
 pub(super) const SPIN: Duration = Duration::from_micros(150);
@@ -417,25 +419,29 @@ fn take_batch(
     max_items: usize,
     shared: &Shared,
 ) -> Vec<Outgoing> {
-    let mut bytes = first.payload();
+    let (mut bytes, mut new_bytes) = (first.payload(), first.new_bytes);
     let mut batch = vec![first];
     while bytes < MAX_REQUEST_BYTES && batch.len() < max_items {
         match rx.try_recv() {
             Ok(o) => {
                 bytes += o.payload();
+                new_bytes += o.new_bytes;
                 batch.push(o);
             }
             Err(_) => break,
         }
     }
     shared.queued.fetch_sub(batch.len(), Ordering::SeqCst);
-    shared.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
+    shared.queued_bytes.fetch_sub(new_bytes, Ordering::SeqCst);
     batch
 }
 
-/// Waits a little for more items unless someone waits for everything to be sent.
+/// Waits a little for more items unless someone waits for everything to be sent or
+/// [`LINGER_BYTES`] wait already (a request could not take them all).
 async fn linger(shared: &Shared) {
-    if shared.urgent.load(Ordering::SeqCst) == 0 {
+    if shared.urgent.load(Ordering::SeqCst) == 0
+        && shared.queued_bytes.load(Ordering::SeqCst) < LINGER_BYTES
+    {
         tokio::select! {
             _ = tokio::time::sleep(LINGER) => {}
             _ = shared.wake.notified() => {}
@@ -577,6 +583,7 @@ mod tests {
             item: PrioritizedItem::default(),
             chunks: Vec::new(),
             keep: Arc::new(Vec::new()),
+            new_bytes: 0,
         }
     }
 
@@ -618,18 +625,23 @@ mod tests {
                 data: vec![0; bytes].into(),
                 ..Default::default()
             }));
+            o.new_bytes = bytes;
             o
         };
         for round in 0..2 {
             let small = with_payload(LINGER_BYTES / 2 - 1);
-            assert!(!shared.queue_one(1024, small.payload()));
+            assert!(!shared.queue_one(1024, small.new_bytes));
             tx.send(small).unwrap();
             let start = tokio::time::Instant::now();
             linger(&shared).await;
             assert!(start.elapsed() >= LINGER, "round {round}");
             let big = with_payload(LINGER_BYTES / 2 + 1);
-            assert!(shared.queue_one(1024, big.payload()), "round {round}");
+            assert!(shared.queue_one(1024, big.new_bytes), "round {round}");
             tx.send(big).unwrap();
+            // Until a request takes them, they keep the stream from lingering.
+            let start = tokio::time::Instant::now();
+            linger(&shared).await;
+            assert_eq!(start.elapsed(), Duration::ZERO, "round {round}");
             let first = rx.recv().await.unwrap();
             assert_eq!(take_batch(first, &mut rx, 1024, &shared).len(), 2);
             assert_eq!(shared.queued_bytes.load(Ordering::SeqCst), 0);
