@@ -129,11 +129,14 @@ pub fn encode_chunk_with(
     delta: bool,
 ) -> ChunkData {
     thread_local! {
-        // Reused: a fresh encoder allocates and clears its hash table on every call.
-        static ENCODER: std::cell::RefCell<snap::raw::Encoder> =
-            std::cell::RefCell::new(snap::raw::Encoder::new());
+        // Reused: a fresh encoder allocates and clears its hash table on every call, and
+        // compressing into a fresh buffer would allocate and clear that every chunk.
+        static COMPRESSOR: std::cell::RefCell<(snap::raw::Encoder, Vec<u8>)> =
+            std::cell::RefCell::new((snap::raw::Encoder::new(), Vec::new()));
     }
-    ENCODER.with_borrow_mut(|encoder| encode_chunk_using(encoder, chunk_key, range, tensors, delta))
+    COMPRESSOR.with_borrow_mut(|(encoder, scratch)| {
+        encode_chunk_using(encoder, scratch, chunk_key, range, tensors, delta)
+    })
 }
 
 /// The most compression buffer a thread keeps between chunks.
@@ -141,55 +144,50 @@ const KEPT_SCRATCH: usize = 4 << 20;
 
 fn encode_chunk_using(
     encoder: &mut snap::raw::Encoder,
+    scratch: &mut Vec<u8>,
     chunk_key: u64,
     range: SequenceRange,
     tensors: &[Tensor],
     delta: bool,
 ) -> ChunkData {
-    thread_local! {
-        // Reused: compressing into a fresh buffer would allocate and clear it every chunk.
-        static COMPRESSED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    COMPRESSED.with_borrow_mut(|scratch| {
-        let mut uncompressed = 0i64;
-        let mut out = Vec::new();
-        for t in tensors {
-            uncompressed += t.data.len() as i64;
-            let content: &[u8] = if t.dtype == DT_STRING {
-                // As the reference stores them: uncompressed, never delta-encoded.
-                &t.data
+    let mut uncompressed = 0i64;
+    let mut out = Vec::new();
+    for t in tensors {
+        uncompressed += t.data.len() as i64;
+        let content: &[u8] = if t.dtype == DT_STRING {
+            // As the reference stores them: uncompressed, never delta-encoded.
+            &t.data
+        } else {
+            let mut encoded;
+            let raw = if delta {
+                encoded = t.clone();
+                delta_encode(&mut encoded);
+                &encoded.data
             } else {
-                let mut encoded;
-                let raw = if delta {
-                    encoded = t.clone();
-                    delta_encode(&mut encoded);
-                    &encoded.data
-                } else {
-                    &t.data
-                };
-                let max = snap::raw::max_compress_len(raw.len());
-                if scratch.len() < max {
-                    scratch.resize(max, 0);
-                }
-                let n = encoder.compress(raw, scratch).expect("snappy compress");
-                &scratch[..n]
+                &t.data
             };
-            write_tensor(&mut out, t, content);
-        }
-        // (One big chunk, e.g. a whole trajectory `Client.insert` sends, is not kept for.)
-        if scratch.len() > KEPT_SCRATCH {
-            *scratch = Vec::new();
-        }
-        ChunkData {
-            chunk_key,
-            sequence_range: Some(range),
-            data: Bytes::from(out),
-            data_tensors_len: tensors.len() as i32,
-            data_uncompressed_size: uncompressed,
-            delta_encoded: delta,
-            ..Default::default()
-        }
-    })
+            let max = snap::raw::max_compress_len(raw.len());
+            if scratch.len() < max {
+                scratch.resize(max, 0);
+            }
+            let n = encoder.compress(raw, scratch).expect("snappy compress");
+            &scratch[..n]
+        };
+        write_tensor(&mut out, t, content);
+    }
+    // (One big chunk, e.g. a whole trajectory `Client.insert` sends, is not kept for.)
+    if scratch.len() > KEPT_SCRATCH {
+        *scratch = Vec::new();
+    }
+    ChunkData {
+        chunk_key,
+        sequence_range: Some(range),
+        data: Bytes::from(out),
+        data_tensors_len: tensors.len() as i32,
+        data_uncompressed_size: uncompressed,
+        delta_encoded: delta,
+        ..Default::default()
+    }
 }
 
 /// Appends to `out` a `ChunkTensors.tensors` entry: `t`'s dtype and shape, with `content` as

@@ -578,6 +578,13 @@ mod tests {
         assert!(start.elapsed() >= SPIN * 3);
     }
 
+    /// How long the stream lingers now.
+    async fn lingered(shared: &Shared) -> Duration {
+        let start = tokio::time::Instant::now();
+        linger(shared).await;
+        start.elapsed()
+    }
+
     fn outgoing() -> Outgoing {
         Outgoing {
             item: PrioritizedItem::default(),
@@ -595,17 +602,13 @@ mod tests {
             // One item of a window of 4 queued: the stream lingers for more.
             assert!(!shared.queue_one(4, 0));
             tx.send(outgoing()).unwrap();
-            let start = tokio::time::Instant::now();
-            linger(&shared).await;
             // (The timer wheel rounds the linger up to its 1 ms tick.)
-            assert!(start.elapsed() >= LINGER, "round {round}");
+            assert!(lingered(&shared).await >= LINGER, "round {round}");
             // The second is half the window: the stream sends at once.
             assert!(shared.queue_one(4, 0));
             tx.send(outgoing()).unwrap();
             shared.send_now();
-            let start = tokio::time::Instant::now();
-            linger(&shared).await;
-            assert_eq!(start.elapsed(), Duration::ZERO, "round {round}");
+            assert_eq!(lingered(&shared).await, Duration::ZERO, "round {round}");
             // Taking them into a request empties the count, so the next round starts afresh.
             let first = rx.recv().await.unwrap();
             assert_eq!(take_batch(first, &mut rx, 4, &shared).len(), 2);
@@ -632,16 +635,12 @@ mod tests {
             let small = with_payload(LINGER_BYTES / 2 - 1);
             assert!(!shared.queue_one(1024, small.new_bytes));
             tx.send(small).unwrap();
-            let start = tokio::time::Instant::now();
-            linger(&shared).await;
-            assert!(start.elapsed() >= LINGER, "round {round}");
+            assert!(lingered(&shared).await >= LINGER, "round {round}");
             let big = with_payload(LINGER_BYTES / 2 + 1);
             assert!(shared.queue_one(1024, big.new_bytes), "round {round}");
             tx.send(big).unwrap();
             // Until a request takes them, they keep the stream from lingering.
-            let start = tokio::time::Instant::now();
-            linger(&shared).await;
-            assert_eq!(start.elapsed(), Duration::ZERO, "round {round}");
+            assert_eq!(lingered(&shared).await, Duration::ZERO, "round {round}");
             let first = rx.recv().await.unwrap();
             assert_eq!(take_batch(first, &mut rx, 1024, &shared).len(), 2);
             assert_eq!(shared.queued_bytes.load(Ordering::SeqCst), 0);
