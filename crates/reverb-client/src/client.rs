@@ -10,14 +10,14 @@ use crate::transport::connect::{is_silent, Connector};
 use crate::transport::grpc::{self, KeptStream, KeptStreams, SampleResponses};
 use crate::transport::inproc;
 use crate::transport::tls::Tls;
-use crate::{runtime, ClientError, Result};
+use crate::{runtime, writer_runtime, ClientError, Result};
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::inproc::Service;
 use reverb_proto::reverb_service_client::ReverbServiceClient;
 use reverb_proto::*;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -50,6 +50,9 @@ pub struct Client {
     /// `SampleStream` calls of this connection kept open between [`Client::sample`] calls
     /// (shared by clones).
     kept_streams: Arc<KeptStreams>,
+    /// The connection of this client's writers, on [`crate::writer_runtime`] (made on first
+    /// use; shared by clones).
+    writer_connection: Arc<OnceLock<tonic::transport::Channel>>,
 }
 
 /// How long calls without a timeout wait, in all, for a server that cannot be reached
@@ -141,7 +144,12 @@ const HTTP2_CONNECTION_WINDOW: u32 = 64 << 20;
 const HTTP2_MAX_FRAME: u32 = 1 << 20;
 
 /// A lazy connection to `address`: over TLS with `tls`, else plain TCP.
-fn connection(address: &str, tls: Option<&Tls>) -> Result<tonic::transport::Channel> {
+/// A lazy connection to `address` whose tasks run on `runtime`.
+fn connection(
+    address: &str,
+    tls: Option<&Tls>,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<tonic::transport::Channel> {
     let rest = address.split_once("://");
     let uri = match (rest, tls) {
         (Some(("https", _)), None) => {
@@ -170,7 +178,7 @@ fn connection(address: &str, tls: Option<&Tls>) -> Result<tonic::transport::Chan
             .tls_config(tls.config())
             .map_err(|e| ClientError::invalid(format!("Invalid TLS settings: {e}")))?;
     }
-    let _guard = runtime().enter();
+    let _guard = runtime.enter();
     Ok(endpoint.connect_with_connector_lazy(Connector))
 }
 
@@ -180,7 +188,7 @@ impl Client {
     pub fn new(address: &str) -> Result<Self> {
         let tls = Tls::from_env()
             .map_err(|e| ClientError::invalid(format!("The REVERB_TLS_* settings: {e}")))?;
-        let connection = connection(address, tls.as_ref())?;
+        let connection = connection(address, tls.as_ref(), runtime())?;
         let auth_token = reverb_proto::env_auth_token();
         let channel = AuthChannel::new(connection, auth_token.as_deref())
             .map_err(|e| ClientError::invalid(format!("REVERB_AUTH_TOKEN cannot be used: {e}")))?;
@@ -196,7 +204,29 @@ impl Client {
             max_message_size,
             key_shard: None,
             kept_streams: Arc::default(),
+            writer_connection: Arc::default(),
         })
+    }
+
+    /// This client over the connection its writers share: one of its own, whose tasks run
+    /// on the writers' runtime ([`crate::writer_runtime`]), made on first use. A writer's
+    /// requests and answers then pass between tasks of one runtime, not between those of
+    /// the runtime samplers share.
+    pub fn for_writers(&self) -> Result<Self> {
+        let connection = match self.writer_connection.get() {
+            Some(c) => c.clone(),
+            None => {
+                let fresh = connection(&self.address, self.tls.as_deref(), writer_runtime())?;
+                // (Two first writers at once: both use the one that was set.)
+                self.writer_connection.get_or_init(|| fresh).clone()
+            }
+        };
+        let mut writing = self.clone();
+        writing.channel = AuthChannel::new(connection, self.auth_token.as_deref())
+            .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
+        writing.stub = stub(&writing.channel, self.max_message_size);
+        writing.kept_streams = Arc::default();
+        Ok(writing)
     }
 
     /// This client writing items whose keys name shard `shard` (see [`crate::shards`]).
@@ -228,13 +258,14 @@ impl Client {
 
     /// This client over a new connection with these TLS settings (`None`: plain TCP).
     pub fn with_tls(mut self, tls: Option<Tls>) -> Result<Self> {
-        let connection = connection(&self.address, tls.as_ref())?;
+        let connection = connection(&self.address, tls.as_ref(), runtime())?;
         self.channel = AuthChannel::new(connection, self.auth_token.as_deref())
             .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
         self.tls = tls.map(Arc::new);
         self.stub = stub(&self.channel, self.max_message_size);
         self.reach = Arc::default();
         self.kept_streams = Arc::default();
+        self.writer_connection = Arc::default();
         Ok(self)
     }
 

@@ -23,20 +23,55 @@ pub use tensor::Tensor;
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-/// The process-wide runtime all clients share (two worker threads). A child made by `fork`
-/// (e.g. a PyTorch `DataLoader` worker) inherits no threads, so it gets a runtime of its
-/// own on first use; clients created before the fork cannot be used in the child.
+/// A runtime of this process and the process that started it. Never freed: a child of
+/// `fork` must not drop a runtime whose threads live only in its parent.
+struct Owned {
+    pid: u32,
+    runtime: tokio::runtime::Runtime,
+}
+
+/// The process-wide runtime all clients share (two worker threads): calls, samplers and the
+/// connections they use. A child made by `fork` (e.g. a PyTorch `DataLoader` worker)
+/// inherits no threads, so it gets a runtime of its own on first use; clients created before
+/// the fork cannot be used in the child.
 pub fn runtime() -> &'static tokio::runtime::Runtime {
-    /// A runtime and the process that started it. Never freed: a child of `fork` must not
-    /// drop a runtime whose threads live only in its parent.
-    struct Owned {
-        pid: u32,
-        runtime: tokio::runtime::Runtime,
-    }
     static CURRENT: AtomicPtr<Owned> = AtomicPtr::new(std::ptr::null_mut());
+    process_runtime(&CURRENT, "reverb-client", 2)
+}
+
+/// The process-wide runtime of writers' insert streams and the connections they use
+/// ([`Client::for_writers`]), as [`runtime`] for `fork`: one worker on machines of up to
+/// two cores ([`writer_workers`]), two beyond.
+pub fn writer_runtime() -> &'static tokio::runtime::Runtime {
+    static CURRENT: AtomicPtr<Owned> = AtomicPtr::new(std::ptr::null_mut());
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    process_runtime(&CURRENT, "reverb-writer", writer_workers(cores))
+}
+
+/// Worker threads of [`writer_runtime`] on a machine with `cores` CPUs. A writer's stream,
+/// the task that sends its requests and its connection's task hand each request and each
+/// answer to one another; on one worker that is a function call, across two it is a thread
+/// woken on a CPU that, on a small machine, the writer's own thread and often the server
+/// need. Measured on 2 cores, server in another process, against the shared two-worker
+/// runtime: the legacy `Writer` (25 items in flight) 13-17% faster, other writers 0-20%.
+/// Samplers keep two workers: one worker cut `TrajectoryIterator` of small items by 35%.
+pub fn writer_workers(cores: usize) -> usize {
+    if cores <= 2 {
+        1
+    } else {
+        2
+    }
+}
+
+/// The runtime in `slot` when this process started it, else a new one.
+fn process_runtime(
+    slot: &'static AtomicPtr<Owned>,
+    name: &str,
+    workers: usize,
+) -> &'static tokio::runtime::Runtime {
     let pid = std::process::id();
-    let current = CURRENT.load(Ordering::Acquire);
-    // SAFETY: CURRENT only ever holds null or a pointer from `Box::leak`, never freed, so a
+    let current = slot.load(Ordering::Acquire);
+    // SAFETY: a slot only ever holds null or a pointer from `Box::leak`, never freed, so a
     // non-null pointer is valid for 'static.
     if let Some(owned) = unsafe { current.as_ref() } {
         if owned.pid == pid {
@@ -44,19 +79,29 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("reverb-client")
+        .worker_threads(workers)
+        .thread_name(name)
         .enable_all()
         .build()
-        .expect("could not start the reverb client runtime");
+        .expect("could not start a reverb client runtime");
     let fresh: &'static mut Owned = Box::leak(Box::new(Owned { pid, runtime }));
-    match CURRENT.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+    match slot.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => &fresh.runtime,
         Err(winner) => {
             // Another thread of this process installed one first: use it. `fresh` stays
-            // leaked (its threads idle), which happens at most once per process.
+            // leaked (its threads idle), which happens at most once per process and slot.
             // SAFETY: as above, `winner` comes from `Box::leak` and is never freed.
             &unsafe { &*winner }.runtime
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writers_get_one_worker_on_small_machines_two_beyond() {
+        assert_eq!([1, 2, 3, 64].map(writer_workers), [1, 1, 2, 2]);
     }
 }

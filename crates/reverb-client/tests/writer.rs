@@ -69,3 +69,57 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
     assert!(writer.flush(0, deadline()).unwrap());
     assert_eq!(t.size(), 2);
 }
+
+/// This process's established TCP connections to `port` (client ends), from /proc.
+fn connections_to(port: u16) -> usize {
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let remote_port = fields[2].rsplit(':').next().unwrap();
+                    u16::from_str_radix(remote_port, 16) == Ok(port) && fields[3] == "01"
+                })
+                .map(|_| ())
+                .collect::<Vec<_>>()
+        })
+        .count()
+}
+
+#[test]
+fn a_clients_writers_share_one_connection_of_their_own() {
+    let t = table("t", SelectorKind::Fifo, 100);
+    let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
+    let client = grpc_client(&server);
+    let deadline = || Some(Instant::now() + Duration::from_secs(10));
+    let column = vec![ItemColumn {
+        refs: vec![(0, 0)],
+        squeeze: true,
+    }];
+    let mut writers: Vec<TrajectoryWriter> = (0..3)
+        .map(|_| TrajectoryWriter::new(client.clone(), WriterOptions::default()).unwrap())
+        .collect();
+    for (i, writer) in writers.iter_mut().enumerate() {
+        writer
+            .append(vec![(0, bytes_row(100, i as u8))], false)
+            .unwrap();
+        writer.create_item("t", 1.0, &column, deadline()).unwrap();
+        assert!(writer.flush(0, deadline()).unwrap());
+    }
+    assert_eq!(t.size(), 3);
+    assert_eq!(connections_to(server.port()), 1, "the writers' connection");
+    // Other calls use the client's own connection.
+    common::block(client.server_info(Some(Duration::from_secs(10)))).unwrap();
+    assert_eq!(connections_to(server.port()), 2, "and the client's");
+    // A writer made from a writer's client shares the first writers' connection.
+    let mut more =
+        TrajectoryWriter::new(writers[0].client().clone(), WriterOptions::default()).unwrap();
+    more.append(vec![(0, bytes_row(100, 9))], false).unwrap();
+    more.create_item("t", 1.0, &column, deadline()).unwrap();
+    assert!(more.flush(0, deadline()).unwrap());
+    assert_eq!(t.size(), 4);
+    assert_eq!(connections_to(server.port()), 2);
+}

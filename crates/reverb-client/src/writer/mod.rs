@@ -20,7 +20,7 @@ pub use structured::StructuredWriter;
 
 use crate::signature::{check_item, table_signatures, Spec};
 use crate::tensor::{AsView, Tensor, TensorView};
-use crate::{runtime, Client, ClientError, Result};
+use crate::{runtime, writer_runtime, Client, ClientError, Result};
 use columns::{check_lengths, Columns, Row};
 use envs::Envs;
 use pending::{build_item, Pending};
@@ -136,7 +136,9 @@ impl TrajectoryWriter {
         let shared = Arc::new(Shared::default());
         // Unbounded, but `pump` keeps at most `max_in_flight_items` unconfirmed.
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = runtime().spawn(stream::run(
+        // Its requests go over the client's writer connection, on the writers' runtime.
+        let client = client.for_writers()?;
+        let task = writer_runtime().spawn(stream::run(
             client.clone(),
             rx,
             shared.clone(),
