@@ -143,8 +143,8 @@ const HTTP2_STREAM_WINDOW: u32 = 16 << 20;
 const HTTP2_CONNECTION_WINDOW: u32 = 64 << 20;
 const HTTP2_MAX_FRAME: u32 = 1 << 20;
 
-/// A lazy connection to `address`: over TLS with `tls`, else plain TCP.
-/// A lazy connection to `address` whose tasks run on `runtime`.
+/// A lazy connection to `address` (over TLS with `tls`, else plain TCP) whose tasks run on
+/// `runtime`.
 fn connection(
     address: &str,
     tls: Option<&Tls>,

@@ -70,7 +70,7 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
     assert_eq!(t.size(), 2);
 }
 
-/// This process's established TCP connections to `port` (client ends), from /proc.
+/// Established TCP connections to `port` in this network namespace (client ends; from /proc).
 fn connections_to(port: u16) -> usize {
     ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
         .iter()
@@ -122,4 +122,54 @@ fn a_clients_writers_share_one_connection_of_their_own() {
     assert!(more.flush(0, deadline()).unwrap());
     assert_eq!(t.size(), 4);
     assert_eq!(connections_to(server.port()), 2);
+}
+
+#[test]
+fn writers_keep_writing_while_the_shared_runtime_is_busy() {
+    // Writers, and the connection they use, run on a runtime of their own: a shared runtime
+    // whose workers are all busy (here: blocked) does not hold them up.
+    let t = table("t", SelectorKind::Fifo, 100);
+    let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
+    let client = grpc_client(&server);
+    let deadline = || Some(Instant::now() + Duration::from_secs(1));
+    let column = vec![ItemColumn {
+        refs: vec![(0, 0)],
+        squeeze: true,
+    }];
+    let mut writer = TrajectoryWriter::new(client.clone(), WriterOptions::default()).unwrap();
+    writer.append(vec![(0, bytes_row(100, 1))], false).unwrap();
+    writer.create_item("t", 1.0, &column, deadline()).unwrap();
+    assert!(writer.flush(0, deadline()).unwrap());
+
+    // Every worker of the shared runtime sleeps for 3 s.
+    let workers = reverb_client::runtime().metrics().num_workers();
+    let started = std::sync::Arc::new(std::sync::Barrier::new(workers + 1));
+    let sleepers: Vec<_> = (0..workers)
+        .map(|_| {
+            let started = started.clone();
+            reverb_client::runtime().spawn(async move {
+                started.wait();
+                std::thread::sleep(Duration::from_secs(3));
+            })
+        })
+        .collect();
+    started.wait();
+
+    let start = Instant::now();
+    for step in 1..=20u8 {
+        writer
+            .append(vec![(0, bytes_row(100, step))], false)
+            .unwrap();
+        let column = vec![ItemColumn {
+            refs: vec![(0, u64::from(step))],
+            squeeze: true,
+        }];
+        writer.create_item("t", 1.0, &column, deadline()).unwrap();
+    }
+    assert!(writer.flush(0, deadline()).unwrap(), "flushed within 1 s");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!(t.size(), 21);
+    for sleeper in sleepers {
+        common::block(sleeper).unwrap();
+    }
 }
