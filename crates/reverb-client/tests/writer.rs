@@ -25,6 +25,14 @@ fn bytes_row(n: usize, seed: u8) -> Tensor {
     Tensor::new(DataType::DtUint8 as i32, vec![n as i64], data).unwrap()
 }
 
+/// An item column of the one row column 0 got at `step`.
+fn row_at(step: u64) -> Vec<ItemColumn> {
+    vec![ItemColumn {
+        refs: vec![(0, step)],
+        squeeze: true,
+    }]
+}
+
 #[test]
 fn an_item_larger_than_the_server_accepts_fails_clearly() {
     let t = table("t", SelectorKind::Fifo, 100);
@@ -39,14 +47,8 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
 
     // A small item first: stored.
     writer.append(vec![(0, bytes_row(1000, 1))], false).unwrap();
-    let column = |step| {
-        vec![ItemColumn {
-            refs: vec![(0, step)],
-            squeeze: true,
-        }]
-    };
     writer
-        .create_item("t", 1.0, &column(0), deadline())
+        .create_item("t", 1.0, &row_at(0), deadline())
         .unwrap();
     assert!(writer.flush(0, deadline()).unwrap());
     assert_eq!(t.size(), 1);
@@ -54,7 +56,7 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
     // Then one whose chunk (2 MiB) exceeds the server's 1 MiB message limit.
     let mut big = TrajectoryWriter::new(writer.client().clone(), WriterOptions::default()).unwrap();
     big.append(vec![(0, bytes_row(2 << 20, 2))], false).unwrap();
-    big.create_item("t", 1.0, &column(0), deadline()).unwrap();
+    big.create_item("t", 1.0, &row_at(0), deadline()).unwrap();
     let err = big.flush(0, deadline()).unwrap_err();
     assert!(
         err.message.contains("too large") || err.message.contains("limit"),
@@ -64,7 +66,7 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
     // The server keeps serving others.
     writer.append(vec![(0, bytes_row(1000, 3))], false).unwrap();
     writer
-        .create_item("t", 1.0, &column(1), deadline())
+        .create_item("t", 1.0, &row_at(1), deadline())
         .unwrap();
     assert!(writer.flush(0, deadline()).unwrap());
     assert_eq!(t.size(), 2);
@@ -75,7 +77,7 @@ fn connections_to(port: u16) -> usize {
     ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
         .iter()
         .filter_map(|p| std::fs::read_to_string(p).ok())
-        .flat_map(|text| {
+        .map(|text| {
             text.lines()
                 .skip(1)
                 .filter(|line| {
@@ -83,10 +85,9 @@ fn connections_to(port: u16) -> usize {
                     let remote_port = fields[2].rsplit(':').next().unwrap();
                     u16::from_str_radix(remote_port, 16) == Ok(port) && fields[3] == "01"
                 })
-                .map(|_| ())
-                .collect::<Vec<_>>()
+                .count()
         })
-        .count()
+        .sum()
 }
 
 #[test]
@@ -95,10 +96,6 @@ fn a_clients_writers_share_one_connection_of_their_own() {
     let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
     let client = grpc_client(&server);
     let deadline = || Some(Instant::now() + Duration::from_secs(10));
-    let column = vec![ItemColumn {
-        refs: vec![(0, 0)],
-        squeeze: true,
-    }];
     let mut writers: Vec<TrajectoryWriter> = (0..3)
         .map(|_| TrajectoryWriter::new(client.clone(), WriterOptions::default()).unwrap())
         .collect();
@@ -106,7 +103,9 @@ fn a_clients_writers_share_one_connection_of_their_own() {
         writer
             .append(vec![(0, bytes_row(100, i as u8))], false)
             .unwrap();
-        writer.create_item("t", 1.0, &column, deadline()).unwrap();
+        writer
+            .create_item("t", 1.0, &row_at(0), deadline())
+            .unwrap();
         assert!(writer.flush(0, deadline()).unwrap());
     }
     assert_eq!(t.size(), 3);
@@ -118,7 +117,7 @@ fn a_clients_writers_share_one_connection_of_their_own() {
     let mut more =
         TrajectoryWriter::new(writers[0].client().clone(), WriterOptions::default()).unwrap();
     more.append(vec![(0, bytes_row(100, 9))], false).unwrap();
-    more.create_item("t", 1.0, &column, deadline()).unwrap();
+    more.create_item("t", 1.0, &row_at(0), deadline()).unwrap();
     assert!(more.flush(0, deadline()).unwrap());
     assert_eq!(t.size(), 4);
     assert_eq!(connections_to(server.port()), 2);
@@ -132,13 +131,11 @@ fn writers_keep_writing_while_the_shared_runtime_is_busy() {
     let server = Server::start(vec![t.clone()], ServerOptions::default()).unwrap();
     let client = grpc_client(&server);
     let deadline = || Some(Instant::now() + Duration::from_secs(1));
-    let column = vec![ItemColumn {
-        refs: vec![(0, 0)],
-        squeeze: true,
-    }];
     let mut writer = TrajectoryWriter::new(client.clone(), WriterOptions::default()).unwrap();
     writer.append(vec![(0, bytes_row(100, 1))], false).unwrap();
-    writer.create_item("t", 1.0, &column, deadline()).unwrap();
+    writer
+        .create_item("t", 1.0, &row_at(0), deadline())
+        .unwrap();
     assert!(writer.flush(0, deadline()).unwrap());
 
     // Every worker of the shared runtime sleeps for 3 s.
@@ -160,11 +157,9 @@ fn writers_keep_writing_while_the_shared_runtime_is_busy() {
         writer
             .append(vec![(0, bytes_row(100, step))], false)
             .unwrap();
-        let column = vec![ItemColumn {
-            refs: vec![(0, u64::from(step))],
-            squeeze: true,
-        }];
-        writer.create_item("t", 1.0, &column, deadline()).unwrap();
+        writer
+            .create_item("t", 1.0, &row_at(u64::from(step)), deadline())
+            .unwrap();
     }
     assert!(writer.flush(0, deadline()).unwrap(), "flushed within 1 s");
     assert!(start.elapsed() < Duration::from_secs(2));
