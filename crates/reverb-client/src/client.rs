@@ -285,6 +285,14 @@ impl Client {
         self.max_message_size
     }
 
+    /// Starts an `InsertStream` call on this client's connection sending `requests`.
+    pub(crate) async fn insert_stream(
+        &self,
+        requests: impl futures::Stream<Item = encoded::EncodedInsertRequest> + Send + 'static,
+    ) -> std::result::Result<tonic::Streaming<InsertStreamResponse>, tonic::Status> {
+        grpc::insert_stream(self.channel.clone(), requests, self.max_message_size).await
+    }
+
     /// Waits until the server accepts a TCP connection, unless this client's last call
     /// reached it: at most `timeout` (then DEADLINE_EXCEEDED for the call `what`), or without
     /// one what is left of [`CONNECT_WAIT`] since waiting began (then UNAVAILABLE).

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "service")]
 pub mod codec;
+pub mod encoded;
 #[cfg(feature = "service")]
 pub mod inproc;
 pub mod payload;

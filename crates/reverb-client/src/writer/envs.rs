@@ -373,8 +373,8 @@ impl TrajectoryWriter {
             .collect::<Result<Vec<_>>>()?;
         let columns: Vec<&[ItemColumn]> = items.iter().map(Vec::as_slice).collect();
         self.check_signature(table, &columns)?;
-        for (item, slots) in built {
-            self.pending.push(item, slots);
+        for item in built {
+            self.pending.push(item);
         }
         self.ship_promptly();
         self.pump(deadline)

@@ -375,10 +375,9 @@ impl TrajectoryWriter {
     /// Checks an item and queues it (it leaves with the next `pump`); returns its key.
     fn queue_item(&mut self, table: &str, priority: f64, columns: &[ItemColumn]) -> Result<u64> {
         let key = self.client.new_item_key();
-        let (item, slots) = build_item(key, table, priority, columns, &self.columns)?;
+        let item = build_item(key, table, priority, columns, &self.columns)?;
         self.check_signature(table, &[columns])?;
-        let key = item.key;
-        self.pending.push(item, slots);
+        self.pending.push(item);
         Ok(key)
     }
 
@@ -497,7 +496,7 @@ impl TrajectoryWriter {
                     .insert(Arc::new(self.pending.keep_keys(&self.columns)))
                     .clone(),
             };
-            let (item, slots) = self.pending.pop().expect("front exists");
+            let (key, item, slots) = self.pending.pop().expect("front exists");
             let mut new_bytes = 0;
             let chunks = slots
                 .iter()
@@ -513,6 +512,7 @@ impl TrajectoryWriter {
                 ClientError::new(Code::FailedPrecondition, "The writer is closed")
             })?;
             let outgoing = Outgoing {
+                key,
                 item,
                 chunks,
                 keep,

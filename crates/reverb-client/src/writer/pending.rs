@@ -4,13 +4,16 @@
 use super::columns::{ChunkSlot, Columns};
 use super::ItemColumn;
 use crate::{ClientError, Result};
-use reverb_proto::flat_trajectory::{ChunkSlice, Column as FlatColumn};
-use reverb_proto::{FlatTrajectory, KeyHashMap, KeySet, PrioritizedItem};
+use bytes::Bytes;
+use prost::Message;
+use reverb_proto::flat_trajectory::ChunkSlice;
+use reverb_proto::{KeyHashMap, KeySet, PrioritizedItem};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// An item and the chunks it references.
-pub(super) type Queued = (PrioritizedItem, Vec<Arc<ChunkSlot>>);
+/// An item (its key, and its `PrioritizedItem` message encoded) and the chunks it references.
+pub(super) type Queued = (u64, Bytes, Vec<Arc<ChunkSlot>>);
 
 /// The queue, with the chunks its items reference (and how many items reference each).
 #[derive(Debug, Default)]
@@ -26,26 +29,26 @@ impl Pending {
     }
 
     /// Queues an item at the back.
-    pub fn push(&mut self, item: PrioritizedItem, slots: Vec<Arc<ChunkSlot>>) {
+    pub fn push(&mut self, (key, item, slots): Queued) {
         for slot in &slots {
             self.chunks
                 .entry(slot.key)
                 .or_insert_with(|| (slot.clone(), 0))
                 .1 += 1;
         }
-        self.items.push_back((item, slots));
+        self.items.push_back((key, item, slots));
     }
 
     /// Whether the front item can leave (every chunk it references is finalized); `None`
     /// when the queue is empty.
     pub fn front_ready(&self) -> Option<bool> {
-        let (_, slots) = self.items.front()?;
+        let (_, _, slots) = self.items.front()?;
         Some(slots.iter().all(|s| s.finalized()))
     }
 
     /// Takes the front item.
     pub fn pop(&mut self) -> Option<Queued> {
-        let (item, slots) = self.items.pop_front()?;
+        let (key, item, slots) = self.items.pop_front()?;
         for slot in &slots {
             if let std::collections::hash_map::Entry::Occupied(mut e) = self.chunks.entry(slot.key)
             {
@@ -55,7 +58,7 @@ impl Pending {
                 }
             }
         }
-        Some((item, slots))
+        Some((key, item, slots))
     }
 
     /// Keys of the chunks queued items wait for.
@@ -98,8 +101,15 @@ impl Pending {
     }
 }
 
+thread_local! {
+    /// The message each item is built in before it is encoded, kept (with its strings and
+    /// vectors) between items: building a fresh one allocated a string and a vector per
+    /// column for every item.
+    static MESSAGE: RefCell<PrioritizedItem> = RefCell::default();
+}
+
 /// Builds an item of `table` from cells of `columns`, checking every reference; returns it
-/// with the chunks it references. `key` is the item's key.
+/// encoded, with the chunks it references. `key` is the item's key.
 pub(super) fn build_item(
     key: u64,
     table: &str,
@@ -115,71 +125,74 @@ pub(super) fn build_item(
             "An item must have at least one column",
         ));
     }
-    let mut flat = Vec::with_capacity(item_columns.len());
-    let mut slots: Vec<Arc<ChunkSlot>> = Vec::new();
-    for (i, column) in item_columns.iter().enumerate() {
-        if column.refs.is_empty() {
-            return Err(ClientError::invalid(format!(
-                "Column {i} of the item has no data references"
-            )));
-        }
-        if column.squeeze && column.refs.len() != 1 {
-            return Err(ClientError::invalid(format!(
-                "Column {i} is squeezed but has {} references (must be exactly 1)",
-                column.refs.len()
-            )));
-        }
-        // The first reference's writer column, dtype and row shape: the others must agree
-        // (references to the same writer column always do).
-        let mut first: Option<(usize, i32, &[i64])> = None;
-        let mut slices: Vec<ChunkSlice> = Vec::new();
-        for &(c, step) in &column.refs {
-            let col = columns.get(c);
-            let cell = col.and_then(|col| col.cell(step)).ok_or_else(|| {
-                ClientError::invalid(format!(
-                    "Column {i} of the item references step {step} of writer column {c}, which has \
-                     expired (increase num_keep_alive_refs) or was never written"
-                ))
-            })?;
-            let col = col.expect("cell found");
-            match first {
-                None => first = Some((c, col.dtype, &col.row_shape)),
-                Some((c0, d, s)) if c0 != c && (d != col.dtype || s != col.row_shape) => {
-                    return Err(ClientError::invalid(format!(
-                        "Column {i} of the item mixes references of different dtypes or shapes"
-                    )))
+    MESSAGE.with_borrow_mut(|item| {
+        item.key = key;
+        item.table.clear();
+        item.table.push_str(table);
+        item.priority = priority;
+        let flat = &mut item
+            .flat_trajectory
+            .get_or_insert_with(Default::default)
+            .columns;
+        flat.truncate(item_columns.len());
+        flat.resize_with(item_columns.len(), Default::default);
+        let mut slots: Vec<Arc<ChunkSlot>> = Vec::new();
+        for (i, (column, out)) in item_columns.iter().zip(flat.iter_mut()).enumerate() {
+            if column.refs.is_empty() {
+                return Err(ClientError::invalid(format!(
+                    "Column {i} of the item has no data references"
+                )));
+            }
+            if column.squeeze && column.refs.len() != 1 {
+                return Err(ClientError::invalid(format!(
+                    "Column {i} is squeezed but has {} references (must be exactly 1)",
+                    column.refs.len()
+                )));
+            }
+            out.squeeze = column.squeeze;
+            let slices = &mut out.chunk_slices;
+            slices.clear();
+            // The first reference's writer column, dtype and row shape: the others must agree
+            // (references to the same writer column always do).
+            let mut first: Option<(usize, i32, &[i64])> = None;
+            for &(c, step) in &column.refs {
+                let col = columns.get(c);
+                let cell = col.and_then(|col| col.cell(step)).ok_or_else(|| {
+                    ClientError::invalid(format!(
+                        "Column {i} of the item references step {step} of writer column {c}, \
+                         which has expired (increase num_keep_alive_refs) or was never written"
+                    ))
+                })?;
+                let col = col.expect("cell found");
+                match first {
+                    None => first = Some((c, col.dtype, &col.row_shape)),
+                    Some((c0, d, s)) if c0 != c && (d != col.dtype || s != col.row_shape) => {
+                        return Err(ClientError::invalid(format!(
+                            "Column {i} of the item mixes references of different dtypes or \
+                             shapes"
+                        )))
+                    }
+                    _ => {}
                 }
-                _ => {}
-            }
-            match slices.last_mut() {
-                Some(last)
-                    if last.chunk_key == cell.slot.key
-                        && last.offset + last.length == cell.offset as i32 =>
-                {
-                    last.length += 1
+                match slices.last_mut() {
+                    Some(last)
+                        if last.chunk_key == cell.slot.key
+                            && last.offset + last.length == cell.offset as i32 =>
+                    {
+                        last.length += 1
+                    }
+                    _ => slices.push(ChunkSlice {
+                        chunk_key: cell.slot.key,
+                        offset: cell.offset as i32,
+                        length: 1,
+                        index: 0,
+                    }),
                 }
-                _ => slices.push(ChunkSlice {
-                    chunk_key: cell.slot.key,
-                    offset: cell.offset as i32,
-                    length: 1,
-                    index: 0,
-                }),
-            }
-            if !slots.iter().any(|s| s.key == cell.slot.key) {
-                slots.push(cell.slot.clone());
+                if !slots.iter().any(|s| s.key == cell.slot.key) {
+                    slots.push(cell.slot.clone());
+                }
             }
         }
-        flat.push(FlatColumn {
-            chunk_slices: slices,
-            squeeze: column.squeeze,
-        });
-    }
-    let item = PrioritizedItem {
-        key,
-        table: table.to_string(),
-        priority,
-        flat_trajectory: Some(FlatTrajectory { columns: flat }),
-        ..Default::default()
-    };
-    Ok((item, slots))
+        Ok((key, Bytes::from(item.encode_to_vec()), slots))
+    })
 }

@@ -10,8 +10,10 @@
 //! item per request, so only the item at fault is dropped.
 
 use crate::{Client, ClientError};
+use bytes::Bytes;
 use prost::Message;
-use reverb_proto::{ChunkData, InsertStreamRequest, KeySet, PrioritizedItem};
+use reverb_proto::encoded::EncodedInsertRequest;
+use reverb_proto::{ChunkData, KeySet, PrioritizedItem};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,7 +25,9 @@ use tonic::Code;
 /// An item ready to go: every chunk it references is finalized.
 #[derive(Debug, Clone)]
 pub(crate) struct Outgoing {
-    pub item: PrioritizedItem,
+    pub key: u64,
+    /// Its `PrioritizedItem` message, encoded.
+    pub item: Bytes,
     pub chunks: Vec<Arc<ChunkData>>,
     /// Chunks the server must keep after this item (still referenced by the writer).
     pub keep: Arc<Vec<u64>>,
@@ -298,8 +302,7 @@ async fn session(
     failed_request: &mut usize,
 ) -> Result<(), ClientError> {
     // Unbounded, yet bounded in practice: at most `max_in_flight` items are unconfirmed.
-    let (req_tx, req_rx) = mpsc::unbounded_channel::<InsertStreamRequest>();
-    let mut stub = client.stub.clone();
+    let (req_tx, req_rx) = mpsc::unbounded_channel::<EncodedInsertRequest>();
     let mut sender = Sender {
         tx: req_tx,
         sent_chunks: KeySet::default(),
@@ -314,7 +317,7 @@ async fn session(
     }
     // Some servers (the reference) answer headers only with their first response, so the
     // call is driven inside the loop, concurrently with sending.
-    let call = stub.insert_stream(UnboundedReceiverStream::new(req_rx));
+    let call = client.insert_stream(UnboundedReceiverStream::new(req_rx));
     tokio::pin!(call);
     let mut responses: Option<tonic::Streaming<reverb_proto::InsertStreamResponse>> = None;
     let result = loop {
@@ -323,7 +326,7 @@ async fn session(
         }
         tokio::select! {
             started = &mut call, if responses.is_none() => match started {
-                Ok(r) => responses = Some(r.into_inner()),
+                Ok(r) => responses = Some(r),
                 Err(status) => break Err(client.status(status)),
             },
             next = rx.recv(), if !*input_closed => match next {
@@ -350,7 +353,7 @@ async fn session(
 
 /// Queues requests on one gRPC insert stream.
 struct Sender {
-    tx: mpsc::UnboundedSender<InsertStreamRequest>,
+    tx: mpsc::UnboundedSender<EncodedInsertRequest>,
     /// Chunks the server holds for this stream.
     sent_chunks: KeySet,
     /// Keys of the items of each request sent and not confirmed yet, oldest first.
@@ -394,18 +397,20 @@ impl Sender {
                 }
                 return Ok(());
             }
-            let item = &batch[0].item;
+            let table = PrioritizedItem::decode(batch[0].item.clone())
+                .map(|item| item.table)
+                .unwrap_or_default();
             let message = format!(
-                "Item {} for table '{}' is {size} bytes once encoded, more than the {} bytes a \
-                 message may hold (REVERB_MAX_MESSAGE_BYTES); it was not sent",
-                item.key, item.table, self.limit
+                "Item {} for table '{table}' is {size} bytes once encoded, more than the {} bytes \
+                 a message may hold (REVERB_MAX_MESSAGE_BYTES); it was not sent",
+                batch[0].key, self.limit
             );
             shared.update(|p| p.reject(ClientError::invalid(message)));
             return Ok(());
         }
         sent(&req, &mut self.sent_chunks);
         self.in_flight
-            .push_back(batch.iter().map(|o| o.item.key).collect());
+            .push_back(batch.iter().map(|o| o.key).collect());
         unconfirmed.extend(batch);
         self.tx.send(req).map_err(|_| closed())
     }
@@ -449,11 +454,17 @@ async fn linger(shared: &Shared) {
     }
 }
 
-/// Takes confirmed keys off `unconfirmed` and reports them.
+/// Takes confirmed keys off `unconfirmed` and reports them. (Servers confirm in the order
+/// items were sent, so each key is usually the front one.)
 fn confirm(shared: &Shared, unconfirmed: &mut VecDeque<Outgoing>, keys: Vec<u64>) {
     let mut n = 0;
     for key in keys {
-        if let Some(pos) = unconfirmed.iter().position(|o| o.item.key == key) {
+        let found = if unconfirmed.front().is_some_and(|o| o.key == key) {
+            Some(0)
+        } else {
+            unconfirmed.iter().position(|o| o.key == key)
+        };
+        if let Some(pos) = found {
             unconfirmed.remove(pos);
             n += 1;
         }
@@ -496,6 +507,10 @@ async fn inproc_session(
         };
         let req = request(&unconfirmed.make_contiguous()[..items], &sent_chunks);
         sent(&req, &mut sent_chunks);
+        // (The items were encoded by this build's writer: they decode.)
+        let req = req.decode_items().map_err(|e| {
+            ClientError::new(Code::Internal, format!("An item failed to decode: {e}"))
+        })?;
         match stream.insert(req).await {
             Ok(keys) => confirm(shared, unconfirmed, keys),
             Err(status) => {
@@ -521,7 +536,7 @@ fn closed() -> ClientError {
 }
 
 /// Builds one request: chunks not yet on the server, the items, and what to keep.
-fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> InsertStreamRequest {
+fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> EncodedInsertRequest {
     let mut chunks: Vec<ChunkData> = Vec::new();
     let mut added = KeySet::default();
     for o in batch {
@@ -532,7 +547,7 @@ fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> InsertStreamRequest {
         }
     }
     let keep: Vec<u64> = batch.last().map(|o| o.keep.to_vec()).unwrap_or_default();
-    InsertStreamRequest {
+    EncodedInsertRequest {
         chunks,
         items: batch.iter().map(|o| o.item.clone()).collect(),
         keep_chunk_keys: keep,
@@ -540,7 +555,7 @@ fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> InsertStreamRequest {
 }
 
 /// Records what the server holds once it has handled `req`: exactly the kept chunks.
-fn sent(req: &InsertStreamRequest, sent_chunks: &mut KeySet) {
+fn sent(req: &EncodedInsertRequest, sent_chunks: &mut KeySet) {
     sent_chunks.extend(req.chunks.iter().map(|c| c.chunk_key));
     let kept: KeySet = req.keep_chunk_keys.iter().copied().collect();
     sent_chunks.retain(|k| kept.contains(k));
@@ -587,7 +602,8 @@ mod tests {
 
     fn outgoing() -> Outgoing {
         Outgoing {
-            item: PrioritizedItem::default(),
+            key: 0,
+            item: Bytes::new(),
             chunks: Vec::new(),
             keep: Arc::new(Vec::new()),
             new_bytes: 0,
