@@ -19,6 +19,11 @@ fn main() {
         .bytes(".")
         // Pre-sizes each encoded message (see src/codec.rs).
         .codec_path("crate::codec::ReverbCodec")
+        // Written by hand, with its items kept encoded (see src/encoded.rs).
+        .extern_path(
+            ".deepmind.reverb.InsertStreamRequest",
+            "crate::encoded::InsertStreamRequest",
+        )
         // Messages build without tonic; the stubs only with the `service` feature.
         .client_mod_attribute(".", "#[cfg(feature = \"service\")]")
         .server_mod_attribute(".", "#[cfg(feature = \"service\")]")

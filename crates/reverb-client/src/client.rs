@@ -11,6 +11,7 @@ use crate::transport::grpc::{self, KeptStream, KeptStreams, SampleResponses};
 use crate::transport::inproc;
 use crate::transport::tls::Tls;
 use crate::{runtime, writer_runtime, ClientError, Result};
+use prost::Message;
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::inproc::Service;
 use reverb_proto::reverb_service_client::ReverbServiceClient;
@@ -283,14 +284,6 @@ impl Client {
     /// The largest message this client sends or accepts ([`reverb_proto::max_message_size`]).
     pub fn max_message_size(&self) -> usize {
         self.max_message_size
-    }
-
-    /// Starts an `InsertStream` call on this client's connection sending `requests`.
-    pub(crate) async fn insert_stream(
-        &self,
-        requests: impl futures::Stream<Item = encoded::EncodedInsertRequest> + Send + 'static,
-    ) -> std::result::Result<tonic::Streaming<InsertStreamResponse>, tonic::Status> {
-        grpc::insert_stream(self.channel.clone(), requests, self.max_message_size).await
     }
 
     /// Waits until the server accepts a TCP connection, unless this client's last call
@@ -695,7 +688,7 @@ impl Client {
         let keys: Vec<u64> = items.iter().map(|i| i.key).collect();
         let request = InsertStreamRequest {
             chunks,
-            items,
+            items: items.iter().map(|i| i.encode_to_vec().into()).collect(),
             keep_chunk_keys: Vec::new(),
         };
         self.insert_requests(vec![request], timeout).await?;
@@ -708,9 +701,11 @@ impl Client {
         requests: Vec<InsertStreamRequest>,
         timeout: Option<Duration>,
     ) -> Result<()> {
+        // (An item that does not decode has no key to wait for: the server refuses it.)
         let keys: reverb_proto::KeySet = requests
             .iter()
-            .flat_map(|r| r.items.iter().map(|i| i.key))
+            .flat_map(|r| r.items.iter())
+            .filter_map(|i| PrioritizedItem::decode(i.clone()).ok().map(|i| i.key))
             .collect();
         if let Some(server) = self.inproc() {
             return self

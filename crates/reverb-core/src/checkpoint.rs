@@ -215,7 +215,7 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
                     corrupt(format!("item {} of unknown table {}", item.key, item.table))
                 })?;
                 let key = item.key;
-                let data = ItemData::from_proto(item, used)
+                let data = ItemData::from_proto(&item, used)
                     .map_err(|e| corrupt(format!("item {key} {e}")))?;
                 saved
                     .snapshot

@@ -330,9 +330,10 @@ pub struct ItemData {
 impl ItemData {
     /// Builds an item from its wire form and the chunks it references (every chunk a slice
     /// names must be among them).
-    pub fn from_proto(item: PrioritizedItem, chunks: Vec<Arc<Chunk>>) -> Result<Self, String> {
-        let trajectory = item.flat_trajectory.unwrap_or_default();
-        let mut data = Self::new(item.key, &trajectory, chunks)?;
+    pub fn from_proto(item: &PrioritizedItem, chunks: Vec<Arc<Chunk>>) -> Result<Self, String> {
+        let empty = FlatTrajectory::default();
+        let trajectory = item.flat_trajectory.as_ref().unwrap_or(&empty);
+        let mut data = Self::new(item.key, trajectory, chunks)?;
         if let Some(at) = &item.inserted_at {
             data.set_inserted_at(at);
         }

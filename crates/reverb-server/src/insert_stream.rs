@@ -12,7 +12,8 @@ use crate::tables::Tables;
 use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
 use reverb_proto::payload::{chunk_layouts, dtype_name};
 use reverb_proto::{
-    ChunkData, InsertStreamRequest, InsertStreamResponse, KeyHashMap, KeySet, PrioritizedItem,
+    decode_item, ChunkData, InsertStreamRequest, InsertStreamResponse, KeyHashMap, KeySet,
+    PrioritizedItem,
 };
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -57,6 +58,9 @@ pub(crate) async fn run(tables: Tables, mut inbound: Streaming<InsertStreamReque
 #[derive(Default)]
 pub(crate) struct Inserter {
     chunks: KeyHashMap<Received>,
+    /// The message each received item is decoded into, kept (with its string and vectors)
+    /// between items.
+    item: PrioritizedItem,
 }
 
 /// A chunk of the stream and what its tensors are, so items can be checked against it.
@@ -100,7 +104,11 @@ impl Inserter {
         }
         // Every item is checked before any is inserted.
         let mut resolved = Vec::with_capacity(request.items.len());
-        for item in request.items {
+        let item = &mut self.item;
+        for bytes in &request.items {
+            decode_item(bytes, item).map_err(|e| {
+                Status::invalid_argument(format!("An item could not be decoded: {e}"))
+            })?;
             let table = tables.get(&item.table)?;
             let priority = item.priority;
             table.check_priority(priority).map_err(from_core)?;
@@ -136,7 +144,7 @@ fn check_chunk(data: ChunkData) -> Result<Received, Status> {
 
 /// Checks an item's trajectory against the chunks it references (every slice within its
 /// tensor's rows, every column of one dtype and row shape) and attaches those chunks.
-fn resolve(item: PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<ItemData, Status> {
+fn resolve(item: &PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<ItemData, Status> {
     let key = item.key;
     let trajectory = item
         .flat_trajectory

@@ -2,9 +2,6 @@
 //! decoder, which copies every received HTTP/2 frame into one buffer before decoding. Here
 //! responses are decoded straight from the received frames (a rope of `Bytes`), so the chunk
 //! bytes of a sample are slices of what the socket delivered: one copy less per byte.
-//!
-//! Also the `InsertStream` call of writers, whose requests carry items already encoded
-//! ([`insert_stream`]).
 
 use crate::transport::channel::AuthChannel;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -12,9 +9,7 @@ use futures::{Stream, StreamExt};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use prost::Message;
-use reverb_proto::codec::ReverbCodec;
-use reverb_proto::encoded::EncodedInsertRequest;
-use reverb_proto::{InsertStreamResponse, SampleStreamRequest, SampleStreamResponse};
+use reverb_proto::{SampleStreamRequest, SampleStreamResponse};
 use std::collections::VecDeque;
 use tonic::body::Body;
 use tonic::metadata::MetadataMap;
@@ -88,25 +83,6 @@ pub(crate) async fn sample_stream(
 
 fn missing_status() -> Status {
     Status::unknown("the sample stream ended without a gRPC status")
-}
-
-/// Starts an `InsertStream` call sending `requests` (items encoded once by the writer, see
-/// `reverb_proto::encoded`); returns the server's answers.
-pub(crate) async fn insert_stream(
-    channel: AuthChannel,
-    requests: impl Stream<Item = EncodedInsertRequest> + Send + 'static,
-    max_message_size: usize,
-) -> Result<tonic::Streaming<InsertStreamResponse>, Status> {
-    let mut grpc = tonic::client::Grpc::new(channel)
-        .max_decoding_message_size(max_message_size)
-        .max_encoding_message_size(max_message_size);
-    grpc.ready().await.map_err(transport)?;
-    let path = http::uri::PathAndQuery::from_static("/deepmind.reverb.ReverbService/InsertStream");
-    let codec = ReverbCodec::<EncodedInsertRequest, InsertStreamResponse>::default();
-    let response = grpc
-        .streaming(tonic::Request::new(requests), path, codec)
-        .await?;
-    Ok(response.into_inner())
 }
 
 fn transport(e: tonic::transport::Error) -> Status {

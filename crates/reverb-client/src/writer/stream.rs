@@ -12,8 +12,7 @@
 use crate::{Client, ClientError};
 use bytes::Bytes;
 use prost::Message;
-use reverb_proto::encoded::EncodedInsertRequest;
-use reverb_proto::{ChunkData, KeySet, PrioritizedItem};
+use reverb_proto::{ChunkData, InsertStreamRequest, KeySet, PrioritizedItem};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -302,7 +301,8 @@ async fn session(
     failed_request: &mut usize,
 ) -> Result<(), ClientError> {
     // Unbounded, yet bounded in practice: at most `max_in_flight` items are unconfirmed.
-    let (req_tx, req_rx) = mpsc::unbounded_channel::<EncodedInsertRequest>();
+    let (req_tx, req_rx) = mpsc::unbounded_channel::<InsertStreamRequest>();
+    let mut stub = client.stub.clone();
     let mut sender = Sender {
         tx: req_tx,
         sent_chunks: KeySet::default(),
@@ -317,7 +317,7 @@ async fn session(
     }
     // Some servers (the reference) answer headers only with their first response, so the
     // call is driven inside the loop, concurrently with sending.
-    let call = client.insert_stream(UnboundedReceiverStream::new(req_rx));
+    let call = stub.insert_stream(UnboundedReceiverStream::new(req_rx));
     tokio::pin!(call);
     let mut responses: Option<tonic::Streaming<reverb_proto::InsertStreamResponse>> = None;
     let result = loop {
@@ -326,7 +326,7 @@ async fn session(
         }
         tokio::select! {
             started = &mut call, if responses.is_none() => match started {
-                Ok(r) => responses = Some(r),
+                Ok(r) => responses = Some(r.into_inner()),
                 Err(status) => break Err(client.status(status)),
             },
             next = rx.recv(), if !*input_closed => match next {
@@ -353,7 +353,7 @@ async fn session(
 
 /// Queues requests on one gRPC insert stream.
 struct Sender {
-    tx: mpsc::UnboundedSender<EncodedInsertRequest>,
+    tx: mpsc::UnboundedSender<InsertStreamRequest>,
     /// Chunks the server holds for this stream.
     sent_chunks: KeySet,
     /// Keys of the items of each request sent and not confirmed yet, oldest first.
@@ -507,10 +507,6 @@ async fn inproc_session(
         };
         let req = request(&unconfirmed.make_contiguous()[..items], &sent_chunks);
         sent(&req, &mut sent_chunks);
-        // (The items were encoded by this build's writer: they decode.)
-        let req = req.decode_items().map_err(|e| {
-            ClientError::new(Code::Internal, format!("An item failed to decode: {e}"))
-        })?;
         match stream.insert(req).await {
             Ok(keys) => confirm(shared, unconfirmed, keys),
             Err(status) => {
@@ -536,7 +532,7 @@ fn closed() -> ClientError {
 }
 
 /// Builds one request: chunks not yet on the server, the items, and what to keep.
-fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> EncodedInsertRequest {
+fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> InsertStreamRequest {
     let mut chunks: Vec<ChunkData> = Vec::new();
     let mut added = KeySet::default();
     for o in batch {
@@ -547,7 +543,7 @@ fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> EncodedInsertRequest {
         }
     }
     let keep: Vec<u64> = batch.last().map(|o| o.keep.to_vec()).unwrap_or_default();
-    EncodedInsertRequest {
+    InsertStreamRequest {
         chunks,
         items: batch.iter().map(|o| o.item.clone()).collect(),
         keep_chunk_keys: keep,
@@ -555,7 +551,7 @@ fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> EncodedInsertRequest {
 }
 
 /// Records what the server holds once it has handled `req`: exactly the kept chunks.
-fn sent(req: &EncodedInsertRequest, sent_chunks: &mut KeySet) {
+fn sent(req: &InsertStreamRequest, sent_chunks: &mut KeySet) {
     sent_chunks.extend(req.chunks.iter().map(|c| c.chunk_key));
     let kept: KeySet = req.keep_chunk_keys.iter().copied().collect();
     sent_chunks.retain(|k| kept.contains(k));
