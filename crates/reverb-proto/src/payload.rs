@@ -182,7 +182,7 @@ pub fn read_chunk(chunk: &ChunkData) -> Result<Vec<TensorPayload>, PayloadError>
 /// checks and errors, but for the payloads writers send (fixed-size dtypes, each field once)
 /// read straight from the wire bytes, without building the messages (a server reads every
 /// chunk it receives this way).
-pub fn chunk_layouts(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadError> {
+pub fn chunk_layouts(chunk: &ChunkData) -> Result<Layouts, PayloadError> {
     match scan_layouts(&chunk.data) {
         Some(layouts) => Ok(layouts),
         None => read_layouts(chunk),
@@ -190,11 +190,114 @@ pub fn chunk_layouts(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadE
 }
 
 /// [`read_chunk`]'s tensors as layouts.
-fn read_layouts(chunk: &ChunkData) -> Result<Vec<(i32, Vec<i64>)>, PayloadError> {
-    Ok(read_chunk(chunk)?
-        .into_iter()
-        .map(|t| (t.dtype, t.shape))
-        .collect())
+fn read_layouts(chunk: &ChunkData) -> Result<Layouts, PayloadError> {
+    let mut layouts = Layouts::default();
+    for t in read_chunk(chunk)? {
+        let mut layout = Layout::new(t.dtype);
+        t.shape.iter().for_each(|&d| layout.push(d));
+        layouts.push(layout);
+    }
+    Ok(layouts)
+}
+
+/// Dimensions a [`Layout`] holds without an allocation.
+const INLINE_RANK: usize = 6;
+
+/// A tensor's dtype and shape (its leading dimension is its rows), held without an
+/// allocation up to a rank of 6: a server reads one for every chunk it receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// TensorFlow `DataType`.
+    pub dtype: i32,
+    dims: Dims,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Dims {
+    Inline(u8, [i64; INLINE_RANK]),
+    Heap(Vec<i64>),
+}
+
+impl Layout {
+    /// A layout of rank 0.
+    pub fn new(dtype: i32) -> Self {
+        Self {
+            dtype,
+            dims: Dims::Inline(0, [0; INLINE_RANK]),
+        }
+    }
+
+    /// Appends a dimension.
+    pub fn push(&mut self, dim: i64) {
+        match &mut self.dims {
+            Dims::Inline(rank, dims) if (*rank as usize) < INLINE_RANK => {
+                dims[*rank as usize] = dim;
+                *rank += 1;
+            }
+            Dims::Inline(rank, dims) => {
+                let mut heap = dims[..*rank as usize].to_vec();
+                heap.push(dim);
+                self.dims = Dims::Heap(heap);
+            }
+            Dims::Heap(heap) => heap.push(dim),
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        match &self.dims {
+            Dims::Inline(rank, dims) => &dims[..*rank as usize],
+            Dims::Heap(heap) => heap,
+        }
+    }
+}
+
+/// The layouts of a chunk's tensors, a single one (a writer's column) held inline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layouts(LayoutList);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LayoutList {
+    One(Layout),
+    Many(Vec<Layout>),
+}
+
+impl Default for Layouts {
+    fn default() -> Self {
+        Self(LayoutList::Many(Vec::new()))
+    }
+}
+
+impl Layouts {
+    /// Appends a tensor's layout.
+    pub fn push(&mut self, layout: Layout) {
+        match &mut self.0 {
+            LayoutList::Many(many) if many.is_empty() => self.0 = LayoutList::One(layout),
+            LayoutList::Many(many) => many.push(layout),
+            LayoutList::One(_) => {
+                let LayoutList::One(one) =
+                    std::mem::replace(&mut self.0, LayoutList::Many(Vec::with_capacity(2)))
+                else {
+                    unreachable!()
+                };
+                let LayoutList::Many(many) = &mut self.0 else {
+                    unreachable!()
+                };
+                many.extend([one, layout]);
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Layouts {
+    type Target = [Layout];
+
+    fn deref(&self) -> &[Layout] {
+        match &self.0 {
+            LayoutList::One(one) => std::slice::from_ref(one),
+            LayoutList::Many(many) => many,
+        }
+    }
 }
 
 /// A protobuf reader over a message's bytes, with prost's decoding of keys and varints, that
@@ -231,9 +334,9 @@ const LEN: WireType = WireType::LengthDelimited;
 /// [`chunk_layouts`] of a payload of fixed-size tensors whose fields each appear once, or
 /// `None` for anything else (which [`read_chunk`] then reads, or refuses with its error):
 /// `Some` only where `read_chunk` accepts the payload and gives these layouts.
-fn scan_layouts(payload: &[u8]) -> Option<Vec<(i32, Vec<i64>)>> {
+fn scan_layouts(payload: &[u8]) -> Option<Layouts> {
     let mut chunk = Wire(payload);
-    let mut layouts = Vec::with_capacity(1);
+    let mut layouts = Layouts::default();
     while let Some((field, wire)) = chunk.field()? {
         if (field, wire) != (1, LEN) {
             return None;
@@ -243,13 +346,17 @@ fn scan_layouts(payload: &[u8]) -> Option<Vec<(i32, Vec<i64>)>> {
     Some(layouts)
 }
 
-fn scan_tensor(tensor: &[u8]) -> Option<(i32, Vec<i64>)> {
+fn scan_tensor(tensor: &[u8]) -> Option<Layout> {
     let mut wire = Wire(tensor);
     let (mut dtype, mut shape, mut content) = (None, None, None);
     while let Some((field, kind)) = wire.field()? {
         match (field, kind) {
             (1, VARINT) if dtype.is_none() => dtype = Some(wire.varint()? as i32),
-            (2, LEN) if shape.is_none() => shape = Some(scan_shape(wire.bytes()?)?),
+            (2, LEN) if shape.is_none() => {
+                let mut layout = Layout::new(0);
+                scan_shape(wire.bytes()?, &mut layout)?;
+                shape = Some(layout);
+            }
             (3, VARINT) => {
                 wire.varint()?;
             }
@@ -257,7 +364,10 @@ fn scan_tensor(tensor: &[u8]) -> Option<(i32, Vec<i64>)> {
             _ => return None,
         }
     }
-    let (dtype, shape, content) = (dtype?, shape.unwrap_or_default(), content.unwrap_or(&[]));
+    let (dtype, content) = (dtype?, content.unwrap_or(&[]));
+    let mut layout = shape.unwrap_or_else(|| Layout::new(dtype));
+    layout.dtype = dtype;
+    let shape = layout.shape();
     let size = dtype_size(dtype)?;
     if shape.iter().any(|&d| d < 0) {
         return None;
@@ -274,12 +384,12 @@ fn scan_tensor(tensor: &[u8]) -> Option<(i32, Vec<i64>)> {
     } else {
         snap::raw::decompress_len(content).ok()?
     };
-    (stored == len).then_some((dtype, shape))
+    (stored == len).then_some(layout)
 }
 
-fn scan_shape(shape: &[u8]) -> Option<Vec<i64>> {
+/// Reads a `TensorShapeProto`'s dimensions into `layout`.
+fn scan_shape(shape: &[u8], layout: &mut Layout) -> Option<()> {
     let mut wire = Wire(shape);
-    let mut dims = Vec::with_capacity(4);
     while let Some((field, kind)) = wire.field()? {
         match (field, kind) {
             (2, LEN) => {
@@ -291,7 +401,7 @@ fn scan_shape(shape: &[u8]) -> Option<Vec<i64>> {
                         _ => return None,
                     }
                 }
-                dims.push(size.unwrap_or(0));
+                layout.push(size.unwrap_or(0));
             }
             (3, VARINT) => {
                 wire.varint()?;
@@ -299,7 +409,7 @@ fn scan_shape(shape: &[u8]) -> Option<Vec<i64>> {
             _ => return None,
         }
     }
-    Some(dims)
+    Some(())
 }
 
 fn read_tensor(
@@ -465,18 +575,43 @@ mod tests {
             tensor(DataType::DtInt32, &[2], 8),
             tensor(DataType::DtUint8, &[0, 84, 84], 0),
         ]);
-        let want = vec![
+        let want = [
             (DataType::DtFloat as i32, vec![2, 8]),
             (DataType::DtInt32 as i32, vec![2]),
             (DataType::DtUint8 as i32, vec![0, 84, 84]),
         ];
-        assert_eq!(scan_layouts(&good.data), Some(want.clone()));
-        assert_eq!(chunk_layouts(&good), Ok(want));
+        let got = chunk_layouts(&good).unwrap();
+        let got: Vec<(i32, Vec<i64>)> = got.iter().map(|l| (l.dtype, l.shape().to_vec())).collect();
+        assert_eq!(got, want);
+        assert_eq!(
+            scan_layouts(&good.data),
+            Some(chunk_layouts(&good).unwrap())
+        );
         // A payload whose size disagrees with its shape is left to read_chunk, which says so.
         let bad = chunk(vec![tensor(DataType::DtFloat, &[2, 8], 60)]);
         assert_eq!(scan_layouts(&bad.data), None);
         assert_eq!(chunk_layouts(&bad), read_layouts(&bad));
         assert!(chunk_layouts(&bad).is_err());
+    }
+
+    #[test]
+    fn layouts_of_any_rank_and_count() {
+        let mut layouts = Layouts::default();
+        assert!(layouts.is_empty());
+        for n in 0..10 {
+            let mut layout = Layout::new(n as i32);
+            (0..n).for_each(|d| layout.push(d as i64 * 10));
+            assert_eq!(
+                layout.shape(),
+                (0..n).map(|d| d as i64 * 10).collect::<Vec<_>>()
+            );
+            layouts.push(layout);
+            assert_eq!(layouts.len(), n + 1);
+            assert!(layouts
+                .iter()
+                .enumerate()
+                .all(|(i, l)| l.dtype == i as i32 && l.shape().len() == i));
+        }
     }
 
     fn arb_tensor() -> impl Strategy<Value = TensorProto> {
@@ -541,7 +676,7 @@ mod tests {
             if let Some(layouts) = &scanned {
                 proptest::prop_assert_eq!(Ok(layouts.clone()), read.clone());
             }
-            let fixed = read.as_ref().is_ok_and(|l| l.iter().all(|(d, _)| *d != DT_STRING));
+            let fixed = read.as_ref().is_ok_and(|l| l.iter().all(|l| l.dtype != DT_STRING));
             if simple && fixed {
                 proptest::prop_assert!(scanned.is_some());
             }

@@ -10,7 +10,7 @@
 use crate::status::from_core;
 use crate::tables::Tables;
 use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
-use reverb_proto::payload::{chunk_layouts, dtype_name};
+use reverb_proto::payload::{chunk_layouts, dtype_name, Layout, Layouts};
 use reverb_proto::{
     decode_item, ChunkData, InsertStreamRequest, InsertStreamResponse, KeyHashMap, KeySet,
     PrioritizedItem,
@@ -66,19 +66,7 @@ pub(crate) struct Inserter {
 /// A chunk of the stream and what its tensors are, so items can be checked against it.
 struct Received {
     chunk: Arc<Chunk>,
-    tensors: Vec<Layout>,
-}
-
-/// One tensor of a chunk: dtype and shape (the leading dimension is its rows).
-struct Layout {
-    dtype: i32,
-    shape: Vec<i64>,
-}
-
-impl Layout {
-    fn rows(&self) -> i64 {
-        self.shape.first().copied().unwrap_or(0)
-    }
+    tensors: Layouts,
 }
 
 impl Inserter {
@@ -131,11 +119,7 @@ impl Inserter {
 /// Reads a received chunk's tensor headers (not its data): a chunk no sampler could decode is
 /// refused.
 fn check_chunk(data: ChunkData) -> Result<Received, Status> {
-    let tensors = chunk_layouts(&data)
-        .map_err(|e| Status::invalid_argument(e.message))?
-        .into_iter()
-        .map(|(dtype, shape)| Layout { dtype, shape })
-        .collect();
+    let tensors = chunk_layouts(&data).map_err(|e| Status::invalid_argument(e.message))?;
     Ok(Received {
         chunk: Arc::new(Chunk::new(data)),
         tensors,
@@ -191,28 +175,25 @@ fn resolve(item: &PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<Item
                 ))
             })?;
             let end = i64::from(slice.offset) + i64::from(slice.length);
-            if tensor.shape.is_empty() || end > tensor.rows() {
+            let (shape, rows) = (tensor.shape(), tensor.shape().first().copied());
+            if rows.is_none_or(|rows| end > rows) {
                 return Err(bad(format!(
                     "references rows {}..{end} of chunk {}, whose tensor {} has {} rows",
                     slice.offset,
                     slice.chunk_key,
                     slice.index,
-                    if tensor.shape.is_empty() {
-                        0
-                    } else {
-                        tensor.rows()
-                    }
+                    rows.unwrap_or(0)
                 )));
             }
             match first {
                 None => first = Some(tensor),
-                Some(f) if f.dtype != tensor.dtype || f.shape[1..] != tensor.shape[1..] => {
+                Some(f) if f.dtype != tensor.dtype || f.shape()[1..] != shape[1..] => {
                     return Err(bad(format!(
                         "joins rows of {} {:?} and {} {:?} from chunk {}",
                         dtype_name(f.dtype),
-                        &f.shape[1..],
+                        &f.shape()[1..],
                         dtype_name(tensor.dtype),
-                        &tensor.shape[1..],
+                        &shape[1..],
                         slice.chunk_key
                     )));
                 }
