@@ -691,22 +691,35 @@ impl Client {
             items: items.iter().map(|i| i.encode_to_vec().into()).collect(),
             keep_chunk_keys: Vec::new(),
         };
-        self.insert_requests(vec![request], timeout).await?;
+        self.send_requests(vec![request], keys.iter().copied().collect(), timeout)
+            .await?;
         Ok(keys)
     }
 
-    /// Sends requests on one `InsertStream` and waits until every item is confirmed.
+    /// Sends requests on one `InsertStream` and waits until every item is confirmed. Every
+    /// item must be an encoded `PrioritizedItem` (else INVALID_ARGUMENT, nothing sent).
     pub async fn insert_requests(
         &self,
         requests: Vec<InsertStreamRequest>,
         timeout: Option<Duration>,
     ) -> Result<()> {
-        // (An item that does not decode has no key to wait for: the server refuses it.)
-        let keys: reverb_proto::KeySet = requests
-            .iter()
-            .flat_map(|r| r.items.iter())
-            .filter_map(|i| PrioritizedItem::decode(i.clone()).ok().map(|i| i.key))
-            .collect();
+        let mut keys = reverb_proto::KeySet::default();
+        for item in requests.iter().flat_map(|r| r.items.iter()) {
+            let item = PrioritizedItem::decode(item.clone()).map_err(|e| {
+                ClientError::invalid(format!("An item is not a PrioritizedItem message: {e}"))
+            })?;
+            keys.insert(item.key);
+        }
+        self.send_requests(requests, keys, timeout).await
+    }
+
+    /// [`Client::insert_requests`] of items with these `keys`.
+    async fn send_requests(
+        &self,
+        requests: Vec<InsertStreamRequest>,
+        keys: reverb_proto::KeySet,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
         if let Some(server) = self.inproc() {
             return self
                 .with_deadline("InsertStream", timeout, || {

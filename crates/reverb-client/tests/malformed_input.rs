@@ -150,6 +150,23 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
     // A request with neither chunks nor items.
     let empty = InsertStreamRequest::default().encode_to_vec();
     assert_eq!(raw_stream(port, insert, vec![empty]), Code::InvalidArgument);
+    // An item that is not a PrioritizedItem message (a table name longer than the item): the
+    // server refuses it, and a client does not send it.
+    let garbled = InsertStreamRequest {
+        items: vec![bytes::Bytes::from_static(b"\x12\xff")],
+        ..Default::default()
+    };
+    assert_eq!(
+        raw_stream(port, insert, vec![garbled.encode_to_vec()]),
+        Code::InvalidArgument
+    );
+    let err = block(client.insert_requests(vec![garbled], T)).unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(
+        err.message.contains("not a PrioritizedItem"),
+        "{}",
+        err.message
+    );
     // An item referencing a chunk that was never sent.
     let orphan = InsertStreamRequest {
         items: vec![encoded(&item(9, 12345, "t"))],

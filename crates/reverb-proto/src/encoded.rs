@@ -62,7 +62,8 @@ impl Message for InsertStreamRequest {
 }
 
 /// Decodes an encoded `PrioritizedItem` into `item`, as `PrioritizedItem::decode` would, but
-/// reusing `item`'s string and vectors (its columns' included).
+/// reusing `item`'s string and vectors (its columns' included). (Its errors do not name the
+/// field at fault, as the generated decoder's do.)
 pub fn decode_item(mut buf: &[u8], item: &mut PrioritizedItem) -> Result<(), DecodeError> {
     let ctx = DecodeContext::default();
     let mut trajectory = item.flat_trajectory.take().unwrap_or_default();

@@ -205,14 +205,14 @@ const INLINE_RANK: usize = 6;
 
 /// A tensor's dtype and shape (its leading dimension is its rows), held without an
 /// allocation up to a rank of 6: a server reads one for every chunk it receives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Layout {
     /// TensorFlow `DataType`.
     pub dtype: i32,
     dims: Dims,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum Dims {
     Inline(u8, [i64; INLINE_RANK]),
     Heap(Vec<i64>),
@@ -253,10 +253,10 @@ impl Layout {
 }
 
 /// The layouts of a chunk's tensors, a single one (a writer's column) held inline.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Layouts(LayoutList);
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum LayoutList {
     One(Layout),
     Many(Vec<Layout>),
@@ -288,6 +288,24 @@ impl Layouts {
         }
     }
 }
+
+/// Equal when dtype and shape are, however they are held.
+impl PartialEq for Layout {
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype && self.shape() == other.shape()
+    }
+}
+
+impl Eq for Layout {}
+
+/// Equal when the layouts are, however they are held.
+impl PartialEq for Layouts {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Layouts {}
 
 impl std::ops::Deref for Layouts {
     type Target = [Layout];

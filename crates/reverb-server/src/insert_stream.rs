@@ -82,7 +82,8 @@ impl Inserter {
                 "InsertStreamRequest must contain at least one chunk or item",
             ));
         }
-        // Every chunk is checked before any is kept: a rejected request stores nothing.
+        // Every chunk is checked before any is kept, and every item before any is inserted: a
+        // rejected request inserts nothing (and ends the stream, with the chunks it kept).
         let mut received = Vec::with_capacity(request.chunks.len());
         for data in request.chunks {
             received.push(check_chunk(data)?);
@@ -90,7 +91,6 @@ impl Inserter {
         for r in received {
             self.chunks.insert(r.chunk.key(), r);
         }
-        // Every item is checked before any is inserted.
         let mut resolved = Vec::with_capacity(request.items.len());
         let item = &mut self.item;
         for bytes in &request.items {
