@@ -222,12 +222,19 @@ impl Client {
                 self.writer_connection.get_or_init(|| fresh).clone()
             }
         };
-        let mut writing = self.clone();
-        writing.channel = AuthChannel::new(connection, self.auth_token.as_deref())
+        let token = self.auth_token.clone();
+        self.clone().over(connection, token.as_deref())
+    }
+
+    /// This client over `connection`, sending `token` with every call: a stub and kept
+    /// streams of its own.
+    fn over(mut self, connection: tonic::transport::Channel, token: Option<&str>) -> Result<Self> {
+        self.channel = AuthChannel::new(connection, token)
             .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
-        writing.stub = stub(&writing.channel, self.max_message_size);
-        writing.kept_streams = Arc::default();
-        Ok(writing)
+        self.auth_token = token.map(str::to_string);
+        self.stub = stub(&self.channel, self.max_message_size);
+        self.kept_streams = Arc::default();
+        Ok(self)
     }
 
     /// This client writing items whose keys name shard `shard` (see [`crate::shards`]).
@@ -258,27 +265,21 @@ impl Client {
     }
 
     /// This client over a new connection with these TLS settings (`None`: plain TCP).
-    pub fn with_tls(mut self, tls: Option<Tls>) -> Result<Self> {
+    pub fn with_tls(self, tls: Option<Tls>) -> Result<Self> {
         let connection = connection(&self.address, tls.as_ref(), runtime())?;
-        self.channel = AuthChannel::new(connection, self.auth_token.as_deref())
-            .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
-        self.tls = tls.map(Arc::new);
-        self.stub = stub(&self.channel, self.max_message_size);
-        self.reach = Arc::default();
-        self.kept_streams = Arc::default();
-        self.writer_connection = Arc::default();
-        Ok(self)
+        let token = self.auth_token.clone();
+        let mut client = self.over(connection, token.as_deref())?;
+        client.tls = tls.map(Arc::new);
+        client.reach = Arc::default();
+        client.writer_connection = Arc::default();
+        Ok(client)
     }
 
     /// This client sending `token` with every call instead (`None`: no token), over the same
     /// connection.
-    pub fn with_auth_token(mut self, token: Option<&str>) -> Result<Self> {
-        self.channel = AuthChannel::new(self.channel.connection(), token)
-            .map_err(|e| ClientError::invalid(format!("Invalid auth_token: {e}")))?;
-        self.auth_token = token.map(str::to_string);
-        self.stub = stub(&self.channel, self.max_message_size);
-        self.kept_streams = Arc::default();
-        Ok(self)
+    pub fn with_auth_token(self, token: Option<&str>) -> Result<Self> {
+        let connection = self.channel.connection();
+        self.over(connection, token)
     }
 
     /// The largest message this client sends or accepts ([`reverb_proto::max_message_size`]).
@@ -688,7 +689,7 @@ impl Client {
         let keys: Vec<u64> = items.iter().map(|i| i.key).collect();
         let request = InsertStreamRequest {
             chunks,
-            items: items.iter().map(|i| i.encode_to_vec().into()).collect(),
+            items: items.iter().map(encode_item).collect(),
             keep_chunk_keys: Vec::new(),
         };
         self.send_requests(vec![request], keys.iter().copied().collect(), timeout)

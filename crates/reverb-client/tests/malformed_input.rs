@@ -82,11 +82,6 @@ fn raw_stream(port: u16, method: &'static str, messages: Vec<Vec<u8>>) -> Code {
     block(raw_rpc(port, method, messages))
 }
 
-/// An item as requests carry it.
-fn encoded(item: &PrioritizedItem) -> bytes::Bytes {
-    item.encode_to_vec().into()
-}
-
 fn item(key: u64, chunk_key: u64, table: &str) -> PrioritizedItem {
     PrioritizedItem {
         key,
@@ -169,7 +164,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
     );
     // An item referencing a chunk that was never sent.
     let orphan = InsertStreamRequest {
-        items: vec![encoded(&item(9, 12345, "t"))],
+        items: vec![encode_item(&item(9, 12345, "t"))],
         ..Default::default()
     };
     let err = block(client.insert_requests(vec![orphan], T)).unwrap_err();
@@ -181,7 +176,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
     bad.flat_trajectory.as_mut().unwrap().columns[0].chunk_slices[0].length = 0;
     let request = InsertStreamRequest {
         chunks: vec![chunk.clone()],
-        items: vec![encoded(&bad)],
+        items: vec![encode_item(&bad)],
         keep_chunk_keys: vec![],
     };
     assert_eq!(
@@ -195,7 +190,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
     squeezed.flat_trajectory.as_mut().unwrap().columns[0].squeeze = true;
     let request = InsertStreamRequest {
         chunks: vec![chunk],
-        items: vec![encoded(&squeezed)],
+        items: vec![encode_item(&squeezed)],
         keep_chunk_keys: vec![],
     };
     assert_eq!(
@@ -321,7 +316,7 @@ fn items_no_sampler_could_decode_are_refused_and_the_table_keeps_serving() {
     let refused = |chunks: Vec<ChunkData>, items: Vec<PrioritizedItem>| {
         let request = InsertStreamRequest {
             chunks,
-            items: items.iter().map(encoded).collect(),
+            items: items.iter().map(encode_item).collect(),
             keep_chunk_keys: vec![],
         };
         let err = block(client.insert_requests(vec![request], T)).unwrap_err();
@@ -388,7 +383,7 @@ fn items_no_sampler_could_decode_are_refused_and_the_table_keeps_serving() {
     // Good items of the same shapes are stored and sampled back.
     let request = InsertStreamRequest {
         chunks: vec![good(), rows_chunk(2, 1, 2, false)],
-        items: vec![encoded(&sliced(18, &[(1, 1, 2, 0), (2, 0, 1, 0)]))],
+        items: vec![encode_item(&sliced(18, &[(1, 1, 2, 0), (2, 0, 1, 0)]))],
         keep_chunk_keys: vec![],
     };
     block(client.insert_requests(vec![request], T)).unwrap();
@@ -522,7 +517,7 @@ fn wire_fuzz_of_every_rpc_loses_nothing_of_a_well_behaved_client() {
             "/deepmind.reverb.ReverbService/InsertStream",
             InsertStreamRequest {
                 chunks: vec![chunk],
-                items: vec![encoded(&sliced(5, &[(1, 0, 2, 0)]))],
+                items: vec![encode_item(&sliced(5, &[(1, 0, 2, 0)]))],
                 keep_chunk_keys: vec![1],
             }
             .encode_to_vec(),

@@ -61,6 +61,11 @@ impl Message for InsertStreamRequest {
     }
 }
 
+/// `item` as an [`InsertStreamRequest`] carries it (what [`decode_item`] reads).
+pub fn encode_item(item: &PrioritizedItem) -> Bytes {
+    item.encode_to_vec().into()
+}
+
 /// Decodes an encoded `PrioritizedItem` into `item`, as `PrioritizedItem::decode` would, but
 /// reusing `item`'s string and vectors (its columns' included). (Its errors do not name the
 /// field at fault, as the generated decoder's do.)
@@ -223,11 +228,7 @@ mod tests {
     fn encoded(plain: &generated::InsertStreamRequest) -> InsertStreamRequest {
         InsertStreamRequest {
             chunks: plain.chunks.clone(),
-            items: plain
-                .items
-                .iter()
-                .map(|i| i.encode_to_vec().into())
-                .collect(),
+            items: plain.items.iter().map(encode_item).collect(),
             keep_chunk_keys: plain.keep_chunk_keys.clone(),
         }
     }

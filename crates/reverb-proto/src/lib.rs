@@ -45,7 +45,7 @@ pub mod deepmind {
 }
 
 pub use deepmind::reverb::*;
-pub use encoded::{decode_item, InsertStreamRequest};
+pub use encoded::{decode_item, encode_item, InsertStreamRequest};
 
 /// Serialized `FileDescriptorSet` of every file in `proto/` (with imports), so Python can build
 /// real protobuf message classes without protoc.

@@ -5,9 +5,8 @@ use super::columns::{ChunkSlot, Columns};
 use super::ItemColumn;
 use crate::{ClientError, Result};
 use bytes::Bytes;
-use prost::Message;
 use reverb_proto::flat_trajectory::ChunkSlice;
-use reverb_proto::{KeyHashMap, KeySet, PrioritizedItem};
+use reverb_proto::{encode_item, KeyHashMap, KeySet, PrioritizedItem};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -193,6 +192,6 @@ pub(super) fn build_item(
                 }
             }
         }
-        Ok((key, Bytes::from(item.encode_to_vec()), slots))
+        Ok((key, encode_item(item), slots))
     })
 }
