@@ -33,6 +33,16 @@ fn row_at(step: u64) -> Vec<ItemColumn> {
     }]
 }
 
+/// Appends `row` as the writer's step `step`, makes an item of it in table "t" and flushes:
+/// whether the server confirmed every item before `deadline`.
+fn store(writer: &mut TrajectoryWriter, row: Tensor, step: u64, deadline: Option<Instant>) -> bool {
+    writer.append(vec![(0, row)], false).unwrap();
+    writer
+        .create_item("t", 1.0, &row_at(step), deadline)
+        .unwrap();
+    writer.flush(0, deadline).unwrap()
+}
+
 #[test]
 fn an_item_larger_than_the_server_accepts_fails_clearly() {
     let t = table("t", SelectorKind::Fifo, 100);
@@ -46,11 +56,7 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
     let deadline = || Some(Instant::now() + Duration::from_secs(10));
 
     // A small item first: stored.
-    writer.append(vec![(0, bytes_row(1000, 1))], false).unwrap();
-    writer
-        .create_item("t", 1.0, &row_at(0), deadline())
-        .unwrap();
-    assert!(writer.flush(0, deadline()).unwrap());
+    assert!(store(&mut writer, bytes_row(1000, 1), 0, deadline()));
     assert_eq!(t.size(), 1);
 
     // Then one whose chunk (2 MiB) exceeds the server's 1 MiB message limit.
@@ -64,11 +70,7 @@ fn an_item_larger_than_the_server_accepts_fails_clearly() {
     );
     assert_eq!(t.size(), 1, "what was stored before is still there");
     // The server keeps serving others.
-    writer.append(vec![(0, bytes_row(1000, 3))], false).unwrap();
-    writer
-        .create_item("t", 1.0, &row_at(1), deadline())
-        .unwrap();
-    assert!(writer.flush(0, deadline()).unwrap());
+    assert!(store(&mut writer, bytes_row(1000, 3), 1, deadline()));
     assert_eq!(t.size(), 2);
 }
 
@@ -100,13 +102,7 @@ fn a_clients_writers_share_one_connection_of_their_own() {
         .map(|_| TrajectoryWriter::new(client.clone(), WriterOptions::default()).unwrap())
         .collect();
     for (i, writer) in writers.iter_mut().enumerate() {
-        writer
-            .append(vec![(0, bytes_row(100, i as u8))], false)
-            .unwrap();
-        writer
-            .create_item("t", 1.0, &row_at(0), deadline())
-            .unwrap();
-        assert!(writer.flush(0, deadline()).unwrap());
+        assert!(store(writer, bytes_row(100, i as u8), 0, deadline()));
     }
     assert_eq!(t.size(), 3);
     assert_eq!(connections_to(server.port()), 1, "the writers' connection");
@@ -116,9 +112,7 @@ fn a_clients_writers_share_one_connection_of_their_own() {
     // A writer made from a writer's client shares the first writers' connection.
     let mut more =
         TrajectoryWriter::new(writers[0].client().clone(), WriterOptions::default()).unwrap();
-    more.append(vec![(0, bytes_row(100, 9))], false).unwrap();
-    more.create_item("t", 1.0, &row_at(0), deadline()).unwrap();
-    assert!(more.flush(0, deadline()).unwrap());
+    assert!(store(&mut more, bytes_row(100, 9), 0, deadline()));
     assert_eq!(t.size(), 4);
     assert_eq!(connections_to(server.port()), 2);
 }
@@ -132,11 +126,7 @@ fn writers_keep_writing_while_the_shared_runtime_is_busy() {
     let client = grpc_client(&server);
     let deadline = || Some(Instant::now() + Duration::from_secs(1));
     let mut writer = TrajectoryWriter::new(client.clone(), WriterOptions::default()).unwrap();
-    writer.append(vec![(0, bytes_row(100, 1))], false).unwrap();
-    writer
-        .create_item("t", 1.0, &row_at(0), deadline())
-        .unwrap();
-    assert!(writer.flush(0, deadline()).unwrap());
+    assert!(store(&mut writer, bytes_row(100, 1), 0, deadline()));
 
     // Every worker of the shared runtime sleeps for 3 s.
     let workers = reverb_client::runtime().metrics().num_workers();

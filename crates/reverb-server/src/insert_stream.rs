@@ -175,7 +175,8 @@ fn resolve(item: &PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<Item
                 ))
             })?;
             let end = i64::from(slice.offset) + i64::from(slice.length);
-            let (shape, rows) = (tensor.shape(), tensor.shape().first().copied());
+            let shape = tensor.shape();
+            let rows = shape.first().copied();
             if rows.is_none_or(|rows| end > rows) {
                 return Err(bad(format!(
                     "references rows {}..{end} of chunk {}, whose tensor {} has {} rows",
