@@ -271,21 +271,14 @@ impl Default for Layouts {
 impl Layouts {
     /// Appends a tensor's layout.
     pub fn push(&mut self, layout: Layout) {
-        match &mut self.0 {
-            LayoutList::Many(many) if many.is_empty() => self.0 = LayoutList::One(layout),
-            LayoutList::Many(many) => many.push(layout),
-            LayoutList::One(_) => {
-                let LayoutList::One(one) =
-                    std::mem::replace(&mut self.0, LayoutList::Many(Vec::with_capacity(2)))
-                else {
-                    unreachable!()
-                };
-                let LayoutList::Many(many) = &mut self.0 else {
-                    unreachable!()
-                };
-                many.extend([one, layout]);
+        self.0 = match std::mem::replace(&mut self.0, LayoutList::Many(Vec::new())) {
+            LayoutList::Many(many) if many.is_empty() => LayoutList::One(layout),
+            LayoutList::One(one) => LayoutList::Many(vec![one, layout]),
+            LayoutList::Many(mut many) => {
+                many.push(layout);
+                LayoutList::Many(many)
             }
-        }
+        };
     }
 }
 
