@@ -163,18 +163,6 @@ impl PlannedSample {
     }
 }
 
-impl Sample {
-    /// A sample from its info and the chunks it references (decompressed and joined).
-    pub fn from_chunks(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
-        assemble(info, chunks)
-    }
-}
-
-/// Builds a sample's columns from its chunks.
-pub(crate) fn assemble(info: SampleInfo, chunks: &[ChunkData]) -> Result<Sample> {
-    plan(info, chunks)?.assemble()
-}
-
 /// Checks a sample's chunk references and sizes its columns, leaving the data compressed.
 pub(crate) fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSample> {
     let mut parsed: KeyHashMap<Vec<Encoded>> =
@@ -261,10 +249,14 @@ pub(crate) fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSamp
 
 #[cfg(test)]
 mod tests {
-    use super::assemble;
+    use super::{plan, Sample};
     use crate::tensor::{encode_chunk_with, Tensor};
     use reverb_proto::flat_trajectory::{ChunkSlice, Column};
     use reverb_proto::{FlatTrajectory, PrioritizedItem, SampleInfo, SequenceRange};
+
+    fn assemble(info: SampleInfo, chunks: &[reverb_proto::ChunkData]) -> crate::Result<Sample> {
+        plan(info, chunks)?.assemble()
+    }
 
     /// A chunk of `rows` rows of 3 int32 values, row r holding `base + r`.
     fn chunk(key: u64, base: i32, rows: usize, delta: bool) -> reverb_proto::ChunkData {

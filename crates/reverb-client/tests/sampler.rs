@@ -32,7 +32,6 @@ fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) ->
         num_workers: workers,
         max_samples,
         rate_limiter_timeout: timeout_ms.map(Duration::from_millis),
-        inproc_abi: None,
         shared_memory: true,
     }
 }

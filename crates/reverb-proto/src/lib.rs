@@ -3,8 +3,6 @@
 //! feature, also the contract between a client and a server: the gRPC stubs and the
 //! in-process service a server of the same process offers ([`inproc`]).
 
-#![allow(clippy::all, missing_docs)]
-
 #[cfg(feature = "service")]
 pub mod codec;
 pub mod encoded;
@@ -16,6 +14,8 @@ pub mod shm;
 pub mod tls;
 
 /// TensorFlow's TensorProto, TensorShapeProto and DataType (the subset chunks carry).
+// (Lints are allowed on the generated modules only: their code is prost's.)
+#[allow(clippy::all, missing_docs)]
 pub mod tensorflow {
     include!(concat!(env!("OUT_DIR"), "/tensorflow.rs"));
 
@@ -39,6 +39,7 @@ pub mod tensorflow {
 /// Package `deepmind`.
 pub mod deepmind {
     /// Reverb's messages and the `ReverbService` client and server stubs.
+    #[allow(clippy::all, missing_docs)]
     pub mod reverb {
         include!(concat!(env!("OUT_DIR"), "/deepmind.reverb.rs"));
     }

@@ -9,8 +9,8 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use reverb_client::runtime;
+use reverb_client::sampler::ShardWatch;
 use reverb_client::sampler::{stack, Sampler, SamplerOptions};
-use reverb_client::shards::ShardWatch;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,6 @@ impl PySampler {
             max_samples: (max_samples >= 0).then_some(max_samples as u64),
             rate_limiter_timeout: (rate_limiter_timeout_ms >= 0)
                 .then(|| Duration::from_millis(rate_limiter_timeout_ms as u64)),
-            inproc_abi: None,
             // Read with the GIL held, as `REVERB_NO_INPROC` (see `inproc_allowed`).
             shared_memory: std::env::var_os("REVERB_NO_SHM").is_none_or(|v| v.is_empty()),
         };

@@ -62,11 +62,6 @@ impl ServerTls {
         }
     }
 
-    /// Whether clients must present a certificate.
-    pub fn requires_client_certificate(&self) -> bool {
-        self.client_ca.is_some()
-    }
-
     pub(crate) fn config(&self) -> ServerTlsConfig {
         let config = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key));
         match &self.client_ca {

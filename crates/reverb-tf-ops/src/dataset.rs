@@ -88,18 +88,21 @@ impl Kernel for DatasetSample {
         )?;
         let max_samples = c.int("max_samples")?;
         let timeout = c.int("rate_limiter_timeout_ms")?;
+        let mut clients = c.clients()?;
+        // A server of this process held by the Python extension is sampled through its C
+        // ABI (the Python side names it for a dataset of one server only).
+        if let [client] = clients.as_mut_slice() {
+            let exported = crate::inproc::find(&c.string("inproc_library")?, c.int("inproc_port")?);
+            *client = client.clone().with_inproc_abi(exported);
+        }
         Ok(Self {
-            clients: c.clients()?,
+            clients,
             options: SamplerOptions {
                 max_in_flight_samples_per_worker: c.int("max_in_flight_samples_per_worker")?.max(1)
                     as usize,
                 num_workers: c.int("num_workers")?.max(0) as usize,
                 max_samples: (max_samples >= 0).then_some(max_samples as u64),
                 rate_limiter_timeout: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
-                inproc_abi: crate::inproc::find(
-                    &c.string("inproc_library")?,
-                    c.int("inproc_port")?,
-                ),
                 shared_memory: c.bool("shared_memory")?,
             },
             max_batch: c.int("max_batch")?.max(1) as usize,

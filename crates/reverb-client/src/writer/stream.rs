@@ -1,14 +1,15 @@
 //! The background insert stream of a trajectory writer: sends each chunk once, then items with
 //! `keep_chunk_keys`; counts confirmations; on UNAVAILABLE/CANCELLED reconnects with backoff
 //! and resends every unconfirmed item (the server treats a re-sent key as a priority update).
-//! Each connection is a gRPC `InsertStream` ([`session`]), or an in-process insert stream when
-//! the server runs in this process ([`inproc_session`]).
+//! Each connection is an insert stream of the server as the client reaches it ([`session`]:
+//! over gRPC, or to a server of this process).
 //!
 //! An item the server refuses (an unknown table, data it cannot store) or that is too large
 //! for one message is dropped and its error reported once ([`Progress::rejection`]); the
 //! stream goes on with the next items. A request of several items that fails is resent one
 //! item per request, so only the item at fault is dropped.
 
+use crate::transport::InsertStream;
 use crate::{Client, ClientError};
 use bytes::Bytes;
 use prost::Message;
@@ -18,7 +19,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Code;
 
 /// An item ready to go: every chunk it references is finalized.
@@ -208,33 +208,16 @@ pub(crate) async fn run(
         let confirmed_before = shared.progress.lock().unwrap().confirmed;
         // Items of the request that failed (0 when the failure was not an answer to one).
         let mut failed_request = 0;
-        let result = match client.inproc() {
-            Some(server) => {
-                inproc_session(
-                    &client,
-                    server.insert_stream(),
-                    &mut rx,
-                    &shared,
-                    &mut unconfirmed,
-                    &mut input_closed,
-                    max_in_flight,
-                    &mut failed_request,
-                )
-                .await
-            }
-            None => {
-                session(
-                    &client,
-                    &mut rx,
-                    &shared,
-                    &mut unconfirmed,
-                    &mut input_closed,
-                    max_in_flight,
-                    &mut failed_request,
-                )
-                .await
-            }
-        };
+        let result = session(
+            &client,
+            &mut rx,
+            &shared,
+            &mut unconfirmed,
+            &mut input_closed,
+            max_in_flight,
+            &mut failed_request,
+        )
+        .await;
         if shared.progress.lock().unwrap().confirmed > confirmed_before {
             // The connection worked for a while: the reconnect window starts afresh.
             failing_since = None;
@@ -289,8 +272,9 @@ fn refuses_item(code: Code) -> bool {
     )
 }
 
-/// One connection. Returns Ok when the writer closed and everything is confirmed. On an error
-/// answering a request, `failed_request` is the number of items it held.
+/// One connection (an insert stream of [`Client::server`]). Returns Ok when the writer closed
+/// and everything is confirmed. On an error answering a request, `failed_request` is the
+/// number of items it held.
 async fn session(
     client: &Client,
     rx: &mut mpsc::UnboundedReceiver<Outgoing>,
@@ -300,66 +284,57 @@ async fn session(
     max_in_flight: usize,
     failed_request: &mut usize,
 ) -> Result<(), ClientError> {
-    // Unbounded, yet bounded in practice: at most `max_in_flight` items are unconfirmed.
-    let (req_tx, req_rx) = mpsc::unbounded_channel::<InsertStreamRequest>();
-    let mut stub = client.stub.clone();
+    let stream = client.server().insert_stream();
     let mut sender = Sender {
-        tx: req_tx,
+        limit: stream.max_request_bytes(),
+        stream,
         sent_chunks: KeySet::default(),
         in_flight: VecDeque::new(),
-        limit: client.max_message_size(),
     };
-    // Re-send what the previous connection did not confirm, in order, one item per request.
-    // Queue it before awaiting the call: some servers answer headers only after the first
-    // message.
-    for o in std::mem::take(unconfirmed) {
-        sender.send(vec![o], unconfirmed, shared)?;
+    let result = async {
+        // Re-send what the previous connection did not confirm, in order, one item per
+        // request.
+        for o in std::mem::take(unconfirmed) {
+            sender.send(vec![o], unconfirmed, shared).await?;
+        }
+        loop {
+            if *input_closed && unconfirmed.is_empty() {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                keys = sender.stream.confirmed() => {
+                    let keys = keys?;
+                    sender.retire(&keys);
+                    confirm(shared, unconfirmed, keys);
+                }
+                next = rx.recv(), if !*input_closed => match next {
+                    None => *input_closed = true,
+                    Some(first) => {
+                        linger(shared).await;
+                        let batch = take_batch(first, rx, max_in_flight, shared);
+                        sender.send(batch, unconfirmed, shared).await?;
+                    }
+                },
+            }
+        }
     }
-    // Some servers (the reference) answer headers only with their first response, so the
-    // call is driven inside the loop, concurrently with sending.
-    let call = stub.insert_stream(UnboundedReceiverStream::new(req_rx));
-    tokio::pin!(call);
-    let mut responses: Option<tonic::Streaming<reverb_proto::InsertStreamResponse>> = None;
-    let result = loop {
-        if *input_closed && unconfirmed.is_empty() {
-            return Ok(());
-        }
-        tokio::select! {
-            started = &mut call, if responses.is_none() => match started {
-                Ok(r) => responses = Some(r.into_inner()),
-                Err(status) => break Err(client.status(status)),
-            },
-            next = rx.recv(), if !*input_closed => match next {
-                None => *input_closed = true,
-                Some(first) => {
-                    linger(shared).await;
-                    let batch = take_batch(first, rx, max_in_flight, shared);
-                    sender.send(batch, unconfirmed, shared)?;
-                }
-            },
-            response = next_response(&mut responses), if responses.is_some() => match response {
-                Ok(Some(r)) => {
-                    sender.retire(&r.keys);
-                    confirm(shared, unconfirmed, r.keys);
-                }
-                Ok(None) => return Err(ClientError::new(Code::Unavailable, "the server closed the insert stream")),
-                Err(status) => break Err(client.status(status)),
-            },
-        }
-    };
-    *failed_request = sender.in_flight.front().map_or(0, Vec::len);
+    .await;
+    if result.is_err() {
+        *failed_request = sender.in_flight.front().map_or(0, Vec::len);
+    }
     result
 }
 
-/// Queues requests on one gRPC insert stream.
+/// Sends requests on one insert stream.
 struct Sender {
-    tx: mpsc::UnboundedSender<InsertStreamRequest>,
+    stream: Box<dyn InsertStream>,
     /// Chunks the server holds for this stream.
     sent_chunks: KeySet,
     /// Keys of the items of each request sent and not confirmed yet, oldest first.
     in_flight: VecDeque<Vec<u64>>,
-    /// Largest message the stream may carry.
-    limit: usize,
+    /// Largest request the stream may carry (`None`: no limit).
+    limit: Option<usize>,
 }
 
 impl Sender {
@@ -382,37 +357,39 @@ impl Sender {
     /// Sends `batch` as one request, or one request per item when that would be too large;
     /// an item too large on its own is rejected instead of sent. Sent items join
     /// `unconfirmed`.
-    fn send(
+    async fn send(
         &mut self,
         batch: Vec<Outgoing>,
         unconfirmed: &mut VecDeque<Outgoing>,
         shared: &Shared,
     ) -> Result<(), ClientError> {
         let req = request(&batch, &self.sent_chunks);
-        let size = req.encoded_len();
-        if size > self.limit {
-            if batch.len() > 1 {
-                for o in batch {
-                    self.send(vec![o], unconfirmed, shared)?;
+        if let Some(limit) = self.limit {
+            let size = req.encoded_len();
+            if size > limit {
+                if batch.len() > 1 {
+                    for o in batch {
+                        Box::pin(self.send(vec![o], unconfirmed, shared)).await?;
+                    }
+                    return Ok(());
                 }
+                let table = PrioritizedItem::decode(batch[0].item.clone())
+                    .map(|item| item.table)
+                    .unwrap_or_default();
+                let message = format!(
+                    "Item {} for table '{table}' is {size} bytes once encoded, more than the {limit} \
+                     bytes a message may hold (REVERB_MAX_MESSAGE_BYTES); it was not sent",
+                    batch[0].key
+                );
+                shared.update(|p| p.reject(ClientError::invalid(message)));
                 return Ok(());
             }
-            let table = PrioritizedItem::decode(batch[0].item.clone())
-                .map(|item| item.table)
-                .unwrap_or_default();
-            let message = format!(
-                "Item {} for table '{table}' is {size} bytes once encoded, more than the {} bytes \
-                 a message may hold (REVERB_MAX_MESSAGE_BYTES); it was not sent",
-                batch[0].key, self.limit
-            );
-            shared.update(|p| p.reject(ClientError::invalid(message)));
-            return Ok(());
         }
         sent(&req, &mut self.sent_chunks);
         self.in_flight
             .push_back(batch.iter().map(|o| o.key).collect());
         unconfirmed.extend(batch);
-        self.tx.send(req).map_err(|_| closed())
+        self.stream.send(req).await
     }
 }
 
@@ -470,65 +447,6 @@ fn confirm(shared: &Shared, unconfirmed: &mut VecDeque<Outgoing>, keys: Vec<u64>
         }
     }
     shared.update(|p| p.confirmed += n);
-}
-
-/// Like `session`, to a server of this process: each request is handled (and confirmed) in
-/// place, with chunk bytes shared rather than copied through protobuf and a socket.
-#[allow(clippy::too_many_arguments)]
-async fn inproc_session(
-    client: &Client,
-    mut stream: Box<dyn reverb_proto::inproc::InsertStream>,
-    rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-    shared: &Shared,
-    unconfirmed: &mut VecDeque<Outgoing>,
-    input_closed: &mut bool,
-    max_in_flight: usize,
-    failed_request: &mut usize,
-) -> Result<(), ClientError> {
-    let mut sent_chunks = KeySet::default();
-    // What the previous connection did not confirm goes first, in order, one item per request.
-    let mut resend = unconfirmed.len();
-    loop {
-        let items = if resend > 0 {
-            resend -= 1;
-            1
-        } else {
-            if *input_closed {
-                return Ok(());
-            }
-            let Some(first) = rx.recv().await else {
-                *input_closed = true;
-                continue;
-            };
-            linger(shared).await;
-            // (Everything before was confirmed: `unconfirmed` is empty here.)
-            unconfirmed.extend(take_batch(first, rx, max_in_flight, shared));
-            unconfirmed.len()
-        };
-        let req = request(&unconfirmed.make_contiguous()[..items], &sent_chunks);
-        sent(&req, &mut sent_chunks);
-        match stream.insert(req).await {
-            Ok(keys) => confirm(shared, unconfirmed, keys),
-            Err(status) => {
-                *failed_request = items;
-                return Err(client.inproc_status(status));
-            }
-        }
-    }
-}
-
-async fn next_response(
-    responses: &mut Option<tonic::Streaming<reverb_proto::InsertStreamResponse>>,
-) -> Result<Option<reverb_proto::InsertStreamResponse>, tonic::Status> {
-    responses
-        .as_mut()
-        .expect("guarded by the select condition")
-        .message()
-        .await
-}
-
-fn closed() -> ClientError {
-    ClientError::new(Code::Unavailable, "the insert stream closed")
 }
 
 /// Builds one request: chunks not yet on the server, the items, and what to keep.

@@ -393,17 +393,16 @@ mod tests {
     }
 }
 
-/// Most open `SampleStream` calls one connection keeps between [`KeptStreams`] uses.
+/// Most open `SampleStream` calls one connection keeps between [`Calls`] uses.
 const MAX_KEPT: usize = 4;
 
-/// A `SampleStream` call left open between one-shot sample calls: its request side (still
-/// open) and its responses.
-pub(crate) struct KeptStream {
-    pub(crate) requests: tokio::sync::mpsc::Sender<SampleStreamRequest>,
+/// An open `SampleStream` call: its request side and its responses.
+pub(crate) struct Call {
+    pub(crate) requests: tokio::sync::mpsc::UnboundedSender<SampleStreamRequest>,
     pub(crate) responses: SampleResponses,
 }
 
-impl KeptStream {
+impl Call {
     /// Whether the call can serve another request: its request side is open and nothing
     /// arrived since its last request was served (a response, the end, or an error, e.g.
     /// the connection closing, all make it unusable).
@@ -417,7 +416,7 @@ impl KeptStream {
     /// Half-closes the call and lets the server end it: a call dropped open is reset, and
     /// a server seeing many resets closes the connection ("rapid reset").
     fn close(self) {
-        let KeptStream {
+        let Call {
             requests,
             mut responses,
         } = self;
@@ -433,11 +432,11 @@ impl KeptStream {
 /// sample call takes one, sends its request and gives it back once served, so it costs one
 /// round trip instead of opening a call.
 #[derive(Default)]
-pub(crate) struct KeptStreams(parking_lot::Mutex<Vec<KeptStream>>);
+pub(crate) struct KeptStreams(parking_lot::Mutex<Vec<Call>>);
 
 impl KeptStreams {
     /// A kept call that can serve another request, if there is one.
-    pub(crate) fn take(&self) -> Option<KeptStream> {
+    pub(crate) fn take(&self) -> Option<Call> {
         loop {
             let mut stream = self.0.lock().pop()?;
             if stream.usable() {
@@ -447,7 +446,7 @@ impl KeptStreams {
     }
 
     /// Keeps `stream` (served in full) for the next call, or closes it when enough are kept.
-    pub(crate) fn give_back(&self, stream: KeptStream) {
+    pub(crate) fn give_back(&self, stream: Call) {
         let mut kept = self.0.lock();
         if kept.len() < MAX_KEPT {
             kept.push(stream);

@@ -1,0 +1,249 @@
+//! The calls of a [`Client`]: unary calls, one-shot inserts and batched sampling, each
+//! bounded by a deadline and written once against [`Client::server`].
+
+use super::Client;
+use crate::tensor::{encode_chunk, Tensor};
+use crate::transport::SampleStreamOptions;
+use crate::{ClientError, PlannedSample, Result, Sample};
+use prost::Message;
+use reverb_proto::flat_trajectory::{ChunkSlice, Column};
+use reverb_proto::*;
+use std::time::Duration;
+use tokio::time::Instant;
+
+impl Client {
+    /// `ServerInfo`: every table's `TableInfo`.
+    pub async fn server_info(&self, timeout: Option<Duration>) -> Result<Vec<TableInfo>> {
+        self.with_deadline("ServerInfo", timeout, |server| async move {
+            server.server_info().await
+        })
+        .await
+    }
+
+    /// `MutatePriorities`: deletes, then updates; unknown keys are ignored by the server.
+    pub async fn mutate_priorities(
+        &self,
+        table: &str,
+        updates: Vec<(u64, f64)>,
+        deletes: Vec<u64>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let (updates, deletes) = (&updates, &deletes);
+        self.with_deadline("MutatePriorities", timeout, |server| async move {
+            server.mutate_priorities(table, updates, deletes).await
+        })
+        .await
+    }
+
+    /// `Reset`: empties a table.
+    pub async fn reset(&self, table: &str, timeout: Option<Duration>) -> Result<()> {
+        self.with_deadline("Reset", timeout, |server| async move {
+            server.reset(table).await
+        })
+        .await
+    }
+
+    /// `Checkpoint`: returns the path the server wrote.
+    pub async fn checkpoint(&self, timeout: Option<Duration>) -> Result<String> {
+        self.with_deadline("Checkpoint", timeout, |server| async move {
+            server.checkpoint().await
+        })
+        .await
+    }
+
+    /// Inserts one step (`columns`, each without a batch dimension) as one item per
+    /// `(table, priority)`; the items share the step's chunks. Returns the item keys once the
+    /// server has confirmed them all.
+    pub async fn insert_step(
+        &self,
+        columns: Vec<Tensor>,
+        priorities: Vec<(String, f64)>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<u64>> {
+        if priorities.is_empty() {
+            return Err(ClientError::invalid("priorities must not be empty"));
+        }
+        if columns.is_empty() {
+            return Err(ClientError::invalid(
+                "data must contain at least one tensor",
+            ));
+        }
+        let episode_id: u64 = rand::random();
+        let range = SequenceRange {
+            episode_id,
+            start: 0,
+            end: 0,
+            sparse: false,
+        };
+        let mut chunks = Vec::with_capacity(columns.len());
+        let mut trajectory_columns = Vec::with_capacity(columns.len());
+        for mut column in columns {
+            column.shape.insert(0, 1);
+            let key: u64 = rand::random();
+            chunks.push(encode_chunk(key, range, std::slice::from_ref(&column)));
+            trajectory_columns.push(Column {
+                chunk_slices: vec![ChunkSlice {
+                    chunk_key: key,
+                    offset: 0,
+                    length: 1,
+                    index: 0,
+                }],
+                squeeze: false,
+            });
+        }
+        let trajectory = FlatTrajectory {
+            columns: trajectory_columns,
+        };
+        let items: Vec<PrioritizedItem> = priorities
+            .into_iter()
+            .map(|(table, priority)| PrioritizedItem {
+                key: self.new_item_key(),
+                table,
+                priority,
+                flat_trajectory: Some(trajectory.clone()),
+                ..Default::default()
+            })
+            .collect();
+        let keys: Vec<u64> = items.iter().map(|i| i.key).collect();
+        let request = InsertStreamRequest {
+            chunks,
+            items: items.iter().map(encode_item).collect(),
+            keep_chunk_keys: Vec::new(),
+        };
+        self.send_requests(vec![request], keys.iter().copied().collect(), timeout)
+            .await?;
+        Ok(keys)
+    }
+
+    /// Sends requests on one `InsertStream` and waits until every item is confirmed. Every
+    /// item must be an encoded `PrioritizedItem` (else INVALID_ARGUMENT, nothing sent).
+    pub async fn insert_requests(
+        &self,
+        requests: Vec<InsertStreamRequest>,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let mut keys = reverb_proto::KeySet::default();
+        for item in requests.iter().flat_map(|r| r.items.iter()) {
+            let item = PrioritizedItem::decode(item.clone()).map_err(|e| {
+                ClientError::invalid(format!("An item is not a PrioritizedItem message: {e}"))
+            })?;
+            keys.insert(item.key);
+        }
+        self.send_requests(requests, keys, timeout).await
+    }
+
+    /// [`Client::insert_requests`] of items with these `keys`.
+    async fn send_requests(
+        &self,
+        requests: Vec<InsertStreamRequest>,
+        keys: reverb_proto::KeySet,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let (requests, keys) = (&requests, &keys);
+        self.with_deadline("InsertStream", timeout, |server| async move {
+            let mut stream = server.insert_stream();
+            for request in requests {
+                stream.send(request.clone()).await?;
+            }
+            let mut pending = keys.clone();
+            while !pending.is_empty() {
+                for key in stream.confirmed().await? {
+                    pending.remove(&key);
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Samples `num_samples` items from `table` on one stream. `rate_limiter_timeout` bounds
+    /// each wait for the rate limiter on the server; `timeout` bounds the whole call.
+    pub async fn sample(
+        &self,
+        table: &str,
+        num_samples: usize,
+        rate_limiter_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Sample>> {
+        match self
+            .sample_partial(table, num_samples, rate_limiter_timeout, timeout)
+            .await?
+        {
+            (samples, None) => Ok(samples),
+            (_, Some(e)) => Err(e),
+        }
+    }
+
+    /// Like [`Client::sample`], but when the call fails part-way it returns the samples that
+    /// arrived complete together with the error: samples taken from a table are never lost.
+    pub async fn sample_partial(
+        &self,
+        table: &str,
+        num_samples: usize,
+        rate_limiter_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<(Vec<Sample>, Option<ClientError>)> {
+        if num_samples == 0 {
+            return Err(ClientError::invalid("num_samples must be >= 1"));
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
+        let mut reuse = true;
+        let (samples, failure) = loop {
+            // Opening the stream waits for the server and is retried as unary calls are (an
+            // attempt that never reached the server sampled nothing); a reopened call keeps
+            // the deadline the first attempt started. Once the stream is open, a failure
+            // ends the call.
+            let options = SampleStreamOptions {
+                ring_bytes: None,
+                reuse,
+            };
+            let mut stream = self
+                .with_deadline_at("SampleStream", timeout, deadline, |server| async move {
+                    server
+                        .sample_stream(table, num_samples, rate_limiter_timeout, options)
+                        .await
+                })
+                .await?;
+            let mut samples = Vec::with_capacity(num_samples);
+            let mut failure = None;
+            while samples.len() < num_samples {
+                let next = match deadline {
+                    Some(d) => match tokio::time::timeout_at(d, stream.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            failure = Some(expired());
+                            break;
+                        }
+                    },
+                    None => stream.next().await,
+                };
+                match next {
+                    Ok(batch) => samples.extend(batch),
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            // A call kept open by an earlier one that was cut off before it answered served
+            // none of this request: open a fresh call, which waits for the server as a first
+            // call does.
+            if reuse && samples.is_empty() && failure.as_ref().is_some_and(|e| e.unsent) {
+                reuse = false;
+                continue;
+            }
+            break (samples, failure);
+        };
+        // Every sample that decodes is returned (they left the table), with the first error.
+        let mut decoded = Vec::with_capacity(samples.len());
+        let mut undecodable = None;
+        for sample in samples {
+            match sample.and_then(PlannedSample::assemble) {
+                Ok(sample) => decoded.push(sample),
+                Err(e) => undecodable = undecodable.or(Some(e)),
+            }
+        }
+        Ok((decoded, undecodable.or(failure)))
+    }
+}

@@ -1,0 +1,315 @@
+//! A `SampleStream` call as a [`SampleStream`]: requests go out on the call's request side,
+//! responses are gathered into samples ([`PartialSample`]) and planned. With a
+//! shared-memory ring (offered in the call's metadata), big chunks arrive as positions in
+//! the ring; the stream reports what it consumed each time another sixteenth is free.
+//!
+//! A stream opened for one-shot calls (`reuse`) may be one an earlier call left open, and
+//! is left open for the next call once everything it was asked for arrived: one round trip
+//! instead of opening a call. A reused call cut off before it answered (the server stopped
+//! or restarted since) served none of its request: its error is marked `unsent`, and the
+//! caller opens a fresh one.
+
+use super::call::{self, Call};
+use crate::sample::{plan, PartialSample};
+use crate::transport::shm::{self, Ring};
+use crate::transport::SampleStream;
+use crate::transport::{BoxFuture, SampleStreamOptions};
+use crate::{Client, ClientError, PlannedSample, Result};
+use reverb_proto::sample_stream_response::SampleEntry;
+use reverb_proto::shm::METADATA_KEY;
+use reverb_proto::{SampleStreamRequest, Timeout};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::Code;
+
+/// A `SampleStreamRequest`; `None` waits for the rate limiter forever.
+pub(crate) fn request(
+    table: &str,
+    num_samples: usize,
+    rate_limiter_timeout: Option<Duration>,
+) -> SampleStreamRequest {
+    SampleStreamRequest {
+        table: table.to_string(),
+        num_samples: num_samples as i64,
+        rate_limiter_timeout: Some(Timeout {
+            milliseconds: rate_limiter_timeout.map_or(-1, |t| t.as_millis().max(1) as i64),
+        }),
+        ..Default::default()
+    }
+}
+
+pub(crate) struct GrpcSampleStream {
+    client: Client,
+    /// The call (taken when the stream is dropped).
+    call: Option<Call>,
+    ring: Option<Ring>,
+    partial: PartialSample,
+    /// Samples requested and not received.
+    outstanding: usize,
+    /// The call was kept open by an earlier one-shot call.
+    reused: bool,
+    /// A response arrived.
+    answered: bool,
+    /// Keep the call open for the next one-shot call once served in full.
+    keep: bool,
+    /// The call failed.
+    failed: bool,
+    /// An error met after samples that are returned first: the next `next` returns it.
+    failure: Option<ClientError>,
+}
+
+impl GrpcSampleStream {
+    /// Opens the stream with its first `request` (of `n` samples).
+    pub(crate) async fn open(
+        client: &Client,
+        request: SampleStreamRequest,
+        n: usize,
+        options: SampleStreamOptions,
+    ) -> Result<Self> {
+        let mut stream = Self {
+            client: client.clone(),
+            call: None,
+            ring: None,
+            partial: PartialSample::default(),
+            outstanding: n,
+            reused: false,
+            answered: false,
+            keep: options.reuse,
+            failed: false,
+            failure: None,
+        };
+        if options.reuse {
+            // (A kept call was checked to be alive when taken; one whose request side
+            // closed since is dropped.)
+            while let Some(kept) = client.kept_streams.take() {
+                if kept.requests.send(request.clone()).is_ok() {
+                    stream.call = Some(kept);
+                    stream.reused = true;
+                    return Ok(stream);
+                }
+            }
+        }
+        stream.ring = options
+            .ring_bytes
+            .filter(|_| !options.reuse && shm::is_this_host(client.address()))
+            .and_then(|bytes| Ring::create(bytes).ok());
+        let mut metadata = MetadataMap::new();
+        if let Some(offer) = stream.ring.as_ref().and_then(|r| r.offer().parse().ok()) {
+            metadata.insert(METADATA_KEY, offer);
+        }
+        // The request goes first: some servers answer a call only with its first response.
+        let (requests, rx) = mpsc::unbounded_channel();
+        let _ = requests.send(stream.reporting(request));
+        let responses = call::sample_stream(
+            client.channel.clone(),
+            UnboundedReceiverStream::new(rx),
+            metadata,
+            client.max_message_size(),
+        )
+        .await
+        .map_err(|s| client.status(s))?;
+        stream.call = Some(Call {
+            requests,
+            responses,
+        });
+        Ok(stream)
+    }
+
+    /// `request`, reporting how much of the ring is consumed.
+    fn reporting(&self, request: SampleStreamRequest) -> SampleStreamRequest {
+        SampleStreamRequest {
+            shm_released: self.ring.as_ref().and_then(Ring::report).unwrap_or(0),
+            ..request
+        }
+    }
+
+    /// The error that ends the stream.
+    fn fail(&mut self, error: ClientError) -> ClientError {
+        self.failed = true;
+        error
+    }
+}
+
+impl SampleStream for GrpcSampleStream {
+    fn request(
+        &mut self,
+        table: &str,
+        n: usize,
+        rate_limiter_timeout: Option<Duration>,
+    ) -> Result<()> {
+        let request = self.reporting(request(table, n, rate_limiter_timeout));
+        if let Some(call) = &self.call {
+            // (A request that cannot be sent ends the call: `next` says how.)
+            let _ = call.requests.send(request);
+        }
+        self.outstanding += n;
+        Ok(())
+    }
+
+    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>> {
+        Box::pin(async move {
+            if let Some(e) = self.failure.take() {
+                return Err(self.fail(e));
+            }
+            loop {
+                let Some(call) = self.call.as_mut() else {
+                    return Err(ClientError::new(
+                        Code::Unavailable,
+                        "the sample stream closed",
+                    ));
+                };
+                // A kept call cut off before it answered served none of its request.
+                let unanswered = self.reused && !self.answered;
+                let response = match call.responses.message().await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => {
+                        let mut e = ClientError::new(
+                            Code::Internal,
+                            format!(
+                                "Server at {} ended the sample stream early",
+                                self.client.address()
+                            ),
+                        );
+                        e.unsent = unanswered;
+                        return Err(self.fail(e));
+                    }
+                    Err(status) => {
+                        let cut_off = matches!(
+                            status.code(),
+                            Code::Unavailable | Code::Cancelled | Code::Unknown
+                        );
+                        let mut e = self.client.status(status);
+                        e.unsent |= cut_off && unanswered;
+                        return Err(self.fail(e));
+                    }
+                };
+                self.answered = true;
+                // Releases are reported each time another sixteenth of the ring is free.
+                if let Some((ring, released)) = self
+                    .ring
+                    .as_ref()
+                    .and_then(|r| Some((r, r.unreported(r.size() as u64 / 16)?)))
+                {
+                    let report = SampleStreamRequest {
+                        shm_released: released,
+                        ..Default::default()
+                    };
+                    if call.requests.send(report).is_ok() {
+                        ring.reported(released);
+                    }
+                }
+                let mut samples = Vec::new();
+                for mut entry in response.entries {
+                    let complete = from_ring(&mut entry, self.ring.as_ref(), self.client.address())
+                        .and_then(|()| self.partial.add(entry));
+                    let complete = match complete {
+                        Ok(complete) => complete,
+                        Err(e) if samples.is_empty() => return Err(self.fail(e)),
+                        Err(e) => {
+                            self.failure = Some(e);
+                            break;
+                        }
+                    };
+                    if let Some((info, chunks)) = complete {
+                        if self.outstanding == 0 {
+                            let e = ClientError::data_loss(format!(
+                                "Server at {} sent more samples than requested",
+                                self.client.address()
+                            ));
+                            return Err(self.fail(e));
+                        }
+                        self.outstanding -= 1;
+                        samples.push(plan(info, &chunks));
+                    }
+                }
+                if !samples.is_empty() {
+                    return Ok(samples);
+                }
+                if let Some(e) = self.failure.take() {
+                    return Err(self.fail(e));
+                }
+            }
+        })
+    }
+}
+
+impl Drop for GrpcSampleStream {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        // A call served in full is kept for the next one-shot call; one that failed or is
+        // dropped part-way (a call that timed out with a request still being served) is
+        // dropped, which resets it.
+        let served = !self.failed
+            && self.failure.is_none()
+            && self.outstanding == 0
+            && !self.partial.started();
+        if self.keep && served {
+            self.client.kept_streams.give_back(call);
+        }
+    }
+}
+
+/// Replaces the entry's shared-memory chunk references by the bytes they point to.
+fn from_ring(entry: &mut SampleEntry, ring: Option<&Ring>, address: &str) -> Result<()> {
+    for chunk in entry.data.iter_mut().filter(|c| c.shm_length > 0) {
+        let bytes = match ring {
+            _ if !chunk.data.is_empty() => Err("it also has inline bytes".to_string()),
+            Some(ring) => ring.take(chunk.shm_position, chunk.shm_length),
+            None => Err("no ring was offered".to_string()),
+        };
+        chunk.data = bytes.map_err(|e| {
+            ClientError::data_loss(format!(
+                "Server at {address} sent a bad shared-memory chunk: {e}"
+            ))
+        })?;
+        chunk.shm_length = 0;
+        chunk.shm_position = 0;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reverb_proto::ChunkData;
+
+    fn entry(position: u64, length: u64) -> SampleEntry {
+        SampleEntry {
+            data: vec![ChunkData {
+                shm_position: position,
+                shm_length: length,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ring_references_without_a_ring_or_outside_it_are_data_loss() {
+        let err = from_ring(&mut entry(0, 10), None, "here:1").unwrap_err();
+        assert_eq!(err.code, Code::DataLoss);
+        assert!(
+            err.message.contains("no ring was offered"),
+            "{}",
+            err.message
+        );
+        let ring = Ring::create(1 << 20).unwrap();
+        let err = from_ring(&mut entry(1 << 20, 10), Some(&ring), "here:1").unwrap_err();
+        assert!(err.message.contains("outside the ring"), "{}", err.message);
+        let mut both = entry(0, 10);
+        both.data[0].data = vec![1].into();
+        let err = from_ring(&mut both, Some(&ring), "here:1").unwrap_err();
+        assert!(
+            err.message.contains("also has inline bytes"),
+            "{}",
+            err.message
+        );
+        let mut ok = entry(0, 10);
+        from_ring(&mut ok, Some(&ring), "here:1").unwrap();
+        assert_eq!((ok.data[0].data.len(), ok.data[0].shm_length), (10, 0));
+    }
+}

@@ -1,0 +1,303 @@
+//! Reaching a server of this process without gRPC.
+//!
+//! A client of the same binary as the server finds it in `reverb_proto::inproc`'s registry
+//! ([`crate::Client::inproc`]). The TensorFlow kernels are a library of their own, whose
+//! registry is always empty: they sample the Python extension's servers through a small C ABI
+//! the extension exports ([`abi`]), borrowing the chunk bytes instead of copying them.
+
+use crate::sample::{plan, PlannedSample};
+use crate::{ClientError, Result};
+use std::time::Duration;
+
+/// The port of `address` if it names this machine (`localhost`, `127.0.0.1`, `[::1]`, ...),
+/// with an optional `http://` scheme.
+pub fn loopback_port(address: &str) -> Option<u16> {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
+    let (host, port) = rest.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    matches!(host, "localhost" | "127.0.0.1" | "::1" | "0.0.0.0" | "::")
+        .then(|| port.trim_end_matches('/').parse().ok())
+        .flatten()
+}
+
+pub mod abi;
+
+use crate::transport::{BoxFuture, InsertStream, SampleStream, SampleStreamOptions, Server};
+use reverb_proto::inproc::Service;
+use reverb_proto::{InsertStreamRequest, TableInfo};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// A server of this process, called directly: chunk bytes are shared, not copied through
+/// protobuf, HTTP/2 and a socket.
+pub(crate) struct InProc {
+    service: Arc<dyn Service>,
+    /// The address the client was given (for errors).
+    address: Arc<str>,
+}
+
+impl InProc {
+    pub(crate) fn new(service: Arc<dyn Service>, address: &str) -> Self {
+        Self {
+            service,
+            address: address.into(),
+        }
+    }
+}
+
+/// An error of a server of this process at `address`.
+fn error(address: &str) -> impl Fn(tonic::Status) -> ClientError + '_ {
+    move |status| ClientError::from_inproc(status, address)
+}
+
+impl Server for InProc {
+    fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>> {
+        let info = self.service.server_info().map_err(error(&self.address));
+        Box::pin(async move { Ok(info?.table_info) })
+    }
+
+    fn mutate_priorities<'a>(
+        &'a self,
+        table: &'a str,
+        updates: &'a [(u64, f64)],
+        deletes: &'a [u64],
+    ) -> BoxFuture<'a, Result<()>> {
+        let done = self
+            .service
+            .mutate_priorities(table, updates, deletes)
+            .map_err(error(&self.address));
+        Box::pin(async move { done })
+    }
+
+    fn reset<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<()>> {
+        let done = self.service.reset(table).map_err(error(&self.address));
+        Box::pin(async move { done })
+    }
+
+    fn checkpoint(&self) -> BoxFuture<'_, Result<String>> {
+        Box::pin(async move {
+            self.service
+                .checkpoint()
+                .await
+                .map_err(error(&self.address))
+        })
+    }
+
+    fn insert_stream(&self) -> Box<dyn InsertStream> {
+        Box::new(InProcInsertStream {
+            stream: self.service.insert_stream(),
+            address: self.address.clone(),
+            handled: VecDeque::new(),
+            failed: false,
+        })
+    }
+
+    fn sample_stream(
+        &self,
+        table: &str,
+        n: usize,
+        rate_limiter_timeout: Option<Duration>,
+        _: SampleStreamOptions,
+    ) -> BoxFuture<'_, Result<Box<dyn SampleStream>>> {
+        let mut stream = InProcSampleStream {
+            service: self.service.clone(),
+            address: self.address.clone(),
+            requests: Requests::default(),
+        };
+        stream.requests.add(table, n, rate_limiter_timeout);
+        Box::pin(async move { Ok(Box::new(stream) as Box<dyn SampleStream>) })
+    }
+}
+
+/// An insert stream to a server of this process: each request is handled (and its items
+/// confirmed) when it is sent; what it came to is read, in order, from `confirmed`. As on a
+/// gRPC stream, a request the server refused ends the stream: later ones are not handled.
+struct InProcInsertStream {
+    stream: Box<dyn reverb_proto::inproc::InsertStream>,
+    address: Arc<str>,
+    /// What each request handled came to, not yet taken by `confirmed`.
+    handled: VecDeque<Result<Vec<u64>>>,
+    /// A request was refused.
+    failed: bool,
+}
+
+impl InsertStream for InProcInsertStream {
+    fn max_request_bytes(&self) -> Option<usize> {
+        None // (nothing is encoded into a message)
+    }
+
+    fn send(&mut self, request: InsertStreamRequest) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if !self.failed {
+                let handled = self
+                    .stream
+                    .insert(request)
+                    .await
+                    .map_err(error(&self.address));
+                self.failed = handled.is_err();
+                self.handled.push_back(handled);
+            }
+            Ok(())
+        })
+    }
+
+    fn confirmed(&mut self) -> BoxFuture<'_, Result<Vec<u64>>> {
+        let next = self.handled.pop_front();
+        Box::pin(async move {
+            match next {
+                Some(handled) => handled,
+                None => std::future::pending().await,
+            }
+        })
+    }
+}
+
+/// Samples asked for and not yet served, in order: `(table, count, rate-limiter timeout)`.
+#[derive(Default)]
+struct Requests(VecDeque<(String, usize, Option<Duration>)>);
+
+impl Requests {
+    fn add(&mut self, table: &str, n: usize, rate_limiter_timeout: Option<Duration>) {
+        match self.0.back_mut() {
+            Some((t, count, timeout)) if t == table && *timeout == rate_limiter_timeout => {
+                *count += n
+            }
+            _ => self
+                .0
+                .push_back((table.to_string(), n, rate_limiter_timeout)),
+        }
+    }
+
+    /// Counts `served` samples of the oldest request.
+    fn served(&mut self, served: usize) {
+        if let Some((_, count, _)) = self.0.front_mut() {
+            *count = count.saturating_sub(served);
+            if *count == 0 {
+                self.0.pop_front();
+            }
+        }
+    }
+}
+
+/// A sample stream from a server of this process: each `next` takes what is ready of the
+/// oldest request in one batch (the server waits for the rate limiter as for a stream).
+struct InProcSampleStream {
+    service: Arc<dyn Service>,
+    address: Arc<str>,
+    requests: Requests,
+}
+
+impl SampleStream for InProcSampleStream {
+    fn request(
+        &mut self,
+        table: &str,
+        n: usize,
+        rate_limiter_timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.requests.add(table, n, rate_limiter_timeout);
+        Ok(())
+    }
+
+    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>> {
+        Box::pin(async move {
+            let Some((table, n, timeout)) = self.requests.0.front() else {
+                return std::future::pending().await;
+            };
+            let batch = self
+                .service
+                .sample(table, *n, *timeout)
+                .await
+                .map_err(error(&self.address))?;
+            self.requests.served(batch.len());
+            Ok(batch.into_iter().map(|s| plan(s.info, &s.chunks)).collect())
+        })
+    }
+}
+
+/// A server of this process held by another library (the Python extension, seen from the
+/// TensorFlow kernels): sampled through that library's C ABI ([`abi`]); other calls go over
+/// gRPC.
+pub(crate) struct Abi {
+    pub(crate) exported: abi::Exported,
+    pub(crate) grpc: crate::transport::grpc::Grpc,
+}
+
+impl Server for Abi {
+    fn ready<'a>(
+        &'a self,
+        what: &'a str,
+        timeout: Option<Duration>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.grpc.ready(what, timeout, deadline)
+    }
+
+    fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>> {
+        self.grpc.server_info()
+    }
+
+    fn mutate_priorities<'a>(
+        &'a self,
+        table: &'a str,
+        updates: &'a [(u64, f64)],
+        deletes: &'a [u64],
+    ) -> BoxFuture<'a, Result<()>> {
+        self.grpc.mutate_priorities(table, updates, deletes)
+    }
+
+    fn reset<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<()>> {
+        self.grpc.reset(table)
+    }
+
+    fn checkpoint(&self) -> BoxFuture<'_, Result<String>> {
+        self.grpc.checkpoint()
+    }
+
+    fn insert_stream(&self) -> Box<dyn InsertStream> {
+        self.grpc.insert_stream()
+    }
+
+    fn sample_stream(
+        &self,
+        table: &str,
+        n: usize,
+        rate_limiter_timeout: Option<Duration>,
+        _: SampleStreamOptions,
+    ) -> BoxFuture<'_, Result<Box<dyn SampleStream>>> {
+        let mut stream = AbiSampleStream {
+            exported: self.exported,
+            requests: Requests::default(),
+        };
+        stream.requests.add(table, n, rate_limiter_timeout);
+        Box::pin(async move { Ok(Box::new(stream) as Box<dyn SampleStream>) })
+    }
+}
+
+/// A sample stream through the C ABI (see [`InProcSampleStream`]).
+struct AbiSampleStream {
+    exported: abi::Exported,
+    requests: Requests,
+}
+
+impl SampleStream for AbiSampleStream {
+    fn request(
+        &mut self,
+        table: &str,
+        n: usize,
+        rate_limiter_timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.requests.add(table, n, rate_limiter_timeout);
+        Ok(())
+    }
+
+    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>> {
+        Box::pin(async move {
+            let Some((table, n, timeout)) = self.requests.0.front() else {
+                return std::future::pending().await;
+            };
+            let batch = self.exported.sample(table, *n, *timeout).await?;
+            self.requests.served(batch.len());
+            Ok(batch.into_iter().map(Ok).collect())
+        })
+    }
+}
