@@ -10,6 +10,7 @@ use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::*;
 use std::time::Duration;
 use tokio::time::Instant;
+use tonic::Code;
 
 impl Client {
     /// `ServerInfo`: every table's `TableInfo`.
@@ -147,7 +148,16 @@ impl Client {
             }
             let mut pending = keys.clone();
             while !pending.is_empty() {
-                for key in stream.confirmed().await? {
+                let Some(confirmed) = stream.confirmed().await? else {
+                    return Err(ClientError::new(
+                        Code::Internal,
+                        format!(
+                            "Server at {} closed the insert stream before confirming every item",
+                            self.address()
+                        ),
+                    ));
+                };
+                for key in confirmed {
                     pending.remove(&key);
                 }
             }
@@ -188,15 +198,16 @@ impl Client {
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
-        let mut reuse = true;
+        let mut fresh = false;
         let (samples, failure) = loop {
             // Opening the stream waits for the server and is retried as unary calls are (an
             // attempt that never reached the server sampled nothing); a reopened call keeps
             // the deadline the first attempt started. Once the stream is open, a failure
             // ends the call.
             let options = SampleStreamOptions {
-                ring_bytes: None,
-                reuse,
+                one_shot: true,
+                fresh,
+                ..SampleStreamOptions::default()
             };
             let mut stream = self
                 .with_deadline_at("SampleStream", timeout, deadline, |server| async move {
@@ -229,8 +240,8 @@ impl Client {
             // A call kept open by an earlier one that was cut off before it answered served
             // none of this request: open a fresh call, which waits for the server as a first
             // call does.
-            if reuse && samples.is_empty() && failure.as_ref().is_some_and(|e| e.unsent) {
-                reuse = false;
+            if !fresh && samples.is_empty() && failure.as_ref().is_some_and(|e| e.unsent) {
+                fresh = true;
                 continue;
             }
             break (samples, failure);

@@ -257,9 +257,14 @@ impl Client {
                 grpc: Grpc::new(self.clone()),
             });
         }
-        match self.inproc() {
-            Some(service) => Box::new(inproc::InProc::new(service, &self.address)),
-            None => Box::new(Grpc::new(self.clone())),
+        match (self.inproc(), self.inproc_port) {
+            (Some(service), Some(port)) => Box::new(inproc::InProc::new(
+                service,
+                port,
+                self.auth_token.as_deref(),
+                &self.address,
+            )),
+            _ => Box::new(Grpc::new(self.clone())),
         }
     }
 

@@ -5,7 +5,7 @@
 use super::{SamplerOptions, AUTO_WORKERS};
 use crate::shards;
 use crate::transport::shm;
-use crate::transport::SampleStreamOptions;
+use crate::transport::{SampleStreamOptions, Server};
 use crate::{runtime, Client, ClientError, PlannedSample, Result};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -225,10 +225,23 @@ async fn worker(
     budget: Arc<AtomicI64>,
     tx: mpsc::Sender<Event>,
 ) -> Exit {
+    // One server for the worker's life (a server of this process stays one: a restarted
+    // one is found on its port), and how long its streams are reopened after breaking.
+    let server = client.server();
+    let window = server.reconnect_window();
     let mut backoff = Duration::from_millis(1);
     loop {
         let mut received = 0usize;
-        let failure = match stream(&client, &table, &options, &budget, &tx, &mut received).await {
+        let streamed = stream(
+            &*server,
+            &client,
+            &table,
+            &options,
+            &budget,
+            &tx,
+            &mut received,
+        );
+        let failure = match streamed.await {
             Ok(()) => return Exit::Finished,
             Err(e) => e,
         };
@@ -242,9 +255,9 @@ async fn worker(
                 return Exit::TimedOut
             }
             // The connection broke, or a server of this process stopped (it may be restarted
-            // on its port): the stream is opened again, on whatever serves the port then.
+            // on its port): the stream is opened again.
             Code::Unavailable | Code::Cancelled
-                if backoff < Duration::from_secs(1) && !failure.is_silent_server() =>
+                if backoff < window && !failure.is_silent_server() =>
             {
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
@@ -275,6 +288,7 @@ fn reserve(budget: &AtomicI64, want: usize) -> usize {
 /// new request goes out once half of them have arrived). Returns `Ok` once the budget is spent
 /// or the consumer has gone; on an error, gives back the samples requested but not received.
 async fn stream(
+    server: &dyn Server,
     client: &Client,
     table: &str,
     options: &SamplerOptions,
@@ -288,12 +302,11 @@ async fn stream(
         return Ok(());
     }
     let give_back = |outstanding: usize| budget.fetch_add(outstanding as i64, Ordering::SeqCst);
-    let server = client.server();
     let stream_options = SampleStreamOptions {
         ring_bytes: options
             .shared_memory
             .then(|| shm::ring_bytes(max_in_flight)),
-        reuse: false,
+        ..SampleStreamOptions::default()
     };
     let opened = async {
         server.ready("SampleStream", None, None).await?;
@@ -326,8 +339,14 @@ async fn stream(
             return Err(e);
         }
     };
+    // Asked for again once half the window arrived (or at once, when asking is free).
+    let low = if stream.requests_are_free() {
+        max_in_flight
+    } else {
+        max_in_flight / 2 + 1
+    };
     loop {
-        if outstanding <= max_in_flight / 2 {
+        if outstanding < low {
             let more = reserve(budget, max_in_flight - outstanding);
             if more > 0 {
                 stream.request(table, more, options.rate_limiter_timeout)?;

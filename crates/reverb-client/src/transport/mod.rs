@@ -40,6 +40,11 @@ pub(crate) trait Server: Send + Sync {
         Box::pin(async { Ok(()) })
     }
 
+    /// How long a sampler whose stream broke keeps opening it again (backoff doubling from
+    /// 1 ms while below this): about a second for a connection, twice that for a server of
+    /// this process (a stop itself may take a second; a restarted one is found on its port).
+    fn reconnect_window(&self) -> Duration;
+
     /// Every table's info (`ServerInfo`).
     fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>>;
 
@@ -83,9 +88,9 @@ pub(crate) trait InsertStream: Send {
     fn send(&mut self, request: InsertStreamRequest) -> BoxFuture<'_, Result<()>>;
 
     /// The keys the server confirmed next; waits until there are some (for ever while
-    /// nothing is in flight, unless the stream fails). Cancel-safe: dropping the future loses
-    /// nothing.
-    fn confirmed(&mut self) -> BoxFuture<'_, Result<Vec<u64>>>;
+    /// nothing is in flight, unless the stream fails); `None` once the server ended the
+    /// stream. Cancel-safe: dropping the future loses nothing.
+    fn confirmed(&mut self) -> BoxFuture<'_, Result<Option<Vec<u64>>>>;
 }
 
 /// How a sample stream opens.
@@ -94,9 +99,11 @@ pub(crate) struct SampleStreamOptions {
     /// Offer a server on this host a shared-memory ring of this many bytes for chunk bytes
     /// (gRPC only; see [`shm`]).
     pub ring_bytes: Option<usize>,
-    /// The stream serves one-shot calls: it may be one an earlier call left open, and is
-    /// left open for the next once everything it was asked for arrived (gRPC only).
-    pub reuse: bool,
+    /// The stream serves one-shot calls: it is left open for the next once everything it
+    /// was asked for arrived, and may be one an earlier call left open (gRPC only).
+    pub one_shot: bool,
+    /// Open a new call even when one is kept open.
+    pub fresh: bool,
 }
 
 /// One sample stream: requests for samples go out, samples come back in order, checked and
@@ -112,8 +119,17 @@ pub(crate) trait SampleStream: Send {
         rate_limiter_timeout: Option<Duration>,
     ) -> Result<()>;
 
+    /// Whether asking for more samples costs nothing (a server of this process): a sampler
+    /// then keeps its whole window asked for, instead of asking again once half of it
+    /// arrived (one request message for many samples).
+    fn requests_are_free(&self) -> bool {
+        false
+    }
+
     /// The samples that arrived next (at least one), each checked on its own: a sample that
     /// cannot be decoded is an error in its place, and the stream goes on. An error of the
-    /// call ends the stream. Cancel-safe.
+    /// call ends the stream. Cancel-safe, but for the C ABI's (a batch being taken when the
+    /// future is dropped is lost: only samplers use it, which drop it once their consumer
+    /// has gone).
     fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>>;
 }

@@ -304,7 +304,9 @@ async fn session(
             tokio::select! {
                 biased;
                 keys = sender.stream.confirmed() => {
-                    let keys = keys?;
+                    let keys = keys?.ok_or_else(|| {
+                        ClientError::new(Code::Unavailable, "the server closed the insert stream")
+                    })?;
                     sender.retire(&keys);
                     confirm(shared, unconfirmed, keys);
                 }

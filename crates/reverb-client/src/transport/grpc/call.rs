@@ -393,7 +393,7 @@ mod tests {
     }
 }
 
-/// Most open `SampleStream` calls one connection keeps between [`Calls`] uses.
+/// Most open `SampleStream` calls one connection keeps between one-shot calls.
 const MAX_KEPT: usize = 4;
 
 /// An open `SampleStream` call: its request side and its responses.

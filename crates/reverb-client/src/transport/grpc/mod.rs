@@ -30,6 +30,10 @@ impl Grpc {
 }
 
 impl Server for Grpc {
+    fn reconnect_window(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     /// Waits until the server accepts connections (see [`Client::wait_reachable`]).
     fn ready<'a>(
         &'a self,
@@ -160,16 +164,12 @@ impl InsertStream for GrpcInsertStream {
         Box::pin(async move { sent })
     }
 
-    fn confirmed(&mut self) -> BoxFuture<'_, Result<Vec<u64>>> {
+    fn confirmed(&mut self) -> BoxFuture<'_, Result<Option<Vec<u64>>>> {
         Box::pin(async move {
             loop {
                 if let Some(responses) = &mut self.responses {
                     return match responses.message().await {
-                        Ok(Some(r)) => Ok(r.keys),
-                        Ok(None) => Err(ClientError::new(
-                            Code::Unavailable,
-                            "the server closed the insert stream",
-                        )),
+                        Ok(r) => Ok(r.map(|r| r.keys)),
                         Err(status) => Err(self.client.status(status)),
                     };
                 }

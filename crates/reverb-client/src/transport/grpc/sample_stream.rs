@@ -3,7 +3,7 @@
 //! shared-memory ring (offered in the call's metadata), big chunks arrive as positions in
 //! the ring; the stream reports what it consumed each time another sixteenth is free.
 //!
-//! A stream opened for one-shot calls (`reuse`) may be one an earlier call left open, and
+//! A stream opened for one-shot calls (`one_shot`) may be one an earlier call left open, and
 //! is left open for the next call once everything it was asked for arrived: one round trip
 //! instead of opening a call. A reused call cut off before it answered (the server stopped
 //! or restarted since) served none of its request: its error is marked `unsent`, and the
@@ -76,11 +76,11 @@ impl GrpcSampleStream {
             outstanding: n,
             reused: false,
             answered: false,
-            keep: options.reuse,
+            keep: options.one_shot,
             failed: false,
             failure: None,
         };
-        if options.reuse {
+        if options.one_shot && !options.fresh {
             // (A kept call was checked to be alive when taken; one whose request side
             // closed since is dropped.)
             while let Some(kept) = client.kept_streams.take() {
@@ -93,7 +93,7 @@ impl GrpcSampleStream {
         }
         stream.ring = options
             .ring_bytes
-            .filter(|_| !options.reuse && shm::is_this_host(client.address()))
+            .filter(|_| !options.one_shot && shm::is_this_host(client.address()))
             .and_then(|bytes| Ring::create(bytes).ok());
         let mut metadata = MetadataMap::new();
         if let Some(offer) = stream.ring.as_ref().and_then(|r| r.offer().parse().ok()) {
@@ -181,7 +181,8 @@ impl SampleStream for GrpcSampleStream {
                             Code::Unavailable | Code::Cancelled | Code::Unknown
                         );
                         let mut e = self.client.status(status);
-                        e.unsent |= cut_off && unanswered;
+                        // (Once the call is open, nothing else is tried again.)
+                        e.unsent = cut_off && unanswered;
                         return Err(self.fail(e));
                     }
                 };

@@ -32,16 +32,35 @@ use std::sync::Arc;
 /// protobuf, HTTP/2 and a socket.
 pub(crate) struct InProc {
     service: Arc<dyn Service>,
+    /// Where it was found, and the token the client holds: a stream opened after the server
+    /// stopped looks for a server restarted there.
+    port: u16,
+    token: Option<String>,
     /// The address the client was given (for errors).
     address: Arc<str>,
 }
 
 impl InProc {
-    pub(crate) fn new(service: Arc<dyn Service>, address: &str) -> Self {
+    pub(crate) fn new(
+        service: Arc<dyn Service>,
+        port: u16,
+        token: Option<&str>,
+        address: &str,
+    ) -> Self {
         Self {
             service,
+            port,
+            token: token.map(str::to_string),
             address: address.into(),
         }
+    }
+
+    /// The server on the port now, or the one first found (a stopped server answers every
+    /// call with UNAVAILABLE).
+    fn current(&self) -> Arc<dyn Service> {
+        reverb_proto::inproc::lookup(self.port)
+            .filter(|s| s.accepts(self.token.as_deref()))
+            .unwrap_or_else(|| self.service.clone())
     }
 }
 
@@ -51,6 +70,10 @@ fn error(address: &str) -> impl Fn(tonic::Status) -> ClientError + '_ {
 }
 
 impl Server for InProc {
+    fn reconnect_window(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
     fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>> {
         let info = self.service.server_info().map_err(error(&self.address));
         Box::pin(async move { Ok(info?.table_info) })
@@ -85,7 +108,7 @@ impl Server for InProc {
 
     fn insert_stream(&self) -> Box<dyn InsertStream> {
         Box::new(InProcInsertStream {
-            stream: self.service.insert_stream(),
+            stream: self.current().insert_stream(),
             address: self.address.clone(),
             handled: VecDeque::new(),
             failed: false,
@@ -100,7 +123,7 @@ impl Server for InProc {
         _: SampleStreamOptions,
     ) -> BoxFuture<'_, Result<Box<dyn SampleStream>>> {
         let mut stream = InProcSampleStream {
-            service: self.service.clone(),
+            service: self.current(),
             address: self.address.clone(),
             requests: Requests::default(),
         };
@@ -141,11 +164,10 @@ impl InsertStream for InProcInsertStream {
         })
     }
 
-    fn confirmed(&mut self) -> BoxFuture<'_, Result<Vec<u64>>> {
-        let next = self.handled.pop_front();
+    fn confirmed(&mut self) -> BoxFuture<'_, Result<Option<Vec<u64>>>> {
         Box::pin(async move {
-            match next {
-                Some(handled) => handled,
+            match self.handled.pop_front() {
+                Some(handled) => handled.map(Some),
                 None => std::future::pending().await,
             }
         })
@@ -188,6 +210,10 @@ struct InProcSampleStream {
 }
 
 impl SampleStream for InProcSampleStream {
+    fn requests_are_free(&self) -> bool {
+        true
+    }
+
     fn request(
         &mut self,
         table: &str,
@@ -223,13 +249,8 @@ pub(crate) struct Abi {
 }
 
 impl Server for Abi {
-    fn ready<'a>(
-        &'a self,
-        what: &'a str,
-        timeout: Option<Duration>,
-        deadline: Option<tokio::time::Instant>,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.grpc.ready(what, timeout, deadline)
+    fn reconnect_window(&self) -> Duration {
+        Duration::ZERO // (a stopped server is not looked for again)
     }
 
     fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>> {
@@ -280,6 +301,10 @@ struct AbiSampleStream {
 }
 
 impl SampleStream for AbiSampleStream {
+    fn requests_are_free(&self) -> bool {
+        true
+    }
+
     fn request(
         &mut self,
         table: &str,
