@@ -11,6 +11,7 @@ __all__ = [
     "AppendError",
     "Client",
     "ColumnHistory",
+    "MAX_SHARDS",
     "RateLimiter",
     "Sampler",
     "Selector",
@@ -26,10 +27,13 @@ __all__ = [
     "connect_wait_seconds",
     "descriptor_set",
     "inproc_port",
+    "key_shard",
+    "sample_shards",
     "server_info_all",
     "signature_specs",
 ]
 __version__: str
+MAX_SHARDS: int
 
 # A tensor as it crosses the boundary: TensorFlow DataType value, shape, and its bytes.
 _Column = Tuple[int, List[int], np.ndarray]
@@ -330,6 +334,16 @@ def connect_wait_seconds() -> float: ...
 def server_info_all(
     clients: List[Client], timeouts: List[Optional[float]]
 ) -> List[Union[List[bytes], BaseException]]: ...
+def sample_shards(
+    clients: List[Client],
+    missing: List[int],
+    table: str,
+    num_samples: int,
+    timeout: Optional[float] = None,
+) -> Tuple[
+    List[Tuple[SampleInfo, List[_Column]]], List[int], Optional[BaseException], List[int]
+]: ...
+def key_shard(key: int) -> Optional[int]: ...
 def descriptor_set() -> bytes: ...
 def signature_specs(
     signature: bytes,

@@ -227,7 +227,7 @@ class Client:
             count = min(batch, remaining)
             samples, failure = self._client.sample(table, count, None, timeout)
             for info, columns in samples:
-                yield _to_sample(info, columns, emit_timesteps, signature)
+                yield to_sample(info, columns, emit_timesteps, signature)
             if failure is not None:
                 raise failure
             remaining -= count
@@ -502,7 +502,7 @@ def _signature_problem(table: str, specs: list, leaves: list) -> Optional[str]:
     return None
 
 
-def _to_sample(
+def to_sample(
     sample_info: replay_sample.SampleInfo, columns: list, emit_timesteps: bool, signature: Any
 ) -> Union[List[replay_sample.ReplaySample], replay_sample.ReplaySample]:
     arrays = [_dtypes.from_column(c) for c in columns]

@@ -17,7 +17,6 @@ skipped by samplers until it answers again.
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import numbers
@@ -25,7 +24,7 @@ import random
 import threading
 import time
 import zlib
-from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Union
 
 from reverb import _native, _proto, errors, legacy_writer, replay_sample, reverb_types
 from reverb import client as client_lib
@@ -33,19 +32,9 @@ from reverb import structured_writer as structured_writer_lib
 from reverb import trajectory_writer as trajectory_writer_lib
 from reverb import vector_trajectory_writer as vector_writer_lib
 
-# The most shards one client spreads writes over (item keys carry the shard in 6 bits).
-MAX_SHARDS = 64
-
-# Item keys written through a sharded client: these 6 top bits, then 6 bits of shard index,
-# then 52 random bits (as `reverb-client`'s `shards` module makes them).
-_KEY_MARK = 0b101101
-
-# How long a sampler waits for a shard to say how big its table is before counting it missing;
-# for a shard missing already, until it answers again.
-_INFO_TIMEOUT_S = 1.0
-_MISSING_INFO_TIMEOUT_S = 0.1
-# How often a sampler waiting for a non-empty table asks again.
-_POLL_S = 0.05
+# The most shards one client spreads writes over (item keys carry the shard in 6 bits; the
+# key marks and shard weights are `reverb-client`'s `shards` module's).
+MAX_SHARDS = _native.MAX_SHARDS
 
 Placement = Callable[[Any, Dict[str, float]], int]
 
@@ -53,8 +42,7 @@ Placement = Callable[[Any, Dict[str, float]], int]
 def key_shard(key: int) -> Optional[int]:
     """The index of the shard that holds the item with this key, when a `ShardedClient`
     wrote it; None for keys of unknown origin."""
-    key = int(key) & (2**64 - 1)  # (also the int64 view of a uint64 key)
-    return (key >> 52) & 0x3F if key >> 58 == _KEY_MARK else None
+    return _native.key_shard(int(key) & (2**64 - 1))  # (also the int64 view of a uint64 key)
 
 
 class _ShardClient(client_lib.Client):
@@ -247,107 +235,29 @@ class ShardedClient:
         `DeadlineExceededError` when it passes."""
         num_samples = client_lib.check_num_samples(num_samples)
         deadline = None if not timeout else time.monotonic() + timeout
-        weights = self._wait_for_weights(table, deadline)
-        if weights is None:
-            # No shard has the table: the first reachable one says so as one server would.
-            yield from self._first_reachable().sample(
-                table,
-                num_samples,
-                emit_timesteps=emit_timesteps,
-                unpack_as_table_signature=unpack_as_table_signature,
-                timeout=timeout,
+        signatures: Dict[int, Any] = {}
+        remaining = num_samples
+        while remaining > 0:
+            # Natively (`reverb_client::sampler::sample_shards`): the shards' weights, the
+            # draws, the samples and their global probabilities; all of them at once, or one
+            # at a time where sampling deletes items (so stopping early consumes nothing).
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            samples, shards, failure, missing = _native.sample_shards(
+                [c._client for c in self._shards], sorted(self._missing), table, remaining, left
             )
-            return
-        order = collections.deque(_draw(weights, num_samples))
-        counts = collections.Counter(order)
-        streams: Dict[int, Iterator[Any]] = {}
-
-        def left() -> Optional[float]:
-            if deadline is None:
-                return None
-            return max(deadline - time.monotonic(), 0.001)
-
-        def stream(shard: int) -> Iterator[Any]:
-            # Opened when first needed, so its waits are bounded by what is left of `timeout`.
-            return self._shards[shard].sample(
-                table,
-                counts[shard],
-                emit_timesteps=emit_timesteps,
-                unpack_as_table_signature=unpack_as_table_signature,
-                timeout=left(),
-            )
-
-        while order:
-            shard = order.popleft()
-            if shard not in streams:
-                streams[shard] = stream(shard)
-            try:
-                sample = next(streams[shard])
-            except errors.UnavailableError:
-                # The shard went away: draw its remaining samples from the others.
-                pending = 1 + sum(1 for s in order if s == shard)
-                weights[shard] = None
-                if not any(w > 0 for w in _draw_weights(weights)):
-                    raise
-                order = collections.deque(s for s in order if s != shard)
-                del streams[shard]
-                redrawn = _draw(weights, pending)
-                for other, extra in collections.Counter(redrawn).items():
-                    if other in streams:
-                        # (Its stream was opened for its first count: add another for the rest.)
-                        counts[other] = extra
-                        streams[other] = itertools.chain(streams[other], stream(other))
-                    else:
-                        counts[other] += extra
-                order.extend(redrawn)
-                random.shuffle(order)
-                continue
-            yield _globalize(sample, weights, shard)
-
-    def _wait_for_weights(
-        self, table: str, deadline: Optional[float]
-    ) -> Optional[List[Optional[_Weight]]]:
-        """The shards' weights once one is positive; None if no reachable shard has the
-        table. DeadlineExceededError once `deadline` passes first."""
-        unreachable_since = None
-        while True:
-            answers = self._ask_shards()
-            weights = [_Weight.of_answer(a, table) for a in answers]
-            if any(w > 0 for w in _draw_weights(weights)):
-                return weights
-            if all(isinstance(a, BaseException) for a in answers):
-                # As a call to one server that cannot be reached, wait for one to come up.
-                unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since >= _native.connect_wait_seconds():
-                    raise answers[0]
-            elif all(w is None for w in weights):
-                return None
-            if deadline is not None and time.monotonic() >= deadline:
-                raise errors.DeadlineExceededError(
-                    f"No shard of table '{table}' had an item to sample in time "
-                    f"(shards: {', '.join(self.server_addresses)})"
-                )
-            time.sleep(_POLL_S)
-
-    def _ask_shards(self) -> List[Any]:
-        """Every shard's `server_info_all` answer, within `_INFO_TIMEOUT_S` (a shard that did
-        not answer last time gets `_MISSING_INFO_TIMEOUT_S`, so a dead shard costs little)."""
-        timeouts = [
-            _MISSING_INFO_TIMEOUT_S if i in self._missing else _INFO_TIMEOUT_S
-            for i in range(len(self._shards))
-        ]
-        answers = _native.server_info_all([c._client for c in self._shards], timeouts)
-        self._missing = {i for i, a in enumerate(answers) if isinstance(a, BaseException)}
-        return answers
-
-    def _first_reachable(self) -> client_lib.Client:
-        answers = self._ask_shards()
-        for shard, answer in zip(self._shards, answers):
-            if not isinstance(answer, BaseException):
-                return shard
-        raise answers[0]
-
-    # Everything else.
+            self._missing = set(missing)
+            for (info, columns), shard in zip(samples, shards):
+                signature = None
+                if unpack_as_table_signature:
+                    if shard not in signatures:
+                        signatures[shard] = self._shards[shard]._signature(table, left)
+                    signature = signatures[shard]
+                yield client_lib.to_sample(info, columns, emit_timesteps, signature)
+            if failure is not None:
+                raise failure
+            if not samples:
+                raise errors.ReverbError(f"No sample of table '{table}' came back from the shards")
+            remaining -= len(samples)
 
     def mutate_priorities(
         self,
@@ -445,67 +355,6 @@ def _rebuild(
     return ShardedClient(
         addresses, auth_token, placement=placement, route_priority_updates=route, **tls
     )
-
-
-class _Weight:
-    """A shard's table as a sampler draws it: its size and sampler total weight."""
-
-    __slots__ = ("size", "total")
-
-    def __init__(self, size: int, total: float) -> None:
-        self.size = size
-        self.total = total
-
-    @classmethod
-    def of_answer(cls, answer: Any, table: str) -> Optional[_Weight]:
-        """The weight of `table` in a shard's answer to `server_info_all` (None when it did
-        not answer or has no such table)."""
-        if isinstance(answer, BaseException):
-            return None
-        for serialized in answer:
-            info = _proto.TableInfo.FromString(serialized)
-            if info.name == table:
-                return cls.of(info)
-        return None
-
-    @classmethod
-    def of(cls, info: Any) -> _Weight:
-        total = (
-            info.sampler_total_weight
-            if info.HasField("sampler_total_weight")
-            else float(info.current_size)
-        )
-        return cls(info.current_size, total)
-
-
-def _draw_weights(weights: List[Optional[_Weight]]) -> List[float]:
-    """The weights shards are drawn by: their sampler totals or, when all are 0 (only zero
-    priorities, which the prioritized sampler then draws uniformly), their sizes."""
-    totals = [max(w.total, 0.0) if w else 0.0 for w in weights]
-    if any(t > 0 for t in totals):
-        return totals
-    return [float(max(w.size, 0)) if w else 0.0 for w in weights]
-
-
-def _draw(weights: List[Optional[_Weight]], n: int) -> List[int]:
-    """`n` shard indices drawn in proportion to the shards' weights."""
-    draw = _draw_weights(weights)
-    return random.choices(range(len(draw)), weights=draw, k=n)
-
-
-def _globalize(sample: Any, weights: List[Optional[_Weight]], shard: int) -> Any:
-    """A shard's sample with its probability and table size made global."""
-    draw = _draw_weights(weights)
-    share = draw[shard] / sum(draw)
-    size = sum(w.size for w in weights if w)
-
-    def fix(one: replay_sample.ReplaySample) -> replay_sample.ReplaySample:
-        info = one.info._replace(probability=one.info.probability * share, table_size=size)
-        return one._replace(info=info)
-
-    if isinstance(sample, list):
-        return [fix(step) for step in sample]
-    return fix(sample)
 
 
 class ShardedTrajectoryWriter:

@@ -9,6 +9,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList};
+use reverb_client::sampler::sample_shards as sample_shards_of;
 use reverb_client::transport::tls::Tls;
 use reverb_client::{Client, Sample};
 
@@ -91,6 +92,65 @@ pub(crate) fn server_info_all<'py>(
             Err(e) => Ok(client_error(e).into_value(py).into_bound(py).into_any()),
         })
         .collect()
+}
+
+/// What [`sample_shards`] returns to Python: samples, their shards, the error, the missing
+/// shards.
+type ShardSamplesOut<'py> = (
+    Bound<'py, PyList>,
+    Vec<usize>,
+    Bound<'py, PyAny>,
+    Vec<usize>,
+);
+
+/// `ShardedClient.sample`: samples `table` over the shards `clients` used as one (see
+/// `reverb_client::sampler::sample_shards`); `missing` lists the shards that did not answer
+/// last time. Returns `(samples, shards, error, missing)`: samples as `Client.sample`'s (with
+/// global probabilities and table sizes), the shard of each, the exception that stopped the
+/// call part-way (or None), and the shards that did not answer now.
+#[pyfunction]
+#[pyo3(signature = (clients, missing, table, num_samples, timeout=None))]
+pub(crate) fn sample_shards<'py>(
+    py: Python<'py>,
+    clients: Vec<PyRef<'py, PyClient>>,
+    missing: Vec<usize>,
+    table: String,
+    num_samples: usize,
+    timeout: Option<f64>,
+) -> PyResult<ShardSamplesOut<'py>> {
+    if clients.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "sample_shards needs at least one client",
+        ));
+    }
+    let timeout = seconds(timeout)?;
+    let clients: Vec<Client> = clients.iter().map(|c| c.fresh(py)).collect();
+    let mut flags = vec![false; clients.len()];
+    for i in missing {
+        if let Some(flag) = flags.get_mut(i) {
+            *flag = true;
+        }
+    }
+    let (out, flags) = run(py, async move {
+        let out = sample_shards_of(&clients, &mut flags, &table, num_samples, timeout).await?;
+        Ok((out, flags))
+    })?;
+    let failure = match out.failure {
+        Some(e) => client_error(e).into_value(py).into_bound(py).into_any(),
+        None => py.None().into_bound(py),
+    };
+    let missing = flags
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &m)| m.then_some(i))
+        .collect();
+    Ok((samples_out(py, out.samples)?, out.shards, failure, missing))
+}
+
+/// The shard an item key written through a `ShardedClient` names (None for other keys).
+#[pyfunction]
+pub(crate) fn key_shard(key: u64) -> Option<u8> {
+    reverb_client::shards::key_shard(key)
 }
 
 /// How long, in seconds, a call without a timeout waits for a server that cannot be reached

@@ -81,6 +81,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sampler::PySampler>()?;
     m.add_function(wrap_pyfunction!(client::server_info_all, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect_wait_seconds, m)?)?;
+    m.add_function(wrap_pyfunction!(client::sample_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(client::key_shard, m)?)?;
+    m.add("MAX_SHARDS", reverb_client::shards::MAX_SHARDS)?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
     m.add_function(wrap_pyfunction!(signature_specs, m)?)?;
     m.add_function(wrap_pyfunction!(inproc_abi::inproc_port, m)?)?;

@@ -3,13 +3,16 @@
 //! numpy / PyTorch iterators and the TensorFlow kernels.
 //! `server` samples one server (each worker keeping one sample stream of whatever transport
 //! reaches it full); `shards` several, drawing each sample from a shard chosen by its
-//! weight; `batch` stacks samples into columns.
+//! weight; `batch` stacks samples into columns; `one_shot` takes one batch of samples from
+//! several servers (`ShardedClient.sample`).
 
 mod batch;
+mod one_shot;
 mod server;
 mod shards;
 
 pub use batch::{stack, Batch};
+pub use one_shot::{sample_shards, ShardSamples};
 pub use shards::ShardWatch;
 
 use crate::{Client, ClientError, PlannedSample, Result};
