@@ -25,3 +25,14 @@ def scrape(port: int) -> dict:
     for name in {re.sub(r"\{.*", "", n) for n in samples}:
         assert f"# TYPE {name} " in text and f"# HELP {name} " in text, name
     return samples
+
+
+def waiting(port: int, table: str, call: str) -> float:
+    """How many `call`s ("insert" or "sample") wait on `table`'s rate limiter now."""
+    return scrape(port)[f'reverb_table_{call}s_waiting{{table="{table}"}}']
+
+
+def waited(port: int, table: str, call: str) -> float:
+    """The total time ended waits of `call`s ("insert" or "sample") spent on `table`'s rate
+    limiter: above 0 once a call that waited there ended (returned, timed out, cancelled)."""
+    return scrape(port)[f'reverb_table_wait_seconds_total{{table="{table}",call="{call}"}}']

@@ -117,11 +117,16 @@ def both_paths(request, monkeypatch) -> str:
 
 @pytest.fixture
 def make_server() -> Callable[..., reverb.Server]:
-    """Factory of servers; every server it made is stopped at teardown."""
+    """Factory of servers; every server it made is stopped at teardown. With `metrics_port=0`
+    a server serves its metrics (see `_metrics`) on a free port."""
     servers: List[reverb.Server] = []
 
-    def make(tables: Sequence[reverb.Table], port: Optional[int] = None) -> reverb.Server:
-        server = reverb.Server(tables=list(tables), port=port)
+    def make(
+        tables: Sequence[reverb.Table],
+        port: Optional[int] = None,
+        metrics_port: Optional[int] = None,
+    ) -> reverb.Server:
+        server = reverb.Server(tables=list(tables), port=port, metrics_port=metrics_port)
         servers.append(server)
         return server
 

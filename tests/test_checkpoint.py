@@ -10,10 +10,10 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pytest
+from _wait import wait_for
 
 import reverb
 from reverb import checkpointers, rate_limiters, selectors
@@ -240,10 +240,13 @@ def test_kill_during_checkpoint_leaves_the_previous_one_loadable(tmp_path: pathl
     )
     try:
         assert proc.stdout.readline().strip() == "filled"
-        deadline = time.monotonic() + 30
-        while not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir()):
-            assert time.monotonic() < deadline, "the second checkpoint never started"
-            time.sleep(0.001)
+        # (Polled often: the kill must land while the checkpoint is being written.)
+        wait_for(
+            lambda: any(p.name.startswith(".tmp-") for p in tmp_path.iterdir()),
+            30,
+            "the second checkpoint to start",
+            interval=0.001,
+        )
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.communicate(timeout=30)
@@ -293,12 +296,28 @@ def test_checkpoint_while_writers_and_samplers_run(tmp_path: pathlib.Path) -> No
     threads += [threading.Thread(target=sample) for _ in range(2)]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)
     client = reverb.Client(address)
+
+    def counts() -> tuple:
+        stats = client.server_info(timeout=T)["t"].rate_limiter_info
+        return stats.insert_stats.completed, stats.sample_stats.completed
+
+    def went_on(since: tuple) -> bool:
+        inserts, samples = counts()
+        return inserts >= since[0] + 100 and samples >= since[1] + 100
+
+    wait_for(lambda: went_on((0, 0)), T, "the writers and samplers to get going", failures=errors)
     paths = []
     for _ in range(3):
+        before = counts()
         paths.append(client.checkpoint(timeout=T))
-        time.sleep(0.1)
+        # The next checkpoint is taken after both went on.
+        wait_for(
+            lambda before=before: went_on(before),
+            T,
+            "inserts and samples after a checkpoint",
+            failures=errors,
+        )
     stop.set()
     for thread in threads:
         thread.join(T)
@@ -311,7 +330,9 @@ def test_checkpoint_while_writers_and_samplers_run(tmp_path: pathlib.Path) -> No
         c = restored.localhost_client()
         size = c.server_info(timeout=T)["t"].current_size
         assert size > 0
-        for s in c.sample("t", 50, emit_timesteps=False, timeout=T):
+        samples = list(c.sample("t", 50, emit_timesteps=False, timeout=T))
+        assert len(samples) == 50
+        for s in samples:
             assert s.data[0][1][0] == s.data[0][0][0] + 1
 
 

@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 import pytest
+from _metrics import waited, waiting
+from _wait import wait_for
 
 import reverb
 from reverb import rate_limiters, reverb_types, selectors
@@ -103,6 +105,7 @@ def test_round_trip_of_non_contiguous_arrays(client):
     data = [base[::2, 1::3], base.T, np.asfortranarray(base)]
     client.insert(data, {"queue": 1.0}, timeout=T)
     (steps,) = list(client.sample("queue", 1, timeout=T))
+    assert len(steps[0].data) == len(data)
     for got, expected in zip(steps[0].data, data):
         _assert_identical(got, np.ascontiguousarray(expected))
 
@@ -153,7 +156,9 @@ def test_nested_data_is_flattened_in_tf_nest_order(client):
 def test_dict_insertion_order_does_not_matter(client):
     client.insert({"b": np.int32(2), "a": np.int32(1)}, {"queue": 1.0}, timeout=T)
     client.insert({"a": np.int32(1), "b": np.int32(2)}, {"queue": 1.0}, timeout=T)
-    for steps in client.sample("queue", 2, timeout=T):
+    samples = list(client.sample("queue", 2, timeout=T))
+    assert len(samples) == 2
+    for steps in samples:
         assert [int(x) for x in steps[0].data] == [1, 2]
 
 
@@ -213,6 +218,7 @@ def test_sample_info_fields_are_python_numbers_with_correct_values(client, inser
         assert info.key == key
         assert info.times_sampled == count + 1
         seen[value] = (key, count + 1)
+    assert sum(count for _, count in seen.values()) == 200
     assert set(seen) == {10, 11, 12, 13}
     assert len({key for key, _ in seen.values()}) == 4
 
@@ -221,7 +227,9 @@ def test_sample_info_fields_from_prioritized_table(client, insert):
     insert(client, "prioritized", [0, 1], priorities=[1.0, 3.0])
     weights = {0: 1.0, 1: 3.0**0.8}
     total = sum(weights.values())
-    for steps in client.sample("prioritized", 50, timeout=T):
+    samples = list(client.sample("prioritized", 50, timeout=T))
+    assert len(samples) == 50
+    for steps in samples:
         info = steps[0].info
         value = int(steps[0].data[0])
         assert info.priority == [1.0, 3.0][value]
@@ -316,7 +324,9 @@ def test_mutate_priorities_changes_prioritized_probabilities(client, insert, tab
     while len(keys) < 2:
         keys.update(_keys_by_value(client, "prioritized", 10))
     client.mutate_priorities("prioritized", updates={keys[0]: 0.0}, timeout=T)
-    for steps in client.sample("prioritized", 50, timeout=T):
+    samples = list(client.sample("prioritized", 50, timeout=T))
+    assert len(samples) == 50
+    for steps in samples:
         assert int(steps[0].data[0]) == 1
         assert steps[0].info.probability == pytest.approx(1.0)
     assert tables["prioritized"].info.current_size == 2
@@ -402,7 +412,8 @@ def test_reset_empties_table_and_zeroes_counters(client, insert, tables):
 
 def test_reset_unblocks_an_insert_into_a_full_queue(make_server):
     table = reverb.Table.queue("q", 2)
-    client = make_server([table]).localhost_client()
+    server = make_server([table], metrics_port=0)
+    client = server.localhost_client()
     for i in range(2):
         client.insert(np.int64(i), {"q": 1.0}, timeout=T)
     errors = []
@@ -415,7 +426,7 @@ def test_reset_unblocks_an_insert_into_a_full_queue(make_server):
 
     thread = threading.Thread(target=blocked_insert)
     thread.start()
-    time.sleep(0.3)
+    wait_for(lambda: waiting(server.metrics_port, "q", "insert") == 1, T, "the insert to block")
     assert thread.is_alive()
     client.reset("q", timeout=T)
     thread.join(timeout=T)
@@ -600,7 +611,8 @@ def test_sample_from_blocked_table_times_out_quickly(client):
 
 def test_insert_into_full_queue_times_out_and_is_not_stored(make_server, sample_values):
     table = reverb.Table.queue("q", 2)
-    client = make_server([table]).localhost_client()
+    server = make_server([table], metrics_port=0)
+    client = server.localhost_client()
     for i in range(2):
         client.insert(np.int64(i), {"q": 1.0}, timeout=T)
     start = time.monotonic()
@@ -608,11 +620,16 @@ def test_insert_into_full_queue_times_out_and_is_not_stored(make_server, sample_
         client.insert(np.int64(99), {"q": 1.0}, timeout=0.3)
     assert time.monotonic() - start < 2.0
     # Freeing space later must not let the abandoned insert through. (Over gRPC the
-    # cancellation travels as a stream reset: give it a moment to reach the server, which
-    # an insert racing it by microseconds could beat.)
-    time.sleep(0.05)
+    # cancellation travels as a stream reset: wait until it reached the server, whose wait
+    # for the insert has ended.)
+    port = server.metrics_port
+    wait_for(
+        lambda: waiting(port, "q", "insert") == 0 and waited(port, "q", "insert") > 0,
+        T,
+        "the server to drop the abandoned insert",
+    )
     assert sample_values(client, "q", 1) == [0]
-    time.sleep(0.2)
+    time.sleep(0.2)  # a time: the abandoned insert must NOT arrive within it
     assert table.info.current_size == 1
     assert table.info.rate_limiter_info.insert_stats.completed == 2
     assert sample_values(client, "q", 1) == [1]

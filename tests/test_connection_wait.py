@@ -37,7 +37,7 @@ class _LateServer:
         self._thread.start()
 
     def _start(self) -> None:
-        time.sleep(LATER)
+        time.sleep(LATER)  # a time: the point of the tests, a server that is not up yet
         self.server = reverb.Server(_tables(), port=self.port)
 
     def stop(self) -> None:
@@ -67,6 +67,8 @@ def _writer_flush(address: str) -> None:
 
 def _sample(address: str) -> None:
     client = reverb.Client(address)
+    # A time, pacing: the item comes once the server is up and the call waits on its empty
+    # table (its insert would wait for the server too; an item sooner would pass as well).
     feeder = threading.Thread(target=lambda: (time.sleep(LATER + 0.5), _one_item(address)))
     feeder.start()
     [sample] = list(client.sample("q", 1, timeout=10))
@@ -75,6 +77,7 @@ def _sample(address: str) -> None:
 
 
 def _iterator(address: str) -> None:
+    # A time, pacing (as in `_sample`).
     feeder = threading.Thread(target=lambda: (time.sleep(LATER + 0.5), _one_item(address)))
     feeder.start()
     with reverb.TrajectoryIterator(address, "q", rate_limiter_timeout_ms=10_000) as it:
@@ -108,6 +111,7 @@ def test_a_call_waits_for_a_server_started_later(late_server, call) -> None:
 def test_a_dataset_waits_for_a_server_started_later(late_server) -> None:
     tf = pytest.importorskip("tensorflow")
     address = f"localhost:{late_server.port}"
+    # A time, pacing (as in `_sample`).
     feeder = threading.Thread(target=lambda: (time.sleep(LATER + 0.5), _one_item(address)))
     feeder.start()
     dataset = reverb.TimestepDataset(
@@ -225,7 +229,7 @@ def test_a_sample_waits_for_a_restarted_server_in_another_process(tmp_path) -> N
     restarted: list = []
 
     def restart() -> None:
-        time.sleep(LATER)
+        time.sleep(LATER)  # a time: the sample below must be made while no server is up
         restarted.append(start(config, tmp_path))
         reverb.Client(f"localhost:{port}").insert(np.float32(2.0), {"q": 1.0}, timeout=10)
 

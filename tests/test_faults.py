@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 from _standalone import start, stop
+from _wait import wait_for
 
 import reverb
 
@@ -58,6 +59,7 @@ def test_an_actor_killed_mid_episode_loses_nothing_confirmed() -> None:
             line = actor.stdout.readline()
             assert line, "the actor stopped"
             confirmed = int(line)
+        assert confirmed >= 200, f"the actor confirmed only {confirmed} items in time"
         os.kill(actor.pid, signal.SIGKILL)
         actor.wait(T)
         actor.stdout.close()
@@ -65,7 +67,9 @@ def test_an_actor_killed_mid_episode_loses_nothing_confirmed() -> None:
         size = client.server_info(timeout=T)["replay"].current_size
         assert size >= confirmed
         # Every stored item is whole: three consecutive steps, the obs matching the steps.
-        for sample in client.sample("replay", 100, emit_timesteps=False, timeout=T):
+        samples = list(client.sample("replay", 100, emit_timesteps=False, timeout=T))
+        assert len(samples) == 100
+        for sample in samples:
             obs, steps = sample.data
             assert steps.tolist() == list(range(steps[0], steps[0] + 3))
             np.testing.assert_array_equal(obs[:, 0], steps.astype(np.float32))
@@ -111,7 +115,7 @@ def test_writers_and_samplers_carry_on_across_a_server_restart(tmp_path) -> None
                         writer.flush(timeout_ms=60_000)
                         confirmed.append(step)
                     step += 1
-                    time.sleep(0.002)
+                    time.sleep(0.002)  # a time: paces the writer, as an environment would
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
 
@@ -125,26 +129,34 @@ def test_writers_and_samplers_carry_on_across_a_server_restart(tmp_path) -> None
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
 
-    def wait_for(condition, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert not errors, errors
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.02)
-
     threads = [threading.Thread(target=write), threading.Thread(target=sample)]
     restarted = None
     try:
         for t in threads:
             t.start()
-        wait_for(lambda: len(confirmed) >= 5 and len(seen) >= 5, "items before the restart")
+        wait_for(
+            lambda: len(confirmed) >= 5 and len(seen) >= 5,
+            60,
+            "items before the restart",
+            failures=errors,
+        )
         proc.kill()
         proc.communicate(timeout=T)
         last_before = confirmed[-1]
         restarted, _, restarted_lines = start({"port": port, "tables": [table]}, tmp_path)
         # Items written after the restart are confirmed by the new server and sampled.
-        wait_for(lambda: confirmed[-1] >= last_before + 50, "items confirmed after the restart")
-        wait_for(lambda: max(seen) > last_before + 10, "samples of items after the restart")
+        wait_for(
+            lambda: confirmed[-1] >= last_before + 50,
+            60,
+            "items confirmed after the restart",
+            failures=errors,
+        )
+        wait_for(
+            lambda: max(seen) > last_before + 10,
+            60,
+            "samples of items after the restart",
+            failures=errors,
+        )
     finally:
         stop_event.set()
         for t in threads:

@@ -209,7 +209,9 @@ def test_reference_reads_what_our_structured_writer_wrote(make_server) -> None:
         assert c.server_info(timeout=10)["t"].current_size == 4
         ds = reverb.TrajectoryDataset.from_table_signature(
             f"localhost:{server.port}", "t", max_in_flight_samples_per_worker=1)
-        for i, s in enumerate(ds.take(4)):
+        samples = list(ds.take(4))
+        assert len(samples) == 4, len(samples)
+        for i, s in enumerate(samples):
             np.testing.assert_array_equal(s.data["obs"], np.full(3, i, np.float32))
             np.testing.assert_array_equal(s.data["next"], np.full(3, i + 2, np.float32))
             np.testing.assert_allclose(s.data["rewards"], [i / 2, (i + 1) / 2])

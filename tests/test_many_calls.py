@@ -10,8 +10,9 @@ import time
 
 import numpy as np
 import pytest
-from _metrics import scrape
+from _metrics import scrape, waiting
 from _standalone import start, stop
+from _wait import wait_for
 
 import reverb
 
@@ -86,7 +87,9 @@ def test_sample_calls_reuse_open_streams_and_drop_timed_out_ones(monkeypatch) ->
             client.insert(np.int32(value), {"q": 1.0}, timeout=10)
             got = next(client.sample("q", 1, emit_timesteps=False, timeout=10)).data[0]
             assert got == value
-        # No request of the timed-out call is left waiting to take the next item.
+        # No request of the timed-out call is left waiting to take the next item: none waits
+        # on the server now, and none arrives there later (a time, for a negative).
+        wait_for(lambda: waiting(server.metrics_port, "q", "sample") == 0, 10, "no sample to wait")
         client.insert(np.int32(9), {"q": 1.0}, timeout=10)
         time.sleep(0.3)
         assert client.server_info(timeout=10)["q"].current_size == 1
@@ -120,6 +123,7 @@ def test_sample_after_the_server_restarted_on_its_port(monkeypatch) -> None:
     restarted = {}
 
     def restart() -> None:
+        # A time: the sample below must be made while no server is up.
         time.sleep(0.5)
         restarted["server"] = reverb.Server([table()], port=port)
         reverb.Client(f"localhost:{port}").insert(np.float32(2.0), {"u": 1.0}, timeout=10)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
-from _metrics import scrape
+from _metrics import scrape, waiting
+from _wait import wait_for
 
 import reverb
 
@@ -46,12 +46,8 @@ def test_metrics_follow_the_tables() -> None:
             target=lambda: client.insert(np.int32(2), {"queue": 1.0}, timeout=3), daemon=True
         )
         blocked.start()
-        deadline = time.monotonic() + T
-        while time.monotonic() < deadline:
-            m = scrape(port)
-            if m['reverb_table_inserts_waiting{table="queue"}'] == 1:
-                break
-            time.sleep(0.05)
+        wait_for(lambda: waiting(port, "queue", "insert") == 1, T, "the insert to block")
+        m = scrape(port)
         assert m['reverb_table_inserts_waiting{table="queue"}'] == 1
         assert (
             m['reverb_table_blocked{table="queue",call="insert",reason="sample_to_insert_ratio"}']
@@ -66,6 +62,7 @@ def test_metrics_follow_the_tables() -> None:
         assert m["reverb_chunks"] >= 3
         next(client.sample("queue", timeout=T))
         blocked.join(T)
+        assert not blocked.is_alive()
         m = scrape(port)
         assert m['reverb_table_inserts_waiting{table="queue"}'] == 0
         assert m['reverb_table_wait_seconds_total{table="queue",call="insert"}'] > 0
@@ -86,7 +83,7 @@ def test_stats_are_logged_when_asked() -> None:
     code = (
         "import time, reverb\n"
         "s = reverb.Server([reverb.Table.queue('q', 4)], log_stats_every=0.2)\n"
-        "time.sleep(1.0)\n"
+        "time.sleep(1.0)\n"  # a time: the log is periodic (every 0.2 s)
         "s.stop()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

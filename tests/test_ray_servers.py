@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from _wait import wait_for
 from conftest import CALL_TIMEOUT
 
 import reverb
@@ -65,15 +64,14 @@ def test_shards_as_ray_actors_end_to_end(local_ray, tmp_path) -> None:
         client.shards[1].insert(np.arange(2, dtype=np.int64), {"replay": 1.0}, timeout=10)
         address = shards.addresses[1]
         ray.kill(shards._actors[1], no_restart=True)
-        deadline = time.monotonic() + 30
-        while shards.dead() != [1]:  # (the kill takes effect asynchronously)
-            assert time.monotonic() < deadline, "the killed shard is not reported dead"
-            time.sleep(0.1)
+        # (The kill takes effect asynchronously.)
+        wait_for(lambda: shards.dead() == [1], 30, "the killed shard to be reported dead")
         # (Ray reports the actor dead before its process has gone.)
-        deadline = time.monotonic() + 30
-        while not isinstance(client.shard_info(timeout=2)[1], reverb.errors.ReverbError):
-            assert time.monotonic() < deadline, "the killed shard still answers"
-            time.sleep(0.1)
+        wait_for(
+            lambda: isinstance(client.shard_info(timeout=2)[1], reverb.errors.ReverbError),
+            30,
+            "the killed shard to stop answering",
+        )
         # Sampling goes on from the others meanwhile.
         samples = list(client.sample("replay", 20, emit_timesteps=False, timeout=CALL_TIMEOUT))
         assert {s.info.table_size for s in samples} == {12}
@@ -89,10 +87,7 @@ def test_shards_as_ray_actors_end_to_end(local_ray, tmp_path) -> None:
         assert sum(len(b.info.key) for b in batches) == 36
     finally:
         shards.stop()
-    deadline = time.monotonic() + 30
-    while shards.dead() != [0, 1, 2]:
-        assert time.monotonic() < deadline, "stopped shards are not reported dead"
-        time.sleep(0.1)
+    wait_for(lambda: shards.dead() == [0, 1, 2], 30, "stopped shards to be reported dead")
 
 
 def test_start_checks_its_arguments(local_ray) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 
 import numpy as np
 import pytest
+from _metrics import waiting
+from _wait import wait_for
 
 import reverb
 from reverb import rate_limiters, selectors
@@ -25,6 +26,7 @@ def _frequencies(client, table, n):
         value = int(steps[0].data[0])
         counts[value] += 1
         probabilities[value].add(steps[0].info.probability)
+    assert sum(counts.values()) == n
     return {v: c / n for v, c in counts.items()}, probabilities
 
 
@@ -67,7 +69,9 @@ def test_uniform_frequencies_and_probability(client, insert):
 def test_uniform_probability_tracks_table_size(client, insert):
     for n in range(1, 6):
         insert(client, "uniform", [n])
-        for steps in client.sample("uniform", 5, timeout=T):
+        samples = list(client.sample("uniform", 5, timeout=T))
+        assert len(samples) == 5
+        for steps in samples:
             assert steps[0].info.probability == pytest.approx(1.0 / n)
             assert steps[0].info.table_size == n
 
@@ -145,7 +149,9 @@ def test_fifo_and_lifo_samplers_pick_oldest_and_newest(make_server, insert, samp
     # Without max_times_sampled nothing is removed, so the same item keeps coming back.
     assert sample_values(client, "fifo", 3) == [5, 5, 5]
     assert sample_values(client, "lifo", 3) == [1, 1, 1]
-    for steps in client.sample("fifo", 2, timeout=T):
+    samples = list(client.sample("fifo", 2, timeout=T))
+    assert len(samples) == 2
+    for steps in samples:
         assert steps[0].info.probability == 1.0
 
 
@@ -294,7 +300,7 @@ def test_stack_is_lifo_and_samples_each_item_once(client, insert, tables, sample
 
 def test_queue_insert_blocks_until_a_sample_frees_space(make_server, sample_values):
     table = reverb.Table.queue("q", 2)
-    server = make_server([table])
+    server = make_server([table], metrics_port=0)
     client = server.localhost_client()
     for value in (0, 1):
         client.insert(np.int64(value), {"q": 1.0}, timeout=T)
@@ -310,7 +316,8 @@ def test_queue_insert_blocks_until_a_sample_frees_space(make_server, sample_valu
 
     thread = threading.Thread(target=producer)
     thread.start()
-    assert not done.wait(0.4), "insert into a full queue must block"
+    wait_for(lambda: waiting(server.metrics_port, "q", "insert") == 1, T, "the insert to block")
+    assert not done.is_set(), "insert into a full queue must block"
     assert table.info.current_size == 2
     assert sample_values(client, "q", 1) == [0]
     assert done.wait(5), "the blocked insert must complete once space is freed"
@@ -322,7 +329,7 @@ def test_queue_insert_blocks_until_a_sample_frees_space(make_server, sample_valu
 
 def test_queue_sample_blocks_until_an_insert(make_server):
     table = reverb.Table.queue("q", 2)
-    server = make_server([table])
+    server = make_server([table], metrics_port=0)
     result = []
 
     def consumer():
@@ -331,7 +338,7 @@ def test_queue_sample_blocks_until_an_insert(make_server):
 
     thread = threading.Thread(target=consumer)
     thread.start()
-    time.sleep(0.3)
+    wait_for(lambda: waiting(server.metrics_port, "q", "sample") == 1, T, "the sample to block")
     assert thread.is_alive() and not result
     server.localhost_client().insert(np.int64(42), {"q": 1.0}, timeout=T)
     thread.join(timeout=5)

@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 import pytest
+from _metrics import waiting
+from _wait import wait_for
 
 import reverb
 from reverb import rate_limiters, reverb_types, selectors
@@ -308,7 +310,7 @@ def test_calls_right_after_stop_raise_unavailable_or_wait(make_server):
 
 
 def test_stop_interrupts_a_blocked_sample(make_server):
-    server = make_server([_table()])
+    server = make_server([_table()], metrics_port=0)
     client = server.localhost_client()
     client.server_info(timeout=5)
     outcome = {}
@@ -324,7 +326,7 @@ def test_stop_interrupts_a_blocked_sample(make_server):
 
     thread = threading.Thread(target=blocked_sample)
     thread.start()
-    time.sleep(0.3)
+    wait_for(lambda: waiting(server.metrics_port, "t", "sample") == 1, 10, "the sample to block")
     assert thread.is_alive(), "sampling an empty table must block"
     server.stop()
     thread.join(timeout=10)
@@ -337,7 +339,7 @@ def test_stop_interrupts_a_blocked_sample(make_server):
 def test_calls_in_flight_when_server_stops_raise_unavailable(make_server, call):
     """Regression: these used to raise a bare ReverbError('h2 protocol error: ...')."""
     table = reverb.Table.queue("q", 1)
-    server = make_server([table])
+    server = make_server([table], metrics_port=0)
     client = server.localhost_client()
     client.insert(np.int8(0), {"q": 1.0}, timeout=10)
     if call == "sample":
@@ -355,7 +357,7 @@ def test_calls_in_flight_when_server_stops_raise_unavailable(make_server, call):
 
     thread = threading.Thread(target=blocked)
     thread.start()
-    time.sleep(0.3)
+    wait_for(lambda: waiting(server.metrics_port, "q", call) == 1, 10, f"the {call} to block")
     assert thread.is_alive()
     server.stop()
     thread.join(timeout=10)
@@ -414,6 +416,7 @@ def test_wait_returns_once_stopped(make_server):
 
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
+    # A time: nothing shows that wait() is blocked rather than slow to return.
     assert not returned.wait(0.3), "wait() must block while serving"
     server.stop()
     assert returned.wait(5)

@@ -14,6 +14,7 @@ from typing import Dict, List
 import numpy as np
 import pytest
 from _standalone import start, stop
+from _wait import wait_for
 from conftest import CALL_TIMEOUT
 
 import reverb
@@ -289,7 +290,7 @@ def test_a_shard_killed_and_restarted_under_running_samplers_and_writers(tmp_pat
                     writer.end_episode(timeout_ms=60_000)
                     written.append((shard, episode))
                     episode += 1
-                    time.sleep(0.005)
+                    time.sleep(0.005)  # a time: paces the writer, as an environment would
         except Exception as e:  # noqa: BLE001 - reported by the test
             failures.append(e)
 
@@ -307,35 +308,48 @@ def test_a_shard_killed_and_restarted_under_running_samplers_and_writers(tmp_pat
         except Exception as e:  # noqa: BLE001 - reported by the test
             failures.append(e)
 
-    def wait_for(condition, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert not failures, failures
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.02)
-
     threads = [threading.Thread(target=write), threading.Thread(target=sample)]
     restarted = None
     try:
         for t in threads:
             t.start()
-        wait_for(lambda: {s for s, _ in seen} == {0, 1, 2}, "samples of every shard")
+        wait_for(
+            lambda: {s for s, _ in seen} == {0, 1, 2},
+            60,
+            "samples of every shard",
+            failures=failures,
+        )
         victim, port, _ = procs[1]
         victim.kill()
         victim.communicate(timeout=CALL_TIMEOUT)
         killed_at = len(seen)
-        wait_for(lambda: (addresses[1],) in missing, "the sampler to report the dead shard")
-        wait_for(lambda: len(seen) > killed_at + 200, "samples from the other shards")
+        wait_for(
+            lambda: (addresses[1],) in missing,
+            60,
+            "the sampler to report the dead shard",
+            failures=failures,
+        )
+        wait_for(
+            lambda: len(seen) > killed_at + 200,
+            60,
+            "samples from the other shards",
+            failures=failures,
+        )
         last_before = max((e for s, e in written if s == 1), default=-1)
         restarted = start({"port": port, "tables": [table]}, tmp_path)
         wait_for(
-            lambda: any(s == 1 and e > last_before for s, e in written), "episodes on the new shard"
+            lambda: any(s == 1 and e > last_before for s, e in written),
+            60,
+            "episodes on the new shard",
+            failures=failures,
         )
         wait_for(
             lambda: any(s == 1 and e > last_before for s, e in seen[killed_at:]),
+            60,
             "samples from the new shard",
+            failures=failures,
         )
-        wait_for(lambda: missing[-1] == (), "the shard to be reported back")
+        wait_for(lambda: missing[-1] == (), 60, "the shard to be reported back", failures=failures)
     finally:
         stop_event.set()
         for t in threads:
@@ -504,8 +518,12 @@ def test_max_samples_bounds_what_each_shard_gives_from_queues(make_server) -> No
             client.shards[shard].insert(np.int64(shard * 100 + i), {"q": 1.0})
     with reverb.TrajectoryIterator(client.server_addresses, "q", max_samples=5) as it:
         assert len(list(it)) == 5
+    # The 5 items that came out left their queues (a fact) ...
+    assert client.server_info(timeout=CALL_TIMEOUT)["q"].current_size <= 95
+    # ... and no sampler takes more than max_samples from its shard: a negative, given time
+    # to fail.
     time.sleep(0.3)
-    assert 90 <= client.server_info(timeout=CALL_TIMEOUT)["q"].current_size <= 95
+    assert client.server_info(timeout=CALL_TIMEOUT)["q"].current_size >= 90
 
 
 def test_queues_are_drained_whole_by_a_sharded_iterator(make_server) -> None:

@@ -6,13 +6,13 @@ a clear error, nothing stored lost)."""
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
 from _no_tensorflow import run_without_tensorflow
 from _structured_scenarios import SCENARIOS, TABLES, _flat, run
+from _wait import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -560,15 +560,11 @@ def test_a_table_observed_after_each_step_grows_by_one_item_per_step(make_server
     client = _queue_server(make_server)
     ref = sw.create_reference_step({"o": np.float32(0)})
     config = sw.create_config(sw.pattern_from_transform(ref, lambda s: s["o"][-2:]), "q")
-    sizes = []
     with client.structured_writer([config]) as writer:
         for step in range(5):
             writer.append({"o": np.float32(step)})
-            deadline = time.monotonic() + 2
-            while True:
-                size = client.server_info(timeout=10)["q"].current_size
-                if size == step or time.monotonic() > deadline:
-                    break
-                time.sleep(0.002)
-            sizes.append(size)
-    assert sizes == [0, 1, 2, 3, 4]
+            wait_for(
+                lambda step=step: client.server_info(timeout=10)["q"].current_size == step,
+                10,
+                f"{step} items after step {step}",
+            )

@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from _metrics import waiting
+from _wait import wait_for
 
 import reverb
 
@@ -62,7 +64,8 @@ pytestmark = pytest.mark.usefixtures("both_paths")
 
 @pytest.fixture
 def server():
-    with reverb.Server([_queue(), _uniform(), _queue("sig", signature=SPEC)]) as s:
+    tables = [_queue(), _uniform(), _queue("sig", signature=SPEC)]
+    with reverb.Server(tables, metrics_port=0) as s:
         yield s
 
 
@@ -243,10 +246,12 @@ def test_destroying_an_iterator_stops_its_sampler(server) -> None:
         _address(server), "q", dtypes=[tf.int64], shapes=[[1]], max_in_flight_samples_per_worker=1
     )
     it = iter(ds)
-    assert int(next(it).data[0][0]) == 0  # its sampler now waits for more
+    assert int(next(it).data[0][0]) == 0
+    port = server.metrics_port
+    wait_for(lambda: waiting(port, "q", "sample") == 1, 10, "the sampler to wait for more")
     del it
     gc.collect()
-    time.sleep(0.3)
+    wait_for(lambda: waiting(port, "q", "sample") == 0, 10, "the server to drop the sampler")
     for i in range(1, 6):
         client.insert([np.int64(i)], {"q": 1.0})
     # A sampler still running would have taken one of these.

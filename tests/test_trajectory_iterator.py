@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest
+from _metrics import waiting
+from _wait import wait_for
 
 import reverb
 from reverb import rate_limiters, selectors
@@ -97,17 +99,19 @@ def test_errors_and_arguments(make_server) -> None:
 
 
 def test_closing_a_blocked_iterator_stops_its_workers(make_server) -> None:
-    server = make_server([reverb.Table.queue("q", 10)])
+    server = make_server([reverb.Table.queue("q", 10)], metrics_port=0)
+    port = server.metrics_port
     it = reverb.TrajectoryIterator(f"localhost:{server.port}", "q")
     got = []
     thread = threading.Thread(target=lambda: got.extend(it), daemon=True)
     thread.start()
-    time.sleep(0.2)
+    wait_for(lambda: waiting(port, "q", "sample") >= 1, T, "the iterator's samples to block")
     it.close()
     thread.join(5)
     assert not thread.is_alive() and got == []
-    time.sleep(0.1)  # (the cancellation reaches the server asynchronously)
-    # Nothing is taken from the table by the closed iterator.
+    # (The cancellation reaches the server asynchronously.)
+    wait_for(lambda: waiting(port, "q", "sample") == 0, T, "the server to drop the samples")
+    # Nothing is taken from the table by the closed iterator (a time, for a negative).
     server.localhost_client().insert(np.int64(1), {"q": 1.0}, timeout=T)
     time.sleep(0.2)
     assert server.localhost_client().server_info(timeout=T)["q"].current_size == 1

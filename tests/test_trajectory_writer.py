@@ -11,6 +11,8 @@ import weakref
 
 import numpy as np
 import pytest
+from _metrics import waiting
+from _wait import wait_for
 
 import reverb
 from reverb import rate_limiters, selectors
@@ -36,7 +38,7 @@ def _fifo(name: str, max_size: int = 1000) -> reverb.Table:
 
 @pytest.fixture
 def served(make_server):
-    server = make_server([_fifo("a"), _fifo("b"), reverb.Table.queue("q", 2)])
+    server = make_server([_fifo("a"), _fifo("b"), reverb.Table.queue("q", 2)], metrics_port=0)
     return server, server.localhost_client()
 
 
@@ -113,7 +115,9 @@ def test_episode_boundaries(served) -> None:
             writer.history["t"][-1]
     info = client.server_info(timeout=T)["a"]
     assert info.num_episodes == 3 and info.current_size == 3
-    for episode, sample in enumerate(_drain(client, "a")):
+    samples = _drain(client, "a")
+    assert len(samples) == 3
+    for episode, sample in enumerate(samples):
         np.testing.assert_array_equal(sample.data[0], [episode] * 4)
         np.testing.assert_array_equal(sample.data[1], [0, 1, 2, 3])
 
@@ -334,7 +338,7 @@ def test_flush_times_out_on_a_blocked_table_and_loses_nothing(served) -> None:
 
 
 def test_back_pressure_bounds_unconfirmed_items(served) -> None:
-    _, client = served
+    server, client = served
     writer = client.trajectory_writer(1, max_in_flight_items=2)
     done = threading.Event()
 
@@ -346,8 +350,16 @@ def test_back_pressure_bounds_unconfirmed_items(served) -> None:
 
     thread = threading.Thread(target=produce, daemon=True)
     thread.start()
-    # The queue takes 2 items, the writer's window a few more: the producer must block.
-    assert not done.wait(0.5)
+    # The queue takes 2 items, the writer's window a few more: the producer must block. The
+    # queue is full and an insert waits on it (facts), and the producer does not get done
+    # meanwhile (a time, for a negative).
+    wait_for(
+        lambda: waiting(server.metrics_port, "q", "insert") == 1,
+        T,
+        "an insert to wait on the full queue",
+    )
+    assert client.server_info(timeout=T)["q"].current_size == 2
+    assert not done.wait(0.2)
     got = [int(s.data[0]) for s in client.sample("q", 12, emit_timesteps=False, timeout=T)]
     assert done.wait(T)
     thread.join(T)
@@ -581,29 +593,21 @@ def test_a_refused_end_episode_leaves_the_episode_as_it_was(make_server) -> None
     assert int(sample.data[0]) == 100
 
 
-def _size_reaches(client: reverb.Client, table: str, size: int, within: float = 2.0) -> int:
-    """The table's size once it is `size`, or what it is after `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        now = client.server_info(timeout=T)[table].current_size
-        if now == size or time.monotonic() > deadline:
-            return now
-        time.sleep(0.002)
-
-
 def test_a_table_observed_after_each_step_grows_by_one_item_per_step(served) -> None:
     """An item reaches the server without waiting for later appends (TF-Agents' observers
     watch table sizes after each step): with steps at an environment's pace, the automatic
     chunking sends each 2-step item at once."""
     _, client = served
     writer = client.trajectory_writer(2)
-    sizes = []
     for step in range(6):
         writer.append({"o": np.float32(step), "a": np.int32(step)})
         if step >= 1:
             writer.create_item("a", 1.0, {"o": writer.history["o"][-2:]})
-        sizes.append(_size_reaches(client, "a", step))
-    assert sizes == [0, 1, 2, 3, 4, 5]
+        wait_for(
+            lambda step=step: client.server_info(timeout=T)["a"].current_size == step,
+            T,
+            f"{step} items after step {step}",
+        )
     # Same items as ever: each holds its two steps.
     got = [s.data[0].tolist() for s in client.sample("a", 5, emit_timesteps=False, timeout=T)]
     assert got == [[0.0, 1.0], [1.0, 2.0], [2.0, 3.0], [3.0, 4.0], [4.0, 5.0]]
@@ -618,7 +622,8 @@ def test_an_explicit_chunk_length_is_kept_by_slow_writers(served) -> None:
     writer.configure(("o",), num_keep_alive_refs=2, max_chunk_length=2)
     writer.append({"o": np.float32(1.0)})
     writer.create_item("a", 1.0, {"o": writer.history["o"][-1:]})
-    assert _size_reaches(client, "a", 1, within=0.3) == 0
+    time.sleep(0.3)  # a time: the item must NOT reach the server before its chunk is full
+    assert client.server_info(timeout=T)["a"].current_size == 0
     writer.flush(timeout_ms=TMS)
     assert client.server_info(timeout=T)["a"].current_size == 1
     writer.close()
