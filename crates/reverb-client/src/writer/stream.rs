@@ -302,7 +302,6 @@ async fn session(
                 return Ok(());
             }
             tokio::select! {
-                biased;
                 keys = sender.stream.confirmed() => {
                     let keys = keys?.ok_or_else(|| {
                         ClientError::new(Code::Unavailable, "the server closed the insert stream")

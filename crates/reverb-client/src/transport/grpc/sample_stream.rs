@@ -56,8 +56,8 @@ pub(crate) struct GrpcSampleStream {
     keep: bool,
     /// The call failed.
     failed: bool,
-    /// An error met after samples that are returned first: the next `next` returns it.
-    failure: Option<ClientError>,
+    /// The entries of the last response not handled yet.
+    entries: std::vec::IntoIter<SampleEntry>,
 }
 
 impl GrpcSampleStream {
@@ -78,7 +78,7 @@ impl GrpcSampleStream {
             answered: false,
             keep: options.one_shot,
             failed: false,
-            failure: None,
+            entries: Vec::new().into_iter(),
         };
         if options.one_shot && !options.fresh {
             // (A kept call was checked to be alive when taken; one whose request side
@@ -150,10 +150,28 @@ impl SampleStream for GrpcSampleStream {
 
     fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>> {
         Box::pin(async move {
-            if let Some(e) = self.failure.take() {
-                return Err(self.fail(e));
-            }
             loop {
+                // The entries of the last response come first, each sample handed out as soon
+                // as it is complete: its consumer copies it while the next one is gathered.
+                while let Some(mut entry) = self.entries.next() {
+                    let complete = from_ring(&mut entry, self.ring.as_ref(), self.client.address())
+                        .and_then(|()| self.partial.add(entry));
+                    match complete {
+                        Err(e) => return Err(self.fail(e)),
+                        Ok(None) => {}
+                        Ok(Some((info, chunks))) => {
+                            if self.outstanding == 0 {
+                                let e = ClientError::data_loss(format!(
+                                    "Server at {} sent more samples than requested",
+                                    self.client.address()
+                                ));
+                                return Err(self.fail(e));
+                            }
+                            self.outstanding -= 1;
+                            return Ok(vec![plan(info, &chunks)]);
+                        }
+                    }
+                }
                 let Some(call) = self.call.as_mut() else {
                     return Err(ClientError::new(
                         Code::Unavailable,
@@ -201,36 +219,7 @@ impl SampleStream for GrpcSampleStream {
                         ring.reported(released);
                     }
                 }
-                let mut samples = Vec::new();
-                for mut entry in response.entries {
-                    let complete = from_ring(&mut entry, self.ring.as_ref(), self.client.address())
-                        .and_then(|()| self.partial.add(entry));
-                    let complete = match complete {
-                        Ok(complete) => complete,
-                        Err(e) if samples.is_empty() => return Err(self.fail(e)),
-                        Err(e) => {
-                            self.failure = Some(e);
-                            break;
-                        }
-                    };
-                    if let Some((info, chunks)) = complete {
-                        if self.outstanding == 0 {
-                            let e = ClientError::data_loss(format!(
-                                "Server at {} sent more samples than requested",
-                                self.client.address()
-                            ));
-                            return Err(self.fail(e));
-                        }
-                        self.outstanding -= 1;
-                        samples.push(plan(info, &chunks));
-                    }
-                }
-                if !samples.is_empty() {
-                    return Ok(samples);
-                }
-                if let Some(e) = self.failure.take() {
-                    return Err(self.fail(e));
-                }
+                self.entries = response.entries.into_iter();
             }
         })
     }
@@ -245,8 +234,8 @@ impl Drop for GrpcSampleStream {
         // dropped part-way (a call that timed out with a request still being served) is
         // dropped, which resets it.
         let served = !self.failed
-            && self.failure.is_none()
             && self.outstanding == 0
+            && self.entries.len() == 0
             && !self.partial.started();
         if self.keep && served {
             self.client.kept_streams.give_back(call);
