@@ -2,7 +2,7 @@
 //! rows into an open chunk, which is finalized (snappy-encoded, optionally delta-encoded) when
 //! it holds its chunk length of rows, when a flush needs it, or at the end of an episode.
 
-use super::envs::{Envs, Episode};
+use super::episodes::{Envs, Episode};
 use super::AppendError;
 use crate::tensor::{
     decode_chunk, decode_strings, dtype_size, encode_chunk_with, encode_strings, Tensor, DT_STRING,

@@ -10,6 +10,7 @@
 
 mod columns;
 mod envs;
+mod episodes;
 pub mod patterns;
 mod pending;
 mod stream;
@@ -22,7 +23,7 @@ use crate::signature::{check_item, table_signatures, Spec};
 use crate::tensor::{AsView, Tensor, TensorView};
 use crate::{runtime, writer_runtime, Client, ClientError, Result};
 use columns::{check_lengths, Columns, Row};
-use envs::Envs;
+use episodes::Envs;
 use pending::{build_item, Pending};
 use reverb_proto::TableInfo;
 use std::collections::HashMap;
