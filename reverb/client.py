@@ -158,7 +158,7 @@ class Client:
         if not specs:
             return
         leaves = [(_dtypes.canonical(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
-        problem = _signature_problem(table, specs, leaves)
+        problem = _signature.problem(table, specs, leaves)
         if problem is not None:
             raise ValueError(problem)
 
@@ -471,35 +471,6 @@ def check_num_samples(num_samples: Any) -> int:
     if num_samples < 1:
         raise ValueError(f"num_samples ({num_samples}) must be >= 1")
     return int(num_samples)
-
-
-def _fits(shape: tuple, dims: Optional[list]) -> bool:
-    return dims is None or (
-        len(shape) == len(dims) and all(d is None or d == n for n, d in zip(shape, dims))
-    )
-
-
-def _signature_problem(table: str, specs: list, leaves: list) -> Optional[str]:
-    """The reference's message when one step does not fit a table's flat `specs`, else None.
-    `leaves` holds (dtype, shape, other accepted shape) per leaf: a leaf fits a spec of its
-    shape or of the other one."""
-    start = f"Unable to CreateItem in table '{table}' because Append was called with a tensor "
-    if len(specs) != len(leaves):
-        return (
-            f"{start}signature inconsistent with table signature.  Append for timestep offset 0 "
-            f"was called with {len(leaves)} tensors, but table requires {len(specs)} tensors "
-            "per entry."
-        )
-    for i, ((dtype, shape, other), (name, want, dims)) in enumerate(zip(leaves, specs)):
-        if dtype != want or not (_fits(shape, dims) or _fits(other, dims)):
-            expected = "<unknown>" if dims is None else trajectory_writer._dims(dims)
-            return (
-                f"{start}signature inconsistent with the table signature. At timestep offset 0, "
-                f"flattened index {i}, saw a tensor of dtype {_dtypes.tf_name(dtype)}, shape "
-                f"{trajectory_writer._dims(shape)}, but expected tensor '{name}' of dtype "
-                f"{_dtypes.tf_name(want)} and shape compatible with {expected}."
-            )
-    return None
 
 
 def to_sample(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Optional, Set, Tuple
 
-from reverb import _dtypes, _nest, errors, trajectory_writer
+from reverb import _dtypes, _nest, _signature, errors, trajectory_writer
 
 
 class Writer:
@@ -119,10 +119,8 @@ class Writer:
     def _check_signature(self, table: str, specs: list, columns: list) -> None:
         """ValueError unless every column fits the table's flat `specs`, as the reference
         checks: a spec of one step's shape, or of the item's `[T, ...]` shape."""
-        from reverb import client as client_lib
-
         leaves = [(_dtypes.canonical(c.dtype), tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
-        problem = client_lib._signature_problem(table, specs, leaves)
+        problem = _signature.problem(table, specs, leaves)
         if problem is not None:
             raise ValueError(problem)
 

@@ -81,11 +81,6 @@ def _history_numpy(writer: TrajectoryWriter, column: int) -> np.ndarray:
     return np.stack([_CellRef(writer, column, s).numpy() for s, a in zip(steps, alive) if a])
 
 
-def _dims(dims: List[Any]) -> str:
-    """`[2, ?]`: dimensions as TensorFlow's errors print them."""
-    return "[" + ", ".join("?" if d is None or d < 0 else str(d) for d in dims) + "]"
-
-
 def _leaf_at(data: Any, path: Tuple[Any, ...]) -> Any:
     """The leaf of `data` at `path`, for error messages."""
     try:
