@@ -77,9 +77,9 @@ def problem(table: str, specs: list, leaves: list) -> Optional[str]:
             f"was called with {len(leaves)} tensors, but table requires {len(specs)} tensors "
             "per entry."
         )
-    for i, ((dtype, shape, other), (name, want, dims)) in enumerate(zip(leaves, specs)):
-        if dtype != want or not (_fits(shape, dims) or _fits(other, dims)):
-            expected = "<unknown>" if dims is None else dims(dims)
+    for i, ((dtype, shape, other), (name, want, want_dims)) in enumerate(zip(leaves, specs)):
+        if dtype != want or not (_fits(shape, want_dims) or _fits(other, want_dims)):
+            expected = "<unknown>" if want_dims is None else dims(want_dims)
             return (
                 f"{start}signature inconsistent with the table signature. At timestep offset 0, "
                 f"flattened index {i}, saw a tensor of dtype {_dtypes.tf_name(dtype)}, shape "
