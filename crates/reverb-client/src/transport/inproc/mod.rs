@@ -122,13 +122,12 @@ impl Server for InProc {
         rate_limiter_timeout: Option<Duration>,
         _: SampleStreamOptions,
     ) -> BoxFuture<'_, Result<Box<dyn SampleStream>>> {
-        let mut stream = InProcSampleStream {
+        let source = Direct {
             service: self.current(),
             address: self.address.clone(),
-            requests: Requests::default(),
         };
-        stream.requests.add(table, n, rate_limiter_timeout);
-        Box::pin(async move { Ok(Box::new(stream) as Box<dyn SampleStream>) })
+        let stream = batches(source, table, n, rate_limiter_timeout);
+        Box::pin(async move { Ok(stream) })
     }
 }
 
@@ -201,15 +200,75 @@ impl Requests {
     }
 }
 
-/// A sample stream from a server of this process: each `next` takes what is ready of the
-/// oldest request in one batch (the server waits for the rate limiter as for a stream).
-struct InProcSampleStream {
+/// Where a sample stream of this process takes its batches from: up to `n` samples of
+/// `table` at once, at least one, each waiting for the rate limiter at most `timeout`.
+trait Batches: Send + 'static {
+    fn batch<'a>(
+        &'a self,
+        table: &'a str,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Vec<Result<PlannedSample>>>>;
+}
+
+/// A server of this process called directly.
+struct Direct {
     service: Arc<dyn Service>,
     address: Arc<str>,
+}
+
+impl Batches for Direct {
+    fn batch<'a>(
+        &'a self,
+        table: &'a str,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Vec<Result<PlannedSample>>>> {
+        Box::pin(async move {
+            let batch = self
+                .service
+                .sample(table, n, timeout)
+                .await
+                .map_err(error(&self.address))?;
+            Ok(batch.into_iter().map(|s| plan(s.info, &s.chunks)).collect())
+        })
+    }
+}
+
+impl Batches for abi::Exported {
+    fn batch<'a>(
+        &'a self,
+        table: &'a str,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Vec<Result<PlannedSample>>>> {
+        Box::pin(async move {
+            let batch = self.sample(table, n, timeout).await?;
+            Ok(batch.into_iter().map(Ok).collect())
+        })
+    }
+}
+
+/// A sample stream of this process opened with its first request.
+fn batches<B: Batches>(
+    source: B,
+    table: &str,
+    n: usize,
+    rate_limiter_timeout: Option<Duration>,
+) -> Box<dyn SampleStream> {
+    let mut requests = Requests::default();
+    requests.add(table, n, rate_limiter_timeout);
+    Box::new(BatchStream { source, requests })
+}
+
+/// A sample stream of this process: each `next` takes what is ready of the oldest request
+/// in one batch (the server waits for the rate limiter as for a stream).
+struct BatchStream<B> {
+    source: B,
     requests: Requests,
 }
 
-impl SampleStream for InProcSampleStream {
+impl<B: Batches> SampleStream for BatchStream<B> {
     fn requests_are_free(&self) -> bool {
         true
     }
@@ -229,13 +288,9 @@ impl SampleStream for InProcSampleStream {
             let Some((table, n, timeout)) = self.requests.0.front() else {
                 return std::future::pending().await;
             };
-            let batch = self
-                .service
-                .sample(table, *n, *timeout)
-                .await
-                .map_err(error(&self.address))?;
+            let batch = self.source.batch(table, *n, *timeout).await?;
             self.requests.served(batch.len());
-            Ok(batch.into_iter().map(|s| plan(s.info, &s.chunks)).collect())
+            Ok(batch)
         })
     }
 }
@@ -285,44 +340,7 @@ impl Server for Abi {
         rate_limiter_timeout: Option<Duration>,
         _: SampleStreamOptions,
     ) -> BoxFuture<'_, Result<Box<dyn SampleStream>>> {
-        let mut stream = AbiSampleStream {
-            exported: self.exported,
-            requests: Requests::default(),
-        };
-        stream.requests.add(table, n, rate_limiter_timeout);
-        Box::pin(async move { Ok(Box::new(stream) as Box<dyn SampleStream>) })
-    }
-}
-
-/// A sample stream through the C ABI (see [`InProcSampleStream`]).
-struct AbiSampleStream {
-    exported: abi::Exported,
-    requests: Requests,
-}
-
-impl SampleStream for AbiSampleStream {
-    fn requests_are_free(&self) -> bool {
-        true
-    }
-
-    fn request(
-        &mut self,
-        table: &str,
-        n: usize,
-        rate_limiter_timeout: Option<Duration>,
-    ) -> Result<()> {
-        self.requests.add(table, n, rate_limiter_timeout);
-        Ok(())
-    }
-
-    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>> {
-        Box::pin(async move {
-            let Some((table, n, timeout)) = self.requests.0.front() else {
-                return std::future::pending().await;
-            };
-            let batch = self.exported.sample(table, *n, *timeout).await?;
-            self.requests.served(batch.len());
-            Ok(batch.into_iter().map(Ok).collect())
-        })
+        let stream = batches(self.exported, table, n, rate_limiter_timeout);
+        Box::pin(async move { Ok(stream) })
     }
 }
