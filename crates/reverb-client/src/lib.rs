@@ -71,7 +71,7 @@ fn process_runtime(
     name: &str,
     workers: impl FnOnce() -> usize,
 ) -> &'static tokio::runtime::Runtime {
-    let pid = std::process::id();
+    let pid = reverb_proto::process::id();
     let current = slot.load(Ordering::Acquire);
     // SAFETY: a slot only ever holds null or a pointer from `Box::leak`, never freed, so a
     // non-null pointer is valid for 'static.

@@ -85,7 +85,7 @@ static REGISTRY: AtomicPtr<Registry> = AtomicPtr::new(std::ptr::null_mut());
 /// held by a thread that does not exist in the child. (Registries are never freed: the
 /// parent's copy in a child is leaked.)
 fn registry() -> &'static Registry {
-    let pid = std::process::id();
+    let pid = crate::process::id();
     loop {
         let current = REGISTRY.load(Ordering::Acquire);
         // SAFETY: a non-null pointer comes from `Box::into_raw` below and is never freed.

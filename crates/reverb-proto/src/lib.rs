@@ -9,6 +9,7 @@ pub mod encoded;
 #[cfg(feature = "service")]
 pub mod inproc;
 pub mod payload;
+pub mod process;
 pub mod shm;
 #[cfg(feature = "service")]
 pub mod tls;

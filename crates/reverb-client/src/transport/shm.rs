@@ -146,7 +146,7 @@ impl Ring {
         }
         let base = base as *const u8;
         let offer = RingOffer {
-            pid: std::process::id(),
+            pid: reverb_proto::process::id(),
             fd: fd.as_raw_fd(),
             size: size as u64,
             token,
@@ -158,7 +158,7 @@ impl Ring {
             size,
             offer,
             state: Mutex::new(Releases::default()),
-            pid: std::process::id(),
+            pid: reverb_proto::process::id(),
         })))
     }
 
@@ -267,7 +267,7 @@ impl Drop for Slice {
     fn drop(&mut self) {
         // In a forked child the lock may have been held by a thread that does not exist
         // there, and the releases would reach no server anyway.
-        if std::process::id() == self.ring.0.pid {
+        if reverb_proto::process::id() == self.ring.0.pid {
             let end = self.position + self.len as u64;
             self.ring.0.state.lock().release(self.position, end);
         }
