@@ -1,15 +1,14 @@
-//! The calls of a [`Client`]: unary calls, one-shot inserts and batched sampling, each
-//! bounded by a deadline and written once against [`Client::server`].
+//! The calls of a [`Client`]: unary calls and one-shot inserts, each bounded by a deadline
+//! and written once against [`Client::server`]. (One-shot sampling, `Client::sample`, is the
+//! sampler's: `sampler/one_shot.rs`.)
 
 use super::Client;
 use crate::tensor::{encode_chunk, Tensor};
-use crate::transport::SampleStreamOptions;
-use crate::{ClientError, PlannedSample, Result, Sample};
+use crate::{ClientError, Result};
 use prost::Message;
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::*;
 use std::time::Duration;
-use tokio::time::Instant;
 use tonic::Code;
 
 impl Client {
@@ -164,97 +163,5 @@ impl Client {
             Ok(())
         })
         .await
-    }
-
-    /// Samples `num_samples` items from `table` on one stream. `rate_limiter_timeout` bounds
-    /// each wait for the rate limiter on the server; `timeout` bounds the whole call.
-    pub async fn sample(
-        &self,
-        table: &str,
-        num_samples: usize,
-        rate_limiter_timeout: Option<Duration>,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Sample>> {
-        match self
-            .sample_partial(table, num_samples, rate_limiter_timeout, timeout)
-            .await?
-        {
-            (samples, None) => Ok(samples),
-            (_, Some(e)) => Err(e),
-        }
-    }
-
-    /// Like [`Client::sample`], but when the call fails part-way it returns the samples that
-    /// arrived complete together with the error: samples taken from a table are never lost.
-    pub async fn sample_partial(
-        &self,
-        table: &str,
-        num_samples: usize,
-        rate_limiter_timeout: Option<Duration>,
-        timeout: Option<Duration>,
-    ) -> Result<(Vec<Sample>, Option<ClientError>)> {
-        if num_samples == 0 {
-            return Err(ClientError::invalid("num_samples must be >= 1"));
-        }
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let expired = || self.expired("SampleStream", timeout.unwrap_or_default());
-        let mut fresh = false;
-        let (samples, failure) = loop {
-            // Opening the stream waits for the server and is retried as unary calls are (an
-            // attempt that never reached the server sampled nothing); a reopened call keeps
-            // the deadline the first attempt started. Once the stream is open, a failure
-            // ends the call.
-            let options = SampleStreamOptions {
-                one_shot: true,
-                fresh,
-                ..SampleStreamOptions::default()
-            };
-            let mut stream = self
-                .with_deadline_at("SampleStream", timeout, deadline, |server| async move {
-                    server
-                        .sample_stream(table, num_samples, rate_limiter_timeout, options)
-                        .await
-                })
-                .await?;
-            let mut samples = Vec::with_capacity(num_samples);
-            let mut failure = None;
-            while samples.len() < num_samples {
-                let next = match deadline {
-                    Some(d) => match tokio::time::timeout_at(d, stream.next()).await {
-                        Ok(next) => next,
-                        Err(_) => {
-                            failure = Some(expired());
-                            break;
-                        }
-                    },
-                    None => stream.next().await,
-                };
-                match next {
-                    Ok(batch) => samples.extend(batch),
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
-            // A call kept open by an earlier one that was cut off before it answered served
-            // none of this request: open a fresh call, which waits for the server as a first
-            // call does.
-            if !fresh && samples.is_empty() && failure.as_ref().is_some_and(|e| e.unsent) {
-                fresh = true;
-                continue;
-            }
-            break (samples, failure);
-        };
-        // Every sample that decodes is returned (they left the table), with the first error.
-        let mut decoded = Vec::with_capacity(samples.len());
-        let mut undecodable = None;
-        for sample in samples {
-            match sample.and_then(PlannedSample::assemble) {
-                Ok(sample) => decoded.push(sample),
-                Err(e) => undecodable = undecodable.or(Some(e)),
-            }
-        }
-        Ok((decoded, undecodable.or(failure)))
     }
 }

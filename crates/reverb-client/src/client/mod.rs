@@ -1,8 +1,8 @@
 //! `Client`: a connection to one server (made lazily, shared by clones) and the calls made on
-//! it. `calls` has the calls, each bounded by a deadline and written once against the server
-//! as [`Client::server`] reaches it (over gRPC, or straight to a server of this process:
-//! `transport`), with the same semantics; `reach` waits for a server that cannot be reached
-//! yet and turns what the transport reports into errors.
+//! it. `calls` has the calls (but sampling: `sampler`), each bounded by a deadline and
+//! written once against the server as [`Client::server`] reaches it (over gRPC, or straight
+//! to a server of this process: `transport`), with the same semantics; `reach` waits for a
+//! server that cannot be reached yet and turns what the transport reports into errors.
 
 mod calls;
 mod reach;

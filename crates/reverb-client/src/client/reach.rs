@@ -253,7 +253,7 @@ impl Client {
 
     /// [`Client::with_deadline`] for a call whose `timeout` started earlier: it ends at
     /// `deadline` (`timeout` after the call began).
-    pub(super) async fn with_deadline_at<T, F, Fut>(
+    pub(crate) async fn with_deadline_at<T, F, Fut>(
         &self,
         what: &str,
         timeout: Option<Duration>,

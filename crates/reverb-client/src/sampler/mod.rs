@@ -1,13 +1,15 @@
 //! A prefetching sampler: background workers keep `max_in_flight_samples_per_worker` samples
 //! requested from one table, and queue them for a consumer that takes batches. Feeds the
 //! numpy / PyTorch iterators and the TensorFlow kernels.
-//! `server` samples one server (each worker keeping one sample stream of whatever transport
-//! reaches it full); `shards` several, drawing each sample from a shard chosen by its
-//! weight; `batch` stacks samples into columns; `one_shot` takes one batch of samples from
-//! several servers (`ShardedClient.sample`).
+//! `pump` is the one loop that takes samples off a stream of whatever transport reaches a
+//! server; `server` samples one server (each worker pumping one stream into the queue); `shards` several, drawing each sample from a shard chosen by its
+//! weight; `batch` stacks samples into columns; `one_shot` has the one-shot calls, which
+//! pump the samples they ask for into a vector (`Client::sample`, and `sample_shards`, one
+//! batch of samples from several servers: `ShardedClient.sample`).
 
 mod batch;
 mod one_shot;
+mod pump;
 mod server;
 mod shards;
 

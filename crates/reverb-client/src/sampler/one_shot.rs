@@ -1,14 +1,18 @@
-//! A one-shot sample of several servers used as one table (`ShardedClient.sample`): the
-//! shards' weights are asked for at once, each sample's shard is drawn by weight, every shard
-//! drawn is sampled at once ([`Client::sample_partial`]), and each sample's probability and
-//! table size are made global. A shard that goes away mid-call has its samples drawn from the
-//! others.
+//! One-shot sampling: [`Client::sample`] asks one stream for N samples and pumps them into
+//! a vector (the sampler's [`pump`], as a sampler asked for N); [`sample_shards`] samples
+//! several servers used as one table (`ShardedClient.sample`): the shards' weights are asked
+//! for at once, each sample's shard is drawn by weight, every shard drawn is sampled at once,
+//! and each sample's probability and table size are made global. A shard that goes away
+//! mid-call has its samples drawn from the others.
 
+use super::pump::{pump, Window};
 use crate::shards::{draw_weights, ShardWeight};
-use crate::{connect_wait, Client, ClientError, Result, Sample};
+use crate::transport::SampleStreamOptions;
+use crate::{connect_wait, Client, ClientError, PlannedSample, Result, Sample};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use reverb_proto::TableInfo;
+use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Code;
@@ -19,6 +23,101 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(1);
 const MISSING_INFO_TIMEOUT: Duration = Duration::from_millis(100);
 /// How often a call waiting for a non-empty table asks again.
 const POLL: Duration = Duration::from_millis(50);
+
+impl Client {
+    /// Samples `num_samples` items from `table` on one stream. `rate_limiter_timeout` bounds
+    /// each wait for the rate limiter on the server; `timeout` bounds the whole call.
+    pub async fn sample(
+        &self,
+        table: &str,
+        num_samples: usize,
+        rate_limiter_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Sample>> {
+        match self
+            .sample_partial(table, num_samples, rate_limiter_timeout, timeout)
+            .await?
+        {
+            (samples, None) => Ok(samples),
+            (_, Some(e)) => Err(e),
+        }
+    }
+
+    /// Like [`Client::sample`], but when the call fails part-way it returns the samples that
+    /// arrived complete together with the error: samples taken from a table are never lost.
+    pub async fn sample_partial(
+        &self,
+        table: &str,
+        num_samples: usize,
+        rate_limiter_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Result<(Vec<Sample>, Option<ClientError>)> {
+        if num_samples == 0 {
+            return Err(ClientError::invalid("num_samples must be >= 1"));
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut fresh = false;
+        let (samples, failure) = loop {
+            // Opening the stream waits for the server and is retried as unary calls are (an
+            // attempt that never reached the server sampled nothing); a reopened call keeps
+            // the deadline the first attempt started. Once the stream is open, a failure
+            // ends the call.
+            let options = SampleStreamOptions {
+                one_shot: true,
+                fresh,
+                ..SampleStreamOptions::default()
+            };
+            let mut stream = self
+                .with_deadline_at("SampleStream", timeout, deadline, |server| async move {
+                    server
+                        .sample_stream(table, num_samples, rate_limiter_timeout, options)
+                        .await
+                })
+                .await?;
+            // Every sample is asked for with the stream: nothing is left in the budget.
+            let budget = AtomicI64::new(0);
+            let window = Window {
+                table,
+                size: num_samples,
+                rate_limiter_timeout,
+                budget: &budget,
+            };
+            let (mut samples, mut received) = (Vec::with_capacity(num_samples), 0);
+            let pumped = pump(
+                &mut *stream,
+                window,
+                num_samples,
+                &mut samples,
+                &mut received,
+            );
+            let failure = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, pumped).await {
+                    Ok(pumped) => pumped.err(),
+                    Err(_) => Some(self.expired("SampleStream", timeout.unwrap_or_default())),
+                },
+                None => pumped.await.err(),
+            };
+            // A call kept open by an earlier one that was cut off before it answered served
+            // none of this request: open a fresh call, which waits for the server as a first
+            // call does.
+            if !fresh && samples.is_empty() && failure.as_ref().is_some_and(|e| e.unsent) {
+                fresh = true;
+                continue;
+            }
+            break (samples, failure);
+        };
+        // Every sample that decodes is returned (they left the table), with the first error.
+        let mut decoded = Vec::with_capacity(samples.len());
+        let mut undecodable = None;
+        for sample in samples {
+            match sample.and_then(PlannedSample::assemble) {
+                Ok(sample) => decoded.push(sample),
+                Err(e) => undecodable = undecodable.or(Some(e)),
+            }
+        }
+        Ok((decoded, undecodable.or(failure)))
+    }
+}
 
 /// What a one-shot sample of several servers returned.
 #[derive(Debug, Default)]

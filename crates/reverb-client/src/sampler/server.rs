@@ -2,6 +2,7 @@
 //! of [`Client::server`] full (requests pipelined within a budget of samples shared by the
 //! workers), and queues what arrives for the consumer.
 
+use super::pump::{pump, reserve, Sink, Window};
 use super::{SamplerOptions, AUTO_WORKERS};
 use crate::shards;
 use crate::transport::shm;
@@ -273,20 +274,23 @@ async fn worker(
     }
 }
 
-/// Takes up to `want` samples from the shared budget; returns how many were granted.
-fn reserve(budget: &AtomicI64, want: usize) -> usize {
-    budget
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-            (left > 0).then(|| left - left.min(want as i64))
-        })
-        .map(|left| left.min(want as i64) as usize)
-        .unwrap_or(0)
+/// The consumer's queue, as a pump's sink: an undecodable sample fails the worker.
+struct Queue<'a>(&'a mpsc::Sender<Event>);
+
+impl Sink for Queue<'_> {
+    async fn put(&mut self, sample: Result<PlannedSample>) -> Result<bool> {
+        Ok(self.0.send(Event::Sample(Box::new(sample?))).await.is_ok())
+    }
+
+    async fn gone(&self) {
+        self.0.closed().await
+    }
 }
 
-/// One sample stream kept full: requests are pipelined so that about
-/// `max_in_flight_samples_per_worker` samples are always requested and not yet received (a
-/// new request goes out once half of them have arrived). Returns `Ok` once the budget is spent
-/// or the consumer has gone; on an error, gives back the samples requested but not received.
+/// Opens one sample stream and keeps it full ([`pump`]): about
+/// `max_in_flight_samples_per_worker` samples always requested and not yet received. Returns
+/// `Ok` once the budget is spent or the consumer has gone; on an error, gives back the
+/// samples requested but not received.
 async fn stream(
     server: &dyn Server,
     client: &Client,
@@ -297,11 +301,10 @@ async fn stream(
     received: &mut usize,
 ) -> Result<()> {
     let max_in_flight = options.max_in_flight_samples_per_worker;
-    let mut outstanding = reserve(budget, max_in_flight);
+    let outstanding = reserve(budget, max_in_flight);
     if outstanding == 0 {
         return Ok(());
     }
-    let give_back = |outstanding: usize| budget.fetch_add(outstanding as i64, Ordering::SeqCst);
     let stream_options = SampleStreamOptions {
         ring_bytes: options
             .shared_memory
@@ -335,49 +338,15 @@ async fn stream(
     let mut stream = match opened.await {
         Ok(stream) => stream,
         Err(e) => {
-            give_back(outstanding);
+            budget.fetch_add(outstanding as i64, Ordering::SeqCst);
             return Err(e);
         }
     };
-    // Asked for again once half the window arrived (or at once, when asking is free).
-    let low = if stream.requests_are_free() {
-        max_in_flight
-    } else {
-        max_in_flight / 2 + 1
+    let window = Window {
+        table,
+        size: max_in_flight,
+        rate_limiter_timeout: options.rate_limiter_timeout,
+        budget,
     };
-    loop {
-        if outstanding < low {
-            let more = reserve(budget, max_in_flight - outstanding);
-            if more > 0 {
-                stream.request(table, more, options.rate_limiter_timeout)?;
-                outstanding += more;
-            } else if outstanding == 0 {
-                return Ok(());
-            }
-        }
-        let samples = tokio::select! {
-            got = stream.next() => match got {
-                Ok(samples) => samples,
-                Err(e) => {
-                    give_back(outstanding);
-                    return Err(e);
-                }
-            },
-            _ = tx.closed() => return Ok(()), // the consumer went away
-        };
-        for sample in samples {
-            outstanding -= 1;
-            *received += 1;
-            let sample = match sample {
-                Ok(sample) => sample,
-                Err(e) => {
-                    give_back(outstanding);
-                    return Err(e);
-                }
-            };
-            if tx.send(Event::Sample(Box::new(sample))).await.is_err() {
-                return Ok(()); // the consumer went away
-            }
-        }
-    }
+    pump(&mut *stream, window, outstanding, &mut Queue(tx), received).await
 }
