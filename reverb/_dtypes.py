@@ -23,23 +23,6 @@ _TF_OF_NUMPY = {
 }
 _NUMPY_OF_TF = {v: k for k, v in _TF_OF_NUMPY.items()}
 STRING = 7  # DT_STRING: numpy bytes_, str_ and object arrays of bytes or str
-# Names as TensorFlow's C++ prints them (`DataTypeString`), as the reference's errors do.
-_TF_NAMES = {1: "float", 2: "double", 19: "half"}
-
-
-def canonical(dtype: np.dtype) -> np.dtype:
-    """The dtype a column of `dtype` holds: object for every kind of string array."""
-    dtype = np.dtype(dtype)
-    return np.dtype(object) if dtype.kind in "SUO" else dtype
-
-
-def tf_name(dtype: np.dtype) -> str:
-    """`float`, `double`, `int32`, ...: a dtype named as TensorFlow's errors name it."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "SUO":
-        return "string"
-    value = _TF_OF_NUMPY.get(dtype if dtype.isnative else dtype.newbyteorder("="))
-    return _TF_NAMES.get(value, str(dtype)) if value is not None else str(dtype)
 
 
 def tf_enum(dtype: np.dtype) -> int:

@@ -19,6 +19,7 @@ __all__ = [
     "StepLayout",
     "StructuredWriter",
     "Table",
+    "TableSignature",
     "TrajectoryColumn",
     "TrajectoryWriter",
     "__version__",
@@ -30,7 +31,8 @@ __all__ = [
     "key_shard",
     "sample_shards",
     "server_info_all",
-    "signature_specs",
+    "table_signature",
+    "tf_dtype_name",
 ]
 __version__: str
 MAX_SHARDS: int
@@ -149,6 +151,17 @@ class Client:
         rate_limiter_timeout: Optional[float] = None,
         timeout: Optional[float] = None,
     ) -> Tuple[List[Tuple[SampleInfo, List[_Column]]], Optional[BaseException]]: ...
+
+@final
+class TableSignature:
+    """A table's signature, flattened in `tf.nest` order."""
+
+    @property
+    def specs(self) -> List[Tuple[str, int, Optional[List[int]]]]: ...
+    def __len__(self) -> int: ...
+    def problem(
+        self, table: str, leaves: Sequence[Tuple[int, Sequence[int], Sequence[int]]]
+    ) -> Optional[str]: ...
 
 @final
 class AppendError:
@@ -345,9 +358,8 @@ def sample_shards(
 ]: ...
 def key_shard(key: int) -> Optional[int]: ...
 def descriptor_set() -> bytes: ...
-def signature_specs(
-    signature: bytes,
-) -> Optional[List[Tuple[str, int, Optional[List[int]]]]]: ...
+def table_signature(signature: bytes) -> Optional[TableSignature]: ...
+def tf_dtype_name(dtype: int) -> str: ...
 def inproc_port(address: str, auth_token: Optional[str] = None) -> Optional[int]: ...
 def _shm_chunks_received() -> int: ...
 def _malloc_tuned() -> bool: ...

@@ -68,7 +68,7 @@ class Client:
         # (needs TensorFlow) and as flat specs (native, for the checks of inserts).
         self._tables: Dict[str, Any] = {}
         self._signature_cache: Dict[str, Any] = {}
-        self._flat_specs: Dict[str, list] = {}
+        self._flat_specs: Dict[str, Optional[_native.TableSignature]] = {}
         self._max_times_sampled_cache: Dict[str, int] = {}
         self._insert_lock = threading.Lock()
         self._insert_writer: Optional[_native.TrajectoryWriter] = None
@@ -154,11 +154,11 @@ class Client:
         """ValueError (nothing is inserted) when one step of `arrays` does not fit the
         table's signature. As in the reference, a leaf fits a spec of its own shape or of
         its shape with a leading time dimension of 1."""
-        specs = self._specs(table, None)
-        if not specs:
+        signature = self._table_signature(table, None)
+        if signature is None:
             return
-        leaves = [(_dtypes.canonical(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
-        problem = _signature.problem(table, specs, leaves)
+        leaves = [(_dtypes.tf_enum(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
+        problem = signature.problem(table, leaves)
         if problem is not None:
             raise ValueError(problem)
 
@@ -444,23 +444,15 @@ class Client:
             self._signature_cache[table] = _signature.decode(proto.signature)
         return self._signature_cache[table]
 
-    def _specs(self, table: str, timeout: Optional[float]) -> list:
-        """The leaves of `table`'s signature as (name, numpy dtype, dims with None for
-        unknown sizes, or None for an unknown rank); [] without a signature. Decoded
-        natively: no TensorFlow needed."""
+    def _table_signature(
+        self, table: str, timeout: Optional[float]
+    ) -> Optional[_native.TableSignature]:
+        """`table`'s signature, flattened (None without one), decoded natively once: no
+        TensorFlow needed."""
         proto = self._table(table, timeout)
-        specs = self._flat_specs.get(table)
-        if specs is None:
-            specs = [
-                (
-                    name,
-                    _dtypes.numpy_dtype(dtype),
-                    None if dims is None else [None if d < 0 else d for d in dims],
-                )
-                for name, dtype, dims in _native.signature_specs(proto.signature) or []
-            ]
-            self._flat_specs[table] = specs
-        return specs
+        if table not in self._flat_specs:
+            self._flat_specs[table] = _native.table_signature(proto.signature)
+        return self._flat_specs[table]
 
 
 def check_num_samples(num_samples: Any) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Optional, Set, Tuple
 
-from reverb import _dtypes, _nest, _signature, errors, trajectory_writer
+from reverb import _dtypes, _native, _nest, errors, trajectory_writer
 
 
 class Writer:
@@ -36,7 +36,7 @@ class Writer:
         self._history: Any = None
         self._columns: Tuple[int, ...] = ()
         # Per table: its flat specs ([] when it has no signature), looked up once.
-        self._specs: Dict[str, list] = {}
+        self._specs: Dict[str, Optional[_native.TableSignature]] = {}
         # (table, num_timesteps, columns) whose items fit the table's signature: a column's
         # dtype and row shape never change, so each is checked once.
         self._checked: Set[Tuple[str, int, Tuple[int, ...]]] = set()
@@ -106,33 +106,34 @@ class Writer:
             self._history, self._columns = history, tuple(h._column for h in leaves)
         key = (table, num_timesteps, self._columns)
         if key not in self._checked:
-            specs = self._table_specs(table)
-            if specs:
+            signature = self._table_signature(table)
+            if signature is not None:
                 leaves = [h[-num_timesteps:] for h in _nest.flatten(history)]
-                self._check_signature(table, specs, leaves)
+                self._check_signature(table, signature, leaves)
             self._checked.add(key)
         self._writer._check_open()
         self._writer._writer.create_item_of_last(
             table, float(priority), self._columns, num_timesteps
         )
 
-    def _check_signature(self, table: str, specs: list, columns: list) -> None:
-        """ValueError unless every column fits the table's flat `specs`, as the reference
+    def _check_signature(
+        self, table: str, signature: _native.TableSignature, columns: list
+    ) -> None:
+        """ValueError unless every column fits the table's signature, as the reference
         checks: a spec of one step's shape, or of the item's `[T, ...]` shape."""
-        leaves = [(_dtypes.canonical(c.dtype), tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
-        problem = _signature.problem(table, specs, leaves)
+        leaves = [(_dtypes.tf_enum(c.dtype), tuple(c.shape)[1:], tuple(c.shape)) for c in columns]
+        problem = signature.problem(table, leaves)
         if problem is not None:
             raise ValueError(problem)
 
-    def _table_specs(self, table: str) -> list:
-        """The flat specs of `table`'s signature ([] without one), looked up once;
-        ValueError if the table is unknown."""
-
+    def _table_signature(self, table: str) -> Optional[_native.TableSignature]:
+        """`table`'s signature (None without one), looked up once; ValueError if the table
+        is unknown."""
         if table in self._specs:
             return self._specs[table]
         client = self._client
         try:
-            specs = self._specs[table] = client._specs(table, None)
+            signature = self._specs[table] = client._table_signature(table, None)
         except errors.NotFoundError:
             # The reference's legacy writer refuses unknown tables with a ValueError.
             raise ValueError(
@@ -140,7 +141,7 @@ class Writer:
                 f"Available tables: {sorted(client._tables)}. (The server at "
                 f"{client.server_address} has no such table.)"
             ) from None
-        return specs
+        return signature
 
     def flush(self) -> None:
         """Sends every created item and waits until the server confirmed them."""

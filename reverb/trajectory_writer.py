@@ -199,16 +199,16 @@ class TrajectoryWriter:
                 f"append call and thus must be omitted or set to None but got: "
                 f"{_leaf_at(data, path)}"
             )
-        want = (_dtypes.numpy_dtype(error.expected[0]), tuple(error.expected[1]))
-        got = (_dtypes.numpy_dtype(error.got[0]), tuple(error.got[1]))
-        if want[0] != got[0]:
+        (want_dtype, want_shape), (got_dtype, got_shape) = error.expected, error.got
+        if want_dtype != got_dtype:
             raise ValueError(
                 f"Tensor of wrong dtype provided for column {path}. Got "
-                f"{_dtypes.tf_name(got[0])} but expected {_dtypes.tf_name(want[0])}."
+                f"{_native.tf_dtype_name(got_dtype)} but expected "
+                f"{_native.tf_dtype_name(want_dtype)}."
             )
         raise ValueError(
-            f"Tensor of incompatible shape provided for column {path}. Got {list(got[1])} "
-            f"which is incompatible with {list(want[1])}."
+            f"Tensor of incompatible shape provided for column {path}. Got {list(got_shape)} "
+            f"which is incompatible with {list(want_shape)}."
         )
 
     # Writing.

@@ -171,38 +171,63 @@ pub fn decode_signature(bytes: &[u8]) -> Result<Option<Vec<Spec>>> {
 /// of its shape with a leading time dimension of 1. The error (INVALID_ARGUMENT) names the
 /// table and the first mismatch.
 pub fn check_step(table: &str, specs: &[Spec], leaves: &[(i32, &[i64])]) -> Result<()> {
+    let timed: Vec<Vec<i64>> = leaves
+        .iter()
+        .map(|(_, shape)| std::iter::once(1).chain(shape.iter().copied()).collect())
+        .collect();
+    let leaves: Vec<(i32, &[i64], &[i64])> = leaves
+        .iter()
+        .zip(&timed)
+        .map(|(&(dtype, shape), timed)| (dtype, shape, timed.as_slice()))
+        .collect();
+    match step_problem(table, specs, &leaves) {
+        Some(problem) => Err(ClientError::invalid(problem)),
+        None => Ok(()),
+    }
+}
+
+/// The reference's message when one step does not fit `table`'s signature, else `None`.
+/// `leaves` holds, per leaf in flattened order, its dtype, its shape (printed in the message)
+/// and another shape it may fit by (a step with a leading time dimension of 1, or the legacy
+/// writer's `[T, ...]` item column).
+pub fn step_problem(
+    table: &str,
+    specs: &[Spec],
+    leaves: &[(i32, &[i64], &[i64])],
+) -> Option<String> {
     let start = format!(
         "Unable to CreateItem in table '{table}' because Append was called with a tensor \
          signature inconsistent with"
     );
     if specs.len() != leaves.len() {
-        return Err(ClientError::invalid(format!(
+        return Some(format!(
             "{start} table signature.  Append for timestep offset 0 was called with {} tensors, \
              but table requires {} tensors per entry.",
             leaves.len(),
             specs.len()
-        )));
+        ));
     }
-    for (i, (spec, &(dtype, shape))) in specs.iter().zip(leaves).enumerate() {
-        let timed: Vec<i64> = std::iter::once(1).chain(shape.iter().copied()).collect();
-        if spec.accepts(dtype, shape) || spec.accepts(dtype, &timed) {
-            continue;
-        }
-        let expected = spec
-            .shape
-            .as_ref()
-            .map_or("<unknown>".to_string(), |d| dims(d));
-        return Err(ClientError::invalid(format!(
-            "{start} the table signature. At timestep offset 0, flattened index {i}, saw a \
-             tensor of dtype {}, shape {}, but expected tensor '{}' of dtype {} and shape \
-             compatible with {expected}.",
-            tf_name(dtype),
-            dims(shape),
-            spec.name,
-            tf_name(spec.dtype)
-        )));
-    }
-    Ok(())
+    let (i, (spec, &(dtype, shape, _))) =
+        specs
+            .iter()
+            .zip(leaves)
+            .enumerate()
+            .find(|(_, (spec, &(dtype, shape, other)))| {
+                !spec.accepts(dtype, shape) && !spec.accepts(dtype, other)
+            })?;
+    let expected = spec
+        .shape
+        .as_ref()
+        .map_or("<unknown>".to_string(), |d| dims(d));
+    Some(format!(
+        "{start} the table signature. At timestep offset 0, flattened index {i}, saw a \
+         tensor of dtype {}, shape {}, but expected tensor '{}' of dtype {} and shape \
+         compatible with {expected}.",
+        tf_name(dtype),
+        dims(shape),
+        spec.name,
+        tf_name(spec.dtype)
+    ))
 }
 
 /// The flat signature of every table of a `ServerInfo` answer, by name (`None`: no
@@ -256,8 +281,9 @@ fn dims(dims: &[i64]) -> String {
     format!("[{}]", dims.join(", "))
 }
 
-/// A dtype as TensorFlow's C++ names it (`float`, `double`, `int32`, ...).
-fn tf_name(dtype: i32) -> String {
+/// A dtype as TensorFlow's C++ names it (`float`, `double`, `int32`, ...), as the
+/// reference's errors do.
+pub fn tf_name(dtype: i32) -> String {
     match dtype {
         1 => "float".into(),
         2 => "double".into(),

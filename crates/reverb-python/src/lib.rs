@@ -18,6 +18,7 @@ mod malloc;
 mod numpy;
 mod sampler;
 mod server;
+mod signature;
 mod structured_writer;
 mod writer;
 
@@ -33,23 +34,6 @@ static ALLOCATOR: reverb_server::HugePageAlloc = reverb_server::HugePageAlloc;
 #[pyfunction]
 fn descriptor_set<'py>(py: Python<'py>) -> Bound<'py, PyBytes> {
     PyBytes::new(py, reverb_proto::FILE_DESCRIPTOR_SET)
-}
-
-/// One leaf of a table signature: name, TF dtype, dims (None: unknown rank).
-type FlatSpec = (String, i32, Option<Vec<i64>>);
-
-/// The leaves of a serialized table signature (`TableInfo.signature`) as `(name, TF dtype,
-/// dims or None for an unknown rank)`, decoded without TensorFlow; None when it is empty.
-#[pyfunction]
-fn signature_specs(signature: &[u8]) -> PyResult<Option<Vec<FlatSpec>>> {
-    let specs =
-        reverb_client::signature::decode_signature(signature).map_err(errors::client_error)?;
-    Ok(specs.map(|specs| {
-        specs
-            .into_iter()
-            .map(|s| (s.name, s.dtype, s.shape))
-            .collect()
-    }))
 }
 
 /// Whether importing this module set glibc's malloc thresholds (see `malloc`).
@@ -85,7 +69,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(client::key_shard, m)?)?;
     m.add("MAX_SHARDS", reverb_client::shards::MAX_SHARDS)?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
-    m.add_function(wrap_pyfunction!(signature_specs, m)?)?;
+    m.add_class::<signature::PyTableSignature>()?;
+    m.add_function(wrap_pyfunction!(signature::table_signature, m)?)?;
+    m.add_function(wrap_pyfunction!(signature::tf_dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(inproc_abi::inproc_port, m)?)?;
     m.add_function(wrap_pyfunction!(_shm_chunks_received, m)?)?;
     m.add_function(wrap_pyfunction!(_malloc_tuned, m)?)?;
