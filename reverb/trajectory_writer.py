@@ -11,74 +11,22 @@ from __future__ import annotations
 import collections.abc
 from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
-
-from reverb import _dtypes, _native, _nest, errors
+from reverb import _native, _nest, errors
 
 Path = Tuple[Any, ...]
 # How long leaving a `with` block because of an exception waits for unconfirmed items.
 _FLUSH_ON_ERROR_TIMEOUT_MS = 10_000
 
 
-class _CellRef(tuple):
-    """A reference to one written cell: (writer, column index, episode step)."""
-
-    __slots__ = ()
-
-    def __new__(cls, writer: TrajectoryWriter, column: int, step: int) -> _CellRef:
-        return tuple.__new__(cls, (writer, column, step))
-
-    @property
-    def expired(self) -> bool:
-        """Whether the cell can no longer be referenced."""
-        writer, column, step = self
-        return not writer._writer.alive(column, [step])[0]
-
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        return self[0]._spec(self[1])[1]
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self[0]._spec(self[1])[0]
-
-    def numpy(self) -> np.ndarray:
-        """The cell's value; RuntimeError if it has expired."""
-        writer, column, step = self
-        cell = writer._writer.read_cell(column, step)
-        if cell is None:
-            raise RuntimeError(
-                f"Cannot read step {step} of column {writer._path_name(column)}: it has expired "
-                "(increase num_keep_alive_refs)"
-            )
-        return _dtypes.from_column(cell)
-
-    def __repr__(self) -> str:
-        return f"CellRef(column={self[1]}, step={self[2]})"
-
-
 # A column of an item: references to cells of one writer's history, optionally squeezed
 # (exactly one cell, no leading dimension): `TrajectoryColumn(data_references, *,
 # squeeze=False, path=None)`, made by indexing `writer.history`. `len`, iteration (cell
-# references), indexing (an int squeezes), `is_squeezed`, `shape`, `dtype`, `numpy()`.
-# Native, as is each column of `history`: actors slice both on every step.
+# references: `CellRef`, with `expired`, `shape`, `dtype`, `numpy()`), indexing (an int
+# squeezes), `is_squeezed`, `shape`, `dtype`, `numpy()`. Native, as is each column of
+# `history`: actors slice both on every step, and they read the native writer's cells.
 TrajectoryColumn = _native.TrajectoryColumn
+CellRef = _native.CellRef
 _ColumnHistory = _native.ColumnHistory
-
-
-def _column_numpy(writer: TrajectoryWriter, cells: List[Tuple[int, int]], squeeze: bool) -> Any:
-    """`TrajectoryColumn.numpy()`: the cells stacked (squeezed: the one cell)."""
-    values = [_CellRef(writer, c, s).numpy() for c, s in cells]
-    return values[0] if squeeze else np.stack(values)
-
-
-def _history_numpy(writer: TrajectoryWriter, column: int) -> np.ndarray:
-    """`history[path].numpy()`: every live cell of the column, stacked (expired cells are
-    skipped)."""
-    start = writer._episode_start
-    steps = list(range(start, start + writer._history_length()))
-    alive = writer._writer.alive(column, steps)
-    return np.stack([_CellRef(writer, column, s).numpy() for s, a in zip(steps, alive) if a])
 
 
 def _leaf_at(data: Any, path: Tuple[Any, ...]) -> Any:
@@ -126,13 +74,7 @@ class TrajectoryWriter:
         self._history: Any = None
         # The structure of the last flattened step, for `_append_fast`.
         self._layout: Optional[_native.StepLayout] = None
-        self._specs: Dict[int, Tuple[np.dtype, Tuple[int, ...]]] = {}
         self._closed = False
-        # Mirrors of the native episode position (saves a native call per history access).
-        # Cells are addressed by writer-wide step: episode step i is _episode_start + i.
-        self._steps = 0
-        self._step_open = False
-        self._episode_start = 0
 
     # Columns and structure.
 
@@ -147,16 +89,6 @@ class TrajectoryWriter:
     def _path_name(self, column: int) -> str:
         return str(self._paths[column]) if column < len(self._paths) else f"#{column}"
 
-    def _spec(self, column: int) -> Tuple[np.dtype, Tuple[int, ...]]:
-        spec = self._specs.get(column)
-        if spec is None:
-            native = self._writer.column_spec(column)
-            if native is None:
-                raise ValueError(f"Column {self._path_name(column)} has no data yet")
-            spec = (_dtypes.numpy_dtype(native[0]), tuple(native[1]))
-            self._specs[column] = spec
-        return spec
-
     def _append_fast(self, data: Any, partial_step: bool) -> bool:
         """`append` of `data` when it has the structure of the last flattened step and plain
         leaves (one native call); False, appending nothing, for any other step."""
@@ -168,7 +100,6 @@ class TrajectoryWriter:
             return False
         if error is not None:
             self._raise_append_error(error, data)
-        self._appended(partial_step)
         return True
 
     def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
@@ -229,15 +160,6 @@ class TrajectoryWriter:
         error = self._writer.append(columns, values, partial_step)
         if error is not None:
             self._raise_append_error(error, data)
-        self._appended(partial_step)
-
-    def _appended(self, partial_step: bool) -> None:
-        """Mirrors an accepted append in the episode position."""
-        if partial_step:
-            self._step_open = True
-        else:
-            self._steps += 1
-            self._step_open = False
 
     def append_steps(self, data: Any) -> None:
         """Appends N full steps at once: every leaf has a leading dimension N (beyond the
@@ -247,7 +169,6 @@ class TrajectoryWriter:
         error = self._writer.append_steps(columns, values)
         if error is not None:
             self._raise_append_error(error, data)
-        self._steps = self._writer.episode_steps
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
         """Creates an item in `table` from a nest of `TrajectoryColumn`s (taken from
@@ -290,13 +211,7 @@ class TrajectoryWriter:
         dropped), then sends everything and waits for confirmation. On a timeout
         (DeadlineExceededError) the new episode has begun all the same."""
         self._check_open()
-        try:
-            self._writer.end_episode(clear_buffers, timeout_ms)
-        finally:
-            # Whatever happened, mirror the native episode position.
-            self._steps = self._writer.episode_steps
-            self._step_open = self._writer.step_is_open
-            self._episode_start = self._writer.episode_start
+        self._writer.end_episode(clear_buffers, timeout_ms)
 
     def close(self) -> None:
         """Stops the writer. Items that were not flushed may be lost."""
@@ -323,9 +238,6 @@ class TrajectoryWriter:
 
     # History.
 
-    def _history_length(self) -> int:
-        return self._steps + self._step_open
-
     @property
     def history(self) -> Any:
         """A nest like the appended data whose leaves index the column's cells by episode
@@ -342,7 +254,7 @@ class TrajectoryWriter:
     @property
     def episode_steps(self) -> int:
         """Full steps appended since the episode began."""
-        return self._steps
+        return self._writer.episode_steps
 
     @property
     def num_unconfirmed_items(self) -> int:

@@ -21,7 +21,7 @@ one Python call.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -130,6 +130,7 @@ class VectorTrajectoryWriter(TrajectoryWriter):
     def __init__(self, internal_writer: _native.TrajectoryWriter, num_envs: int) -> None:
         super().__init__(internal_writer)
         self._num_envs = num_envs
+        self._specs: Dict[int, Tuple[np.dtype, Tuple[int, ...]]] = {}
 
     @property
     def num_envs(self) -> int:

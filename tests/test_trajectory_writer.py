@@ -228,6 +228,31 @@ def test_expired_references_are_rejected(served) -> None:
     assert [s.data[0].tolist() for s in _drain(client, "a")] == [[3, 4]]
 
 
+def test_cell_references_and_history_read_the_native_cells(served) -> None:
+    _, client = served
+    writer = client.trajectory_writer(2)
+    for t in range(4):
+        writer.append({"x": np.array([t, -t], np.int64), "s": f"step{t}".encode()})
+    refs = list(writer.history["x"])
+    assert len(refs) == 4
+    old, new = refs[0], refs[-1]
+    assert old.expired and not new.expired
+    assert new.shape == (2,) and new.dtype == np.int64
+    np.testing.assert_array_equal(new.numpy(), [3, -3])
+    with pytest.raises(RuntimeError, match=r"step 0 of column \('x',\): it has expired"):
+        old.numpy()
+    assert repr(new) == "CellRef(column=1, step=3)"  # (columns in tf.nest order: s, x)
+    # The history's numpy() stacks the cells still alive (the last two), skipping the rest.
+    np.testing.assert_array_equal(writer.history["x"].numpy(), [[2, -2], [3, -3]])
+    strings = writer.history["s"]
+    assert strings.numpy().tolist() == [b"step2", b"step3"]
+    assert strings.numpy().dtype == object and strings[-1].numpy() == b"step3"
+    assert strings[-2:].shape == (2,) and strings[-1].dtype == object
+    with pytest.raises(TypeError, match="cell references"):
+        reverb.TrajectoryColumn([(writer, 0, 3)])
+    writer.close()
+
+
 def test_append_errors_name_the_column_and_change_nothing(served) -> None:
     _, client = served
     writer = client.trajectory_writer(2)

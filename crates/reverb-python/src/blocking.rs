@@ -1,11 +1,16 @@
 //! The one way a binding waits: without the GIL, in slices of at most 100 ms, checking for
-//! signals (Ctrl-C) between slices, up to an optional deadline.
+//! signals (Ctrl-C) between slices, up to an optional deadline; and how it takes a native
+//! writer's lock (at once while it is free, else without the GIL).
 
+use crate::errors::{client_error, IntoPyResult};
+use crate::numpy::Array;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use reverb_client::{runtime, ClientError};
+use reverb_client::tensor::{AsView, TensorView};
+use reverb_client::{runtime, ClientError, Tensor};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -150,5 +155,61 @@ pub(crate) fn deadline_ms(timeout_ms: Option<i64>) -> PyResult<Option<Instant>> 
         Some(ms) => Err(PyValueError::new_err(format!(
             "timeout_ms must be >= 0, got {ms}"
         ))),
+    }
+}
+
+/// Runs `f` on a locked writer: directly if the lock is free, otherwise without the GIL.
+pub(crate) fn locked<W: Send, T: Send>(
+    py: Python<'_>,
+    lock: &Mutex<W>,
+    f: impl FnOnce(&mut W) -> T + Send,
+) -> T {
+    if let Ok(mut w) = lock.try_lock() {
+        return f(&mut w);
+    }
+    py.detach(|| f(&mut lock.lock().unwrap()))
+}
+
+/// Runs `f` on a locked writer with views of `arrays`: read in place while the GIL is held
+/// when the lock is free, else copied first (the wait for the lock releases the GIL).
+pub(crate) fn with_views<W: Send, T: Send>(
+    py: Python<'_>,
+    lock: &Mutex<W>,
+    arrays: &[Array<'_>],
+    f: impl for<'a> FnOnce(&mut W, &[TensorView<'a>]) -> T + Send,
+) -> T {
+    if let Ok(mut w) = lock.try_lock() {
+        // SAFETY: the GIL is held for the whole call and `f` (native writer code) runs no
+        // Python code; the views cannot outlive it (`f` is generic over their lifetime).
+        let views: Vec<TensorView<'_>> = arrays.iter().map(|a| unsafe { a.view() }).collect();
+        return f(&mut w, &views);
+    }
+    let owned: Vec<Tensor> = arrays.iter().map(|a| a.to_tensor(py)).collect();
+    py.detach(|| {
+        let views: Vec<TensorView<'_>> = owned.iter().map(AsView::view).collect();
+        f(&mut lock.lock().unwrap(), &views)
+    })
+}
+
+/// Repeats a bounded wait on a locked writer (`step` until a time; true when done) until
+/// done or `deadline`; DeadlineExceededError naming `what` after it.
+pub(crate) fn wait_locked<W: Send>(
+    py: Python<'_>,
+    lock: &Mutex<W>,
+    deadline: Option<Instant>,
+    what: &str,
+    mut step: impl FnMut(&mut W, Option<Instant>) -> reverb_client::Result<bool> + Send,
+) -> PyResult<()> {
+    let done = slices(py, deadline, |until| {
+        match step(&mut lock.lock().unwrap(), Some(until)) {
+            Ok(false) => None,
+            done => Some(done),
+        }
+    })?;
+    match done {
+        Some(done) => done.py().map(|_| ()),
+        None => Err(client_error(ClientError::deadline(format!(
+            "Timeout exceeded: {what} did not complete in time"
+        )))),
     }
 }

@@ -10,6 +10,7 @@
 
 mod blocking;
 mod client;
+mod column;
 mod errors;
 mod history;
 mod inproc_abi;
@@ -58,7 +59,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyClient>()?;
     m.add_class::<writer::PyTrajectoryWriter>()?;
     m.add_class::<writer::PyAppendError>()?;
-    m.add_class::<history::PyTrajectoryColumn>()?;
+    m.add_class::<column::PyCellRef>()?;
+    m.add_class::<column::PyTrajectoryColumn>()?;
     m.add_class::<history::PyColumnHistory>()?;
     m.add_class::<layout::PyStepLayout>()?;
     m.add_class::<structured_writer::PyStructuredWriter>()?;

@@ -184,6 +184,43 @@ pub(crate) fn is_plain_leaf(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResul
         || value.is_instance(numpy_generic(py)?)?)
 }
 
+/// The numpy dtype of a TensorFlow DataType value (strings: object, as the reference returns
+/// them); ValueError for one this library does not hold.
+pub(crate) fn numpy_dtype(py: Python<'_>, dtype: i32) -> PyResult<Bound<'_, PyAny>> {
+    let name = if dtype == DT_STRING {
+        "object"
+    } else {
+        DTYPES
+            .iter()
+            .find(|(d, _, _)| *d as i32 == dtype)
+            .map(|(_, name, _)| *name)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("Unsupported TensorFlow dtype value {dtype}"))
+            })?
+    };
+    numpy_module(py)?
+        .getattr(intern!(py, "dtype"))?
+        .call1((name,))
+}
+
+/// A tensor as a numpy array of its dtype and shape: numbers view the tensor's bytes (no
+/// copy), strings become an object array of bytes.
+pub(crate) fn array_out(py: Python<'_>, t: Tensor) -> PyResult<Bound<'_, PyAny>> {
+    let flat = if t.dtype == DT_STRING {
+        let elements: Vec<Py<PyAny>> = t
+            .strings()
+            .map_err(crate::errors::client_error)?
+            .into_iter()
+            .map(|e| PyBytes::new(py, e).into_any().unbind())
+            .collect();
+        PyArray1::from_vec(py, elements).into_any()
+    } else {
+        let dtype = numpy_dtype(py, t.dtype)?;
+        PyArray1::from_vec(py, t.data).call_method1(intern!(py, "view"), (dtype,))?
+    };
+    flat.call_method1(intern!(py, "reshape"), (t.shape,))
+}
+
 /// `numpy.integer`, the type of numpy integer scalars.
 pub(crate) fn numpy_integer(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static INTEGER: PyOnceLock<Py<PyType>> = PyOnceLock::new();

@@ -2,10 +2,11 @@
 //! are evaluated natively after every append; Python only flattens the step.
 
 use crate::blocking::{deadline_ms, run};
+use crate::blocking::{locked, wait_locked, with_views};
 use crate::client::PyClient;
 use crate::errors::IntoPyResult;
 use crate::numpy::{to_array, Array};
-use crate::writer::{append_error, locked, wait_locked, with_views, PyAppendError};
+use crate::writer::{append_error, PyAppendError};
 use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -1,21 +1,21 @@
 //! `reverb._native.TrajectoryWriter`: the native half of `TrajectoryWriter`,
 //! `VectorTrajectoryWriter` and `Client.insert`.
 
-use crate::blocking::{deadline_ms, run, slices};
+use crate::blocking::{deadline_ms, locked, run, wait_locked, with_views};
 use crate::client::PyClient;
+use crate::column::column_leaves;
 use crate::errors::{client_error, IntoPyResult};
-use crate::history::column_leaves;
 use crate::layout::PyStepLayout;
-use crate::numpy::{column_out, to_array, Array};
+use crate::numpy::{column_out, to_array};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use reverb_client::tensor::{AsView, TensorView};
+use reverb_client::tensor::TensorView;
 use reverb_client::writer::{
     AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions, TABLES_TIMEOUT,
 };
-use reverb_client::{ClientError, Tensor};
-use std::sync::Mutex;
+use reverb_client::ClientError;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Why an append was refused, naming the writer column (Python names its path). Returned,
@@ -70,65 +70,9 @@ fn steps_of(steps: &Bound<'_, PyAny>) -> PyResult<Steps> {
 /// Native half of `reverb.TrajectoryWriter`. Calls from several threads are serialized.
 #[pyclass(name = "TrajectoryWriter", module = "reverb._native", frozen)]
 pub(crate) struct PyTrajectoryWriter {
-    pub(crate) inner: Mutex<TrajectoryWriter>,
+    pub(crate) inner: Arc<Mutex<TrajectoryWriter>>,
     /// How long the first item of a table waits for the server's table signatures.
     pub(crate) tables_timeout: Duration,
-}
-
-/// Runs `f` on a locked writer: directly if the lock is free, otherwise without the GIL.
-pub(crate) fn locked<W: Send, T: Send>(
-    py: Python<'_>,
-    lock: &Mutex<W>,
-    f: impl FnOnce(&mut W) -> T + Send,
-) -> T {
-    if let Ok(mut w) = lock.try_lock() {
-        return f(&mut w);
-    }
-    py.detach(|| f(&mut lock.lock().unwrap()))
-}
-
-/// Runs `f` on a locked writer with views of `arrays`: read in place while the GIL is held
-/// when the lock is free, else copied first (the wait for the lock releases the GIL).
-pub(crate) fn with_views<W: Send, T: Send>(
-    py: Python<'_>,
-    lock: &Mutex<W>,
-    arrays: &[Array<'_>],
-    f: impl for<'a> FnOnce(&mut W, &[TensorView<'a>]) -> T + Send,
-) -> T {
-    if let Ok(mut w) = lock.try_lock() {
-        // SAFETY: the GIL is held for the whole call and `f` (native writer code) runs no
-        // Python code; the views cannot outlive it (`f` is generic over their lifetime).
-        let views: Vec<TensorView<'_>> = arrays.iter().map(|a| unsafe { a.view() }).collect();
-        return f(&mut w, &views);
-    }
-    let owned: Vec<Tensor> = arrays.iter().map(|a| a.to_tensor(py)).collect();
-    py.detach(|| {
-        let views: Vec<TensorView<'_>> = owned.iter().map(AsView::view).collect();
-        f(&mut lock.lock().unwrap(), &views)
-    })
-}
-
-/// Repeats a bounded wait on a locked writer (`step` until a time; true when done) until
-/// done or `deadline`; DeadlineExceededError naming `what` after it.
-pub(crate) fn wait_locked<W: Send>(
-    py: Python<'_>,
-    lock: &Mutex<W>,
-    deadline: Option<Instant>,
-    what: &str,
-    mut step: impl FnMut(&mut W, Option<Instant>) -> reverb_client::Result<bool> + Send,
-) -> PyResult<()> {
-    let done = slices(py, deadline, |until| {
-        match step(&mut lock.lock().unwrap(), Some(until)) {
-            Ok(false) => None,
-            done => Some(done),
-        }
-    })?;
-    match done {
-        Some(done) => done.py().map(|_| ()),
-        None => Err(client_error(ClientError::deadline(format!(
-            "Timeout exceeded: {what} did not complete in time"
-        )))),
-    }
 }
 
 impl PyTrajectoryWriter {
@@ -256,7 +200,7 @@ impl PyTrajectoryWriter {
         }
         .py()?;
         Ok(Self {
-            inner: Mutex::new(writer),
+            inner: Arc::new(Mutex::new(writer)),
             tables_timeout: signature_timeout_ms.map_or(TABLES_TIMEOUT, Duration::from_millis),
         })
     }
