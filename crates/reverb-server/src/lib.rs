@@ -4,9 +4,9 @@
 //! Data path: `InsertStream` (`insert_stream.rs`) stores chunk bytes per stream and inserts
 //! items into tables (waiting, not buffering, while a rate limiter blocks); `SampleStream`
 //! (`sample_stream.rs`) samples batches from a table and streams chunk bytes back without
-//! decoding them. Besides gRPC, `transport/` holds the two other ways a client reaches the
-//! tables: a shared-memory ring for sampled chunk bytes (`shm`), and direct calls from a client
-//! of the same process (`inproc`).
+//! decoding them, inline or through a shared-memory ring a client on this host offers (`shm`).
+//! Besides gRPC (`service.rs`), `transport/` holds the other way a client reaches the tables:
+//! direct calls from a client of the same process (`inproc`).
 
 pub mod alloc;
 mod auth;
@@ -17,6 +17,7 @@ pub mod metrics;
 mod sample_stream;
 mod server;
 mod service;
+mod shm;
 mod status;
 mod tables;
 mod tls;

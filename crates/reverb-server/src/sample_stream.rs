@@ -9,9 +9,9 @@
 //! [`sample_waiting`] is the one wait on a table's rate limiter, shared with the in-process
 //! service.
 
+use crate::shm::RingWriter;
 use crate::status::RATE_LIMITER_TIMEOUT;
 use crate::tables::Tables;
-use crate::transport::shm::RingWriter;
 use bytes::Bytes;
 use reverb_core::{SampledItem, Table, Waiter};
 use reverb_proto::sample_stream_response::SampleEntry;

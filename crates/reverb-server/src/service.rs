@@ -3,9 +3,9 @@
 
 use crate::checkpointer::Checkpointer;
 use crate::metrics::{StreamKind, Streams};
+use crate::shm::RingWriter;
 use crate::status::from_core;
 use crate::tables::Tables;
-use crate::transport::shm::RingWriter;
 use crate::{insert_stream, sample_stream};
 use futures::Stream;
 use reverb_core::Table;

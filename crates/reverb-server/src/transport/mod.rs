@@ -1,6 +1,5 @@
-//! How clients reach the tables besides the gRPC service (`service.rs`): `shm` writes sampled
-//! chunk bytes into a ring a client on this host offers; `inproc` serves clients of this
-//! process through `reverb_proto::inproc::Service`.
+//! How clients of this process reach the tables besides the gRPC service (`service.rs`):
+//! `inproc` serves them through `reverb_proto::inproc::Service`, with the stream handlers the
+//! gRPC service uses (`insert_stream`, `sample_stream`).
 
 pub(crate) mod inproc;
-pub(crate) mod shm;
