@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import numbers
 import os
-import threading
 from typing import Any, Dict, Generator, List, Optional, Union
 
 import numpy as np
@@ -70,11 +69,6 @@ class Client:
         self._signature_cache: Dict[str, Any] = {}
         self._flat_specs: Dict[str, Optional[_native.TableSignature]] = {}
         self._max_times_sampled_cache: Dict[str, int] = {}
-        self._insert_lock = threading.Lock()
-        self._insert_writer: Optional[_native.TrajectoryWriter] = None
-        # The connection inserts use once a kept stream died (see `insert`); else `_client`.
-        self._insert_client: Optional[_native.Client] = None
-        self._insert_columns: Dict[tuple, int] = {}
 
     def _connect(self) -> _native.Client:
         """A native client of the server with this client's token and TLS settings (a
@@ -133,22 +127,9 @@ class Client:
             self._check_signature(str(table), arrays)
         pairs = [(str(table), float(priority)) for table, priority in priorities.items()]
         timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
-        # The same machinery as the trajectory writer: one persistent insert stream per client,
-        # each insert its own one-step episode (as with the reference's legacy writer).
-        with self._insert_lock:
-            for attempt in range(2):
-                reused = self._insert_writer is not None
-                try:
-                    self._insert_once(arrays, pairs, timeout_ms)
-                    return
-                except errors.UnavailableError:
-                    # The stream of a writer kept from an earlier insert may have died without
-                    # it knowing yet (e.g. the server restarted): retry once on a fresh stream,
-                    # over a fresh connection (the client's may still be the dead one).
-                    if not reused or attempt == 1:
-                        raise
-                    self._insert_writer = None
-                    self._insert_client = self._connect()
+        # Natively, as TFClient.insert: each insert a one-step episode of a writer kept
+        # between inserts (one insert stream), as with the reference's legacy writer.
+        self._client.insert(arrays, pairs, timeout_ms)
 
     def _check_signature(self, table: str, arrays: List[np.ndarray]) -> None:
         """ValueError (nothing is inserted) when one step of `arrays` does not fit the
@@ -161,40 +142,6 @@ class Client:
         problem = signature.problem(table, leaves)
         if problem is not None:
             raise ValueError(problem)
-
-    def _insert_once(self, arrays: list, pairs: list, timeout_ms: Optional[int]) -> None:
-        if self._insert_writer is not None and self._insert_writer.failed:
-            # Its stream died between calls (e.g. the server restarted): start afresh.
-            self._insert_writer = None
-        if self._insert_writer is None:
-            # No reconnect loop: a dead server fails the call (UnavailableError) at once.
-            self._insert_writer = _native.TrajectoryWriter(
-                self._insert_client or self._client,
-                num_keep_alive_refs=1,
-                max_chunk_length=1,
-                reconnect_timeout=0.0,
-            )
-            self._insert_columns = {}
-        writer = self._insert_writer
-        # One writer column per (position, dtype, shape): inserts may change structure.
-        columns = [
-            self._insert_columns.setdefault((i, a.dtype.str, a.shape), len(self._insert_columns))
-            for i, a in enumerate(arrays)
-        ]
-        step = writer.episode_start
-        try:
-            if writer.append(columns, arrays, False) is not None:
-                raise RuntimeError("internal error: insert columns collided")
-            cells = [([(column, step)], False) for column in columns]
-            for table, priority in pairs:
-                writer.create_item(table, priority, cells)
-            writer.end_episode(True, timeout_ms)
-        except BaseException:
-            # A failed or timed-out insert is not stored later: cancel what the server
-            # has not stored yet; the next insert starts a fresh stream.
-            writer.abort()
-            self._insert_writer = None
-            raise
 
     def sample(
         self,

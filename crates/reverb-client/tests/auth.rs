@@ -4,7 +4,7 @@
 use reverb_client::{Client, Tensor};
 mod common;
 
-use common::{block, table, T};
+use common::{block, insert_step, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -32,7 +32,7 @@ fn only_clients_with_the_token_are_served() {
         .unwrap()
         .with_auth_token(Some("s3cret"))
         .unwrap();
-    block(good.insert_step(vec![one()], vec![("t".into(), 1.0)], T)).unwrap();
+    insert_step(&good, vec![one()], vec![("t".into(), 1.0)], T).unwrap();
     for inproc in [false, true] {
         for token in [None, Some("wrong")] {
             let bad = Client::new(&address)
@@ -52,7 +52,7 @@ fn only_clients_with_the_token_are_served() {
             refused(block(bad.sample("t", 1, None, T)).unwrap_err());
             refused(block(bad.reset("t", T)).unwrap_err());
             refused(block(bad.checkpoint(T)).unwrap_err());
-            refused(block(bad.insert_step(vec![one()], vec![("t".into(), 1.0)], T)).unwrap_err());
+            refused(insert_step(&bad, vec![one()], vec![("t".into(), 1.0)], T).unwrap_err());
         }
     }
     // Nothing changed: the one item is there and served to the right token, in-process too.

@@ -5,7 +5,7 @@ use prost::Message;
 use reverb_client::{Client, Tensor};
 mod common;
 
-use common::{block, grpc_client, table, T};
+use common::{block, grpc_client, insert_step, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::tensorflow::DataType;
@@ -116,7 +116,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
         5i32.to_le_bytes().to_vec(),
     )
     .unwrap();
-    block(client.insert_step(vec![one.clone()], vec![("t".into(), 1.0)], T)).unwrap();
+    insert_step(&client, vec![one.clone()], vec![("t".into(), 1.0)], T).unwrap();
 
     let insert = "/deepmind.reverb.ReverbService/InsertStream";
     let sample = "/deepmind.reverb.ReverbService/SampleStream";
@@ -248,7 +248,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
     assert_eq!(t.size(), 1);
     let samples = block(client.sample("t", 2, None, T)).unwrap();
     assert_eq!(samples[0].columns[0].data, 5i32.to_le_bytes().to_vec());
-    block(client.insert_step(vec![one], vec![("t".into(), 1.0)], T)).unwrap();
+    insert_step(&client, vec![one], vec![("t".into(), 1.0)], T).unwrap();
     assert_eq!(t.size(), 2);
 }
 
@@ -264,7 +264,7 @@ fn client_disconnect_while_blocked_frees_the_stream() {
     // inserted at the very instant a caller gives up can still go to that caller.)
     std::thread::sleep(Duration::from_millis(100));
     let one = Tensor::new(DataType::DtInt8 as i32, vec![], vec![1]).unwrap();
-    block(client.insert_step(vec![one], vec![("t".into(), 1.0)], T)).unwrap();
+    insert_step(&client, vec![one], vec![("t".into(), 1.0)], T).unwrap();
     // The abandoned request took nothing: the one item is sampled exactly once here.
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(
@@ -482,13 +482,13 @@ fn unfinished_messages_are_bounded_per_connection_and_per_server() {
         5i32.to_le_bytes().to_vec(),
     )
     .unwrap();
-    block(client.insert_step(vec![one.clone()], vec![("t".into(), 1.0)], T)).unwrap();
+    insert_step(&client, vec![one.clone()], vec![("t".into(), 1.0)], T).unwrap();
     assert_eq!(
         holder.join().unwrap(),
         None,
         "the holder's stream stays open"
     );
-    block(client.insert_step(vec![one], vec![("t".into(), 1.0)], T)).unwrap();
+    insert_step(&client, vec![one], vec![("t".into(), 1.0)], T).unwrap();
     assert_eq!(t.size(), 2);
 }
 
@@ -584,7 +584,7 @@ fn wire_fuzz_of_every_rpc_loses_nothing_of_a_well_behaved_client() {
                 .unwrap();
                 // A call that fails (the transport may: the server is being hammered) is
                 // retried as a client would; an insert that failed may or may not be stored.
-                match block(client.insert_step(vec![value], vec![(GOOD.into(), 1.0)], T)) {
+                match insert_step(&client, vec![value], vec![(GOOD.into(), 1.0)], T) {
                     Ok(_) => inserted += 1,
                     Err(e) => {
                         eprintln!("well-behaved insert failed: {e:?}");

@@ -3,7 +3,7 @@
 use reverb_client::Tensor;
 mod common;
 
-use common::{block, client, table, T, TRANSPORTS};
+use common::{block, client, insert_step, table, T, TRANSPORTS};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -28,11 +28,12 @@ fn insert_sample_mutate_reset() {
             [1i32, 2, 3].iter().flat_map(|v| v.to_le_bytes()).collect(),
         )
         .unwrap();
-        let keys = block(client.insert_step(
+        let keys = insert_step(
+            &client,
             vec![scalar_f32(1.5), vec3.clone()],
             vec![("a".into(), 1.0), ("b".into(), 2.0)],
             T,
-        ))
+        )
         .unwrap();
         assert_eq!(keys.len(), 2);
         assert_eq!((a.size(), b.size()), (1, 1));
@@ -68,8 +69,13 @@ fn insert_sample_mutate_reset() {
             "{}",
             err.message
         );
-        let err = block(client.insert_step(vec![scalar_f32(0.0)], vec![("nope".into(), 1.0)], T))
-            .unwrap_err();
+        let err = insert_step(
+            &client,
+            vec![scalar_f32(0.0)],
+            vec![("nope".into(), 1.0)],
+            T,
+        )
+        .unwrap_err();
         assert_eq!(err.code, tonic::Code::NotFound);
         // The failed insert did not disturb what is stored.
         assert_eq!(b.size(), 1);

@@ -5,7 +5,7 @@ use reverb_client::sampler::{Sampler, SamplerOptions};
 use reverb_client::transport::shm;
 use reverb_client::{Client, PlannedSample, Tensor};
 mod common;
-use common::{block, client, grpc_client, queue, table, T, TRANSPORTS};
+use common::{block, client, grpc_client, insert_step, queue, table, T, TRANSPORTS};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -18,7 +18,7 @@ fn insert(client: &Client, table: &str, value: i64) {
         value.to_le_bytes().to_vec(),
     )
     .unwrap();
-    block(client.insert_step(vec![t], vec![(table.into(), 1.0)], T)).unwrap();
+    insert_step(client, vec![t], vec![(table.into(), 1.0)], T).unwrap();
 }
 
 fn value(s: &reverb_client::PlannedSample) -> i64 {
@@ -158,7 +158,7 @@ fn big_chunks_come_through_shared_memory_and_inline_when_the_ring_is_full() {
     let fill = |from: i64| {
         for i in from..from + N {
             let t = Tensor::new(DataType::DtUint8 as i32, vec![LEN as i64], frame(i, LEN)).unwrap();
-            block(client.insert_step(vec![t], vec![("q".into(), 1.0)], T)).unwrap();
+            insert_step(&client, vec![t], vec![("q".into(), 1.0)], T).unwrap();
         }
     };
     let mut opts = options(1, Some(N as u64), None);

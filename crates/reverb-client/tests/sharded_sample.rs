@@ -6,7 +6,7 @@ use reverb_client::sampler::sample_shards;
 use reverb_client::{Client, Tensor};
 mod common;
 
-use common::{block, grpc_client, queue, table, T};
+use common::{block, grpc_client, insert_step, queue, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -18,7 +18,7 @@ fn fill(client: &Client, table: &str, values: std::ops::Range<i64>) -> HashMap<u
     values
         .map(|v| {
             let step = Tensor::new(DataType::DtInt64 as i32, vec![], v.to_le_bytes().to_vec());
-            let keys = block(client.insert_step(vec![step.unwrap()], vec![(table.into(), 1.0)], T));
+            let keys = insert_step(client, vec![step.unwrap()], vec![(table.into(), 1.0)], T);
             (keys.unwrap()[0], v)
         })
         .collect()

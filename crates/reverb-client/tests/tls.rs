@@ -6,7 +6,7 @@ use reverb_client::transport::tls::Tls;
 use reverb_client::{Client, ClientError, Tensor};
 mod common;
 
-use common::{block, table, T};
+use common::{block, insert_step, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions, ServerTls};
@@ -60,10 +60,10 @@ fn trusting(ca: &str, cert: bool) -> Tls {
 
 /// `call` fails within a few seconds (not after retrying for a minute).
 fn refused_quickly<R: std::fmt::Debug>(
-    call: impl std::future::Future<Output = reverb_client::Result<R>>,
+    call: impl FnOnce() -> reverb_client::Result<R>,
 ) -> ClientError {
     let start = Instant::now();
-    let error = block(call).unwrap_err();
+    let error = call().unwrap_err();
     assert!(
         start.elapsed() < Duration::from_secs(8),
         "took {:?}: {error:?}",
@@ -77,7 +77,7 @@ fn clients_that_trust_the_servers_authority_are_served_over_tls() {
     let (server, t) = start(Some(server_tls(false)));
     for host in ["localhost", "127.0.0.1", "[::1]"] {
         let c = client(&server, host, Some(trusting("ca.pem", false)));
-        block(c.insert_step(vec![one(7)], vec![("t".into(), 1.0)], T)).unwrap();
+        insert_step(&c, vec![one(7)], vec![("t".into(), 1.0)], T).unwrap();
         let samples = block(c.sample("t", 1, None, T)).unwrap();
         assert_eq!(samples[0].columns[0].data, 7i32.to_le_bytes().to_vec());
         // A clone made for another connection keeps TLS.
@@ -95,16 +95,16 @@ fn clients_that_trust_the_servers_authority_are_served_over_tls() {
 fn clients_that_do_not_trust_the_server_or_speak_plain_tcp_are_refused() {
     let (server, t) = start(Some(server_tls(false)));
     let stranger = client(&server, "localhost", Some(trusting("other-ca.pem", false)));
-    let e = refused_quickly(stranger.insert_step(vec![one(1)], vec![("t".into(), 1.0)], T));
+    let e = refused_quickly(|| insert_step(&stranger, vec![one(1)], vec![("t".into(), 1.0)], T));
     assert!(e.message.to_lowercase().contains("certificate"), "{e:?}");
     let plain = client(&server, "localhost", None);
-    let e = refused_quickly(plain.insert_step(vec![one(1)], vec![("t".into(), 1.0)], T));
+    let e = refused_quickly(|| insert_step(&plain, vec![one(1)], vec![("t".into(), 1.0)], T));
     assert!(e.message.contains("tls_ca"), "{e:?}");
     assert_eq!(t.size(), 0, "nothing stored from refused clients");
     // And a TLS client of a plain server is refused too.
     let (plain_server, _) = start(None);
     let c = client(&plain_server, "localhost", Some(trusting("ca.pem", false)));
-    let e = refused_quickly(c.server_info(T));
+    let e = refused_quickly(|| block(c.server_info(T)));
     assert!(e.message.contains("does it serve TLS"), "{e:?}");
 }
 
@@ -112,11 +112,11 @@ fn clients_that_do_not_trust_the_server_or_speak_plain_tcp_are_refused() {
 fn with_a_client_ca_only_clients_with_a_certificate_are_served() {
     let (server, t) = start(Some(server_tls(true)));
     let anonymous = client(&server, "localhost", Some(trusting("ca.pem", false)));
-    let e = refused_quickly(anonymous.insert_step(vec![one(1)], vec![("t".into(), 1.0)], T));
+    let e = refused_quickly(|| insert_step(&anonymous, vec![one(1)], vec![("t".into(), 1.0)], T));
     assert!(e.message.contains("tls_cert"), "{e:?}");
     assert_eq!(t.size(), 0);
     let known = client(&server, "localhost", Some(trusting("ca.pem", true)));
-    block(known.insert_step(vec![one(2)], vec![("t".into(), 1.0)], T)).unwrap();
+    insert_step(&known, vec![one(2)], vec![("t".into(), 1.0)], T).unwrap();
     assert_eq!(t.size(), 1);
 }
 

@@ -1,9 +1,9 @@
 //! `reverb._native.Client`: unary calls and `Client.sample` (over gRPC, or straight to a
 //! server of this process: `reverb_client` decides per call).
 
-use crate::blocking::{run, run_here, seconds};
+use crate::blocking::{deadline_ms, run, run_here, seconds, slices, with_views};
 use crate::errors::{client_error, IntoPyResult};
-use crate::numpy::column_out;
+use crate::numpy::{column_out, to_array};
 use prost::Message;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -11,7 +11,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList};
 use reverb_client::sampler::sample_shards as sample_shards_of;
 use reverb_client::transport::tls::Tls;
-use reverb_client::{Client, Sample};
+use reverb_client::writer::Inserter;
+use reverb_client::{Client, ClientError, Sample};
+use std::sync::Mutex;
 
 /// A client call's future, owning what it needs.
 type BoxFuture<T> =
@@ -32,6 +34,8 @@ pub(crate) fn inproc_allowed(_py: Python<'_>) -> bool {
 #[pyclass(name = "Client", module = "reverb._native", frozen)]
 pub(crate) struct PyClient {
     pub(crate) inner: Client,
+    /// `Client.insert`'s writer, kept between inserts.
+    inserter: Mutex<Inserter>,
 }
 
 impl PyClient {
@@ -259,8 +263,10 @@ impl PyClient {
                 .map_err(pyo3::exceptions::PyValueError::new_err)?;
             inner = inner.with_tls(tls).py()?;
         }
+        let inner = inner.with_inproc(inproc_allowed(py));
         Ok(Self {
-            inner: inner.with_inproc(inproc_allowed(py)),
+            inserter: Mutex::new(Inserter::new(inner.clone())),
+            inner,
         })
     }
 
@@ -310,6 +316,58 @@ impl PyClient {
         self.call(py, |c| {
             Box::pin(async move { c.reset(&table, timeout).await })
         })
+    }
+
+    /// Inserts one step (`values`: its leaves) as one item per `(table, priority)`, the items
+    /// sharing the step's chunks; returns once the server stored them (DeadlineExceededError
+    /// after `timeout_ms`). A failed, timed-out or interrupted insert is never stored later.
+    #[pyo3(signature = (values, priorities, timeout_ms=None))]
+    fn insert(
+        &self,
+        py: Python<'_>,
+        values: Vec<Bound<'_, PyAny>>,
+        priorities: Vec<(String, f64)>,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        let deadline = deadline_ms(timeout_ms)?;
+        let arrays = values
+            .iter()
+            .map(|v| to_array(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        let inserter = &self.inserter;
+        loop {
+            let started = with_views(py, inserter, &arrays, |i, step| i.start(step, &priorities));
+            let inserted = match started {
+                Err(e) => Err(e),
+                Ok(_) => {
+                    let waited = slices(py, deadline, |until| {
+                        match inserter.lock().unwrap().wait(Some(until)) {
+                            Ok(false) => None,
+                            done => Some(done),
+                        }
+                    });
+                    match waited {
+                        Ok(Some(done)) => done.map(|_| ()),
+                        Ok(None) => {
+                            inserter.lock().unwrap().abort();
+                            Err(ClientError::deadline(
+                                "Timeout exceeded: insert did not complete in time",
+                            ))
+                        }
+                        // (A signal, e.g. KeyboardInterrupt.)
+                        Err(e) => {
+                            inserter.lock().unwrap().abort();
+                            return Err(e);
+                        }
+                    }
+                }
+            };
+            match inserted {
+                Ok(()) => return Ok(()),
+                Err(e) if inserter.lock().unwrap().retry_after(&e) => {}
+                Err(e) => return Err(client_error(e)),
+            }
+        }
     }
 
     /// Asks the server to checkpoint; returns the path.

@@ -6,9 +6,10 @@ use crate::samples::{write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::signature::{check_step, decode_signature, Spec as SignatureSpec};
 use reverb_client::tensor::{dtype_name, dtype_size, encode_strings, DT_STRING};
+use reverb_client::writer::Inserter;
 use reverb_client::{runtime, Client, Tensor};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn timeout_attr(c: &Construction, name: &str) -> Result<Option<Duration>> {
     let ms = c.int(name)?;
@@ -109,6 +110,8 @@ type TableSignature = std::result::Result<Option<Vec<SignatureSpec>>, String>;
 pub struct ClientInsert {
     client: Client,
     timeout: Option<Duration>,
+    /// The writer of the inserts, kept between them (as `Client.insert`'s).
+    inserter: Mutex<Inserter>,
     /// Each table's flat signature (`None`: it has none), learned at the first insert.
     signatures: Mutex<HashMap<String, TableSignature>>,
 }
@@ -130,8 +133,10 @@ pub mod insert {
 
 impl Kernel for ClientInsert {
     fn create(c: &Construction) -> Result<Self> {
+        let client = c.client()?;
         Ok(Self {
-            client: c.client()?,
+            inserter: Mutex::new(Inserter::new(client.clone())),
+            client,
             timeout: timeout_attr(c, "timeout_ms")?,
             signatures: Mutex::default(),
         })
@@ -177,7 +182,8 @@ impl Kernel for ClientInsert {
             .map(|(t, p)| t.map(|t| (t, p)))
             .collect::<Result<Vec<_>>>()?;
         self.check_signatures(&columns, &targets)?;
-        runtime().block_on(self.client.insert_step(columns, targets, self.timeout))?;
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        self.inserter.lock().insert(&columns, &targets, deadline)?;
         Ok(())
     }
 }

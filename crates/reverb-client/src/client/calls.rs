@@ -3,10 +3,8 @@
 //! sampler's: `sampler/one_shot.rs`.)
 
 use super::Client;
-use crate::tensor::{encode_chunk, Tensor};
 use crate::{ClientError, Result};
 use prost::Message;
-use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::*;
 use std::time::Duration;
 use tonic::Code;
@@ -49,70 +47,6 @@ impl Client {
             server.checkpoint().await
         })
         .await
-    }
-
-    /// Inserts one step (`columns`, each without a batch dimension) as one item per
-    /// `(table, priority)`; the items share the step's chunks. Returns the item keys once the
-    /// server has confirmed them all.
-    pub async fn insert_step(
-        &self,
-        columns: Vec<Tensor>,
-        priorities: Vec<(String, f64)>,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<u64>> {
-        if priorities.is_empty() {
-            return Err(ClientError::invalid("priorities must not be empty"));
-        }
-        if columns.is_empty() {
-            return Err(ClientError::invalid(
-                "data must contain at least one tensor",
-            ));
-        }
-        let episode_id: u64 = rand::random();
-        let range = SequenceRange {
-            episode_id,
-            start: 0,
-            end: 0,
-            sparse: false,
-        };
-        let mut chunks = Vec::with_capacity(columns.len());
-        let mut trajectory_columns = Vec::with_capacity(columns.len());
-        for mut column in columns {
-            column.shape.insert(0, 1);
-            let key: u64 = rand::random();
-            chunks.push(encode_chunk(key, range, std::slice::from_ref(&column)));
-            trajectory_columns.push(Column {
-                chunk_slices: vec![ChunkSlice {
-                    chunk_key: key,
-                    offset: 0,
-                    length: 1,
-                    index: 0,
-                }],
-                squeeze: false,
-            });
-        }
-        let trajectory = FlatTrajectory {
-            columns: trajectory_columns,
-        };
-        let items: Vec<PrioritizedItem> = priorities
-            .into_iter()
-            .map(|(table, priority)| PrioritizedItem {
-                key: self.new_item_key(),
-                table,
-                priority,
-                flat_trajectory: Some(trajectory.clone()),
-                ..Default::default()
-            })
-            .collect();
-        let keys: Vec<u64> = items.iter().map(|i| i.key).collect();
-        let request = InsertStreamRequest {
-            chunks,
-            items: items.iter().map(encode_item).collect(),
-            keep_chunk_keys: Vec::new(),
-        };
-        self.send_requests(vec![request], keys.iter().copied().collect(), timeout)
-            .await?;
-        Ok(keys)
     }
 
     /// Sends requests on one `InsertStream` and waits until every item is confirmed. Every

@@ -11,12 +11,14 @@
 mod columns;
 mod envs;
 mod episodes;
+mod insert;
 pub mod patterns;
 mod pending;
 mod stream;
 mod structured;
 
 pub use envs::Steps;
+pub use insert::Inserter;
 pub use structured::StructuredWriter;
 
 use crate::signature::{check_item, table_signatures, Spec};

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)] // each test file uses a different subset
 
-use reverb_client::Client;
+use reverb_client::writer::Inserter;
+use reverb_client::{Client, Tensor};
 use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
 use reverb_server::Server;
 use std::sync::Arc;
@@ -96,4 +97,16 @@ pub fn client(server: &Server, transport: &str) -> Client {
         "inproc" => inproc_client(server),
         other => panic!("unknown transport {other}"),
     }
+}
+
+/// Inserts one step as one item per `(table, priority)` (as `Client.insert` does) and waits
+/// until the server stored them, at most `timeout`; returns the items' keys.
+pub fn insert_step(
+    client: &Client,
+    step: Vec<Tensor>,
+    priorities: Vec<(String, f64)>,
+    timeout: Option<Duration>,
+) -> reverb_client::Result<Vec<u64>> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    Inserter::new(client.clone()).insert(&step, &priorities, deadline)
 }
