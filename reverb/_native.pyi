@@ -17,6 +17,7 @@ __all__ = [
     "Sampler",
     "Selector",
     "Server",
+    "StepColumns",
     "StepLayout",
     "StructuredWriter",
     "Table",
@@ -240,8 +241,18 @@ class StepLayout:
     @staticmethod
     def of(step: object, columns: Sequence[int]) -> Optional[StepLayout]: ...
     def flatten(self, step: object) -> Optional[List[object]]: ...
+
+@final
+class StepColumns:
+    """The writer column of each leaf path of a trajectory writer's steps; flattens steps."""
+
+    def __new__(cls) -> StepColumns: ...
+    def flatten(self, step: object) -> Tuple[List[int], List[object], Optional[List[int]]]: ...
+    def column(self, path: Tuple[object, ...]) -> int: ...
     @property
-    def columns(self) -> List[int]: ...
+    def width(self) -> int: ...
+    @property
+    def paths(self) -> List[Tuple[object, ...]]: ...
 
 # Which episode steps an item column of a vectorised writer takes.
 _Steps = Union[int, Tuple[Optional[int], Optional[int], Optional[int]], List[int]]
@@ -266,9 +277,9 @@ class TrajectoryWriter:
     def append(
         self, columns: Sequence[int], values: Sequence[object], partial: bool = False
     ) -> Optional[AppendError]: ...
-    def append_layout(
-        self, data: object, layout: StepLayout, partial: bool
-    ) -> Tuple[bool, Optional[AppendError]]: ...
+    def append_step(
+        self, step: object, columns: StepColumns, partial: bool
+    ) -> Tuple[Optional[AppendError], Optional[List[int]]]: ...
     def append_steps(
         self, columns: Sequence[int], values: Sequence[object]
     ) -> Optional[AppendError]: ...

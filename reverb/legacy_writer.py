@@ -79,10 +79,11 @@ class Writer:
         is sent until an item references it."""
         writer = self._writer
         writer._check_open()
-        if writer._append_fast(data, False):  # (the last step's flat keys: the last width)
-            return
-        self._check_width(len(_nest.flatten(data)))
-        writer._append_flat(data, *writer._flatten(data), False)
+        columns, values, grown = writer._columns.flatten(data)
+        self._check_width(writer._columns.width)  # (before the history takes the step)
+        if grown is not None:
+            writer._grow(data, grown)
+        writer._append_flat(data, columns, values)
 
     def append_sequence(self, sequence: Any) -> None:
         """Appends `T` steps at once: every leaf has the leading dimension `T`."""

@@ -9,7 +9,7 @@ cells, and `create_item` builds an item from slices of that history.
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from reverb import _native, _nest, errors
 
@@ -68,58 +68,34 @@ class TrajectoryWriter:
 
     def __init__(self, internal_writer: _native.TrajectoryWriter) -> None:
         self._writer = internal_writer
-        self._paths: List[Path] = []
-        self._path_index: Dict[Path, int] = {}
+        # The writer column of each leaf path; flattens every step (natively).
+        self._columns = _native.StepColumns()
         self._structure: Any = None
         self._history: Any = None
-        # The structure of the last flattened step, for `_append_fast`.
-        self._layout: Optional[_native.StepLayout] = None
         self._closed = False
 
     # Columns and structure.
 
-    def _column_of(self, path: Path) -> int:
-        index = self._path_index.get(path)
-        if index is None:
-            index = len(self._paths)
-            self._paths.append(path)
-            self._path_index[path] = index
-        return index
+    @property
+    def _paths(self) -> List[Path]:
+        """Each column's path, by column."""
+        return self._columns.paths
 
     def _path_name(self, column: int) -> str:
-        return str(self._paths[column]) if column < len(self._paths) else f"#{column}"
+        paths = self._columns.paths
+        return str(paths[column]) if column < len(paths) else f"#{column}"
 
-    def _append_fast(self, data: Any, partial_step: bool) -> bool:
-        """`append` of `data` when it has the structure of the last flattened step and plain
-        leaves (one native call); False, appending nothing, for any other step."""
-        layout = self._layout
-        if layout is None:
-            return False
-        done, error = self._writer.append_layout(data, layout, partial_step)
-        if not done:
-            return False
-        if error is not None:
-            self._raise_append_error(error, data)
-        return True
+    def _grow(self, data: Any, columns: List[int]) -> None:
+        """Takes the structure of `data` (whose leaves have `columns`) into `history`: a
+        column had its first value in it."""
+        self._structure = _merge(self._structure, _nest.pack_sequence_as(data, columns))
+        self._history = None
 
     def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
-        layout = self._layout
-        if layout is not None:
-            leaves = layout.flatten(data)
-            if leaves is not None:
-                return layout.columns, leaves
-        pairs = _nest.flatten_with_path(data)
-        if not pairs:
-            raise ValueError("append() needs at least one value")
-        columns = [self._column_of(path) for path, _ in pairs]
-        values = [value for _, value in pairs]
-        structure = _nest.pack_sequence_as(data, columns)
-        if self._structure is None or _nest.flatten(_merge(self._structure, structure)) != (
-            _nest.flatten(self._structure)
-        ):
-            self._structure = _merge(self._structure, structure)
-            self._history = None
-        self._layout = _native.StepLayout.of(data, columns)
+        """The column and value of each leaf of `data` (`None` leaves left out)."""
+        columns, values, grown = self._columns.flatten(data)
+        if grown is not None:
+            self._grow(data, grown)
         return columns, values
 
     def _raise_append_error(self, error: _native.AppendError, data: Any) -> None:
@@ -148,15 +124,16 @@ class TrajectoryWriter:
         """Appends a step (any nest of array-likes). With `partial_step`, the step stays open
         and later calls may add the fields it did not set. The structure may grow over time."""
         self._check_open()
-        if self._append_fast(data, partial_step):
-            return
-        columns, values = self._flatten(data)
-        self._append_flat(data, columns, values, partial_step)
+        error, grown = self._writer.append_step(data, self._columns, partial_step)
+        if grown is not None:
+            self._grow(data, grown)
+        if error is not None:
+            self._raise_append_error(error, data)
 
     def _append_flat(
-        self, data: Any, columns: List[int], values: List[Any], partial_step: bool
+        self, data: Any, columns: List[int], values: List[Any], partial_step: bool = False
     ) -> None:
-        """`append` of `data` flattened to `columns` and `values`."""
+        """`append` of `data` flattened already (`_flatten`) to `columns` and `values`."""
         error = self._writer.append(columns, values, partial_step)
         if error is not None:
             self._raise_append_error(error, data)
@@ -230,7 +207,8 @@ class TrajectoryWriter:
             )
         self._check_open()
         # (For a vectorised writer, the column is a field and applies in every env.)
-        self._writer.configure(self._column_of(tuple(path)), num_keep_alive_refs, max_chunk_length)
+        column = self._columns.column(tuple(path))
+        self._writer.configure(column, num_keep_alive_refs, max_chunk_length)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -253,6 +253,20 @@ def test_cell_references_and_history_read_the_native_cells(served) -> None:
     writer.close()
 
 
+def test_none_leaves_are_fields_not_set_in_the_step(served) -> None:
+    _, client = served
+    with client.trajectory_writer(2) as writer:
+        writer.append({"a": np.int32(1), "b": None}, partial_step=True)
+        writer.append({"a": None, "b": np.float32(2)})
+        writer.append({"a": np.int32(3), "b": np.float32(4)})
+        assert writer.episode_steps == 2
+        np.testing.assert_array_equal(writer.history["a"][:].numpy(), [1, 3])
+        np.testing.assert_array_equal(writer.history["b"][:].numpy(), [2, 4])
+        with pytest.raises(ValueError, match=r"Field \('a',\) has already been set"):
+            writer.append({"a": np.int32(5)}, partial_step=True)
+            writer.append({"a": np.int32(6)})
+
+
 def test_append_errors_name_the_column_and_change_nothing(served) -> None:
     _, client = served
     writer = client.trajectory_writer(2)

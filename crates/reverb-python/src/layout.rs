@@ -1,11 +1,16 @@
-//! `StepLayout`: the nest structure of a writer's last step, so the next steps of that
-//! structure flatten in one native walk instead of Python's general nest code.
+//! How writers flatten steps. `StepColumns` (the trajectory writers'): every step's leaves
+//! with the writer column of their paths, a step of the last structure in one native walk,
+//! any other walked in full natively. `StepLayout` (the structured writer's, whose columns are
+//! positions): the structure of the last step, so the next steps of that structure flatten
+//! natively.
 //!
 //! Flattening follows `reverb._nest`'s (and `tf.nest`'s) order: dicts by sorted key, lists
 //! and tuples (named tuples too) in order, anything else is a leaf.
 
 use crate::numpy::is_plain_leaf;
+use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyTuple, PyType};
@@ -203,12 +208,6 @@ impl PyStepLayout {
         }
     }
 
-    /// The writer column of each leaf, in flattening order.
-    #[getter]
-    fn columns(&self) -> Vec<usize> {
-        self.columns.clone()
-    }
-
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         self.root.visit(&visit)
     }
@@ -222,5 +221,226 @@ impl Node {
             Node::Dict(entries) => entries.iter().map(|(_, n)| n.count()).sum(),
             Node::List(nodes) | Node::Tuple(_, nodes) => nodes.iter().map(Node::count).sum(),
         }
+    }
+}
+
+/// How deep the general walk of [`PyStepColumns::flatten`] goes before it gives up on a nest
+/// (a cyclic one: Python's flattening raises RecursionError too).
+const MAX_WALK_DEPTH: usize = 500;
+
+/// The writer columns of a trajectory writer's steps: one per leaf path (a tuple of dict
+/// keys, named-tuple field names and sequence indices, as `tf.nest` paths), numbered as paths
+/// first appear. Steps flatten here in one way: the leaves of a step of the last structure
+/// seen are read in one native walk; any other step is walked in full (any mapping, named
+/// tuples, lists and tuples), its new paths get new columns, and its structure becomes the
+/// one expected next.
+#[pyclass(name = "StepColumns", module = "reverb._native")]
+pub(crate) struct PyStepColumns {
+    /// The structure of the last step walked in full, and the column of each of its leaves.
+    last: Option<(Node, Vec<usize>)>,
+    /// Each column's path.
+    paths: Vec<Py<PyTuple>>,
+    /// The column of each path (`{path: column}`).
+    index: Py<PyDict>,
+    /// Whether a step had a value at the column yet (`configure` may name a path first).
+    seen: Vec<bool>,
+    /// How many leaves the last step flattened had.
+    width: usize,
+}
+
+/// A flattened step: each value's column, the values (`None` leaves left out: a column not
+/// set in this step), and, when the step was walked in full, the column of every leaf (in
+/// `tf.nest` order) and whether a column had its first value in it.
+pub(crate) struct Flat<'py> {
+    pub(crate) columns: Vec<usize>,
+    pub(crate) values: Vec<Bound<'py, PyAny>>,
+    pub(crate) every: Option<Vec<usize>>,
+    pub(crate) grew: bool,
+}
+
+impl PyStepColumns {
+    /// `step` flattened (see the type's doc); ValueError when it has no leaves, TypeError for
+    /// a mapping whose keys cannot be sorted, RecursionError for a cyclic nest.
+    pub(crate) fn flat<'py>(&mut self, step: &Bound<'py, PyAny>) -> PyResult<Flat<'py>> {
+        let py = step.py();
+        if let Some((node, columns)) = &self.last {
+            let mut values = Vec::with_capacity(columns.len());
+            if node.flatten(step, &mut values)? {
+                self.width = columns.len();
+                return Ok(Flat {
+                    columns: columns.clone(),
+                    values,
+                    every: None,
+                    grew: false,
+                });
+            }
+        }
+        let mut leaves = Vec::new();
+        walk(step, &mut Vec::new(), &mut leaves, 0)?;
+        if leaves.is_empty() {
+            return Err(PyValueError::new_err("append() needs at least one value"));
+        }
+        let mut flat = Flat {
+            columns: Vec::with_capacity(leaves.len()),
+            values: Vec::with_capacity(leaves.len()),
+            every: None,
+            grew: false,
+        };
+        let mut every_column = Vec::with_capacity(leaves.len());
+        for (path, value) in leaves {
+            let column = self.column_of(&PyTuple::new(py, path)?)?;
+            every_column.push(column);
+            if value.is_none() {
+                continue;
+            }
+            flat.grew |= !std::mem::replace(&mut self.seen[column], true);
+            flat.columns.push(column);
+            flat.values.push(value);
+        }
+        // (A step with `None` leaves is not the structure expected next: its next step may
+        // set those columns for the first time.)
+        let complete = flat.values.len() == every_column.len();
+        self.last = match Node::of(step, 0)? {
+            Some(node) if complete && node.count() == every_column.len() => {
+                Some((node, every_column.clone()))
+            }
+            _ => None,
+        };
+        self.width = every_column.len();
+        flat.every = Some(every_column);
+        Ok(flat)
+    }
+
+    /// The column of `path`, a new one if it has none yet.
+    fn column_of(&mut self, path: &Bound<'_, PyTuple>) -> PyResult<usize> {
+        let index = self.index.bind(path.py());
+        if let Some(column) = index.get_item(path)? {
+            return column.extract();
+        }
+        let column = self.paths.len();
+        index.set_item(path, column)?;
+        self.paths.push(path.clone().unbind());
+        self.seen.push(false);
+        Ok(column)
+    }
+}
+
+/// `(path, leaf)` of every leaf of `x` in `tf.nest` order, `path` extended from `at`.
+fn walk<'py>(
+    x: &Bound<'py, PyAny>,
+    at: &mut Vec<Bound<'py, PyAny>>,
+    out: &mut Vec<(Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>)>,
+    depth: usize,
+) -> PyResult<()> {
+    let py = x.py();
+    if depth > MAX_WALK_DEPTH {
+        return Err(pyo3::exceptions::PyRecursionError::new_err(
+            "maximum recursion depth exceeded while flattening a step (is it cyclic?)",
+        ));
+    }
+    let mut each = |key: Bound<'py, PyAny>, child: Bound<'py, PyAny>, out: &mut Vec<_>| {
+        at.push(key);
+        let walked = walk(&child, at, out, depth + 1);
+        at.pop();
+        walked
+    };
+    if x.is_instance(mapping_type(py)?)? {
+        let keys = py
+            .import(intern!(py, "builtins"))?
+            .getattr(intern!(py, "sorted"))?
+            .call1((x,))
+            .map_err(|e| {
+                if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
+                    pyo3::exceptions::PyTypeError::new_err(
+                        "nest only supports dicts with sortable keys",
+                    )
+                } else {
+                    e
+                }
+            })?;
+        for key in keys.downcast::<PyList>()?.iter() {
+            let child = x.get_item(&key)?;
+            each(key, child, out)?;
+        }
+    } else if let Ok(tuple) = x.downcast::<PyTuple>() {
+        // (Named tuples are keyed by field name, as dm-tree does.)
+        match x.get_type().getattr(intern!(py, "_fields")) {
+            Ok(fields) => {
+                for (field, child) in fields.try_iter()?.zip(tuple.iter()) {
+                    each(field?, child, out)?;
+                }
+            }
+            Err(_) => {
+                for (i, child) in tuple.iter().enumerate() {
+                    each(i.into_pyobject(py)?.into_any(), child, out)?;
+                }
+            }
+        }
+    } else if let Ok(list) = x.downcast::<PyList>() {
+        for (i, child) in list.iter().enumerate() {
+            each(i.into_pyobject(py)?.into_any(), child, out)?;
+        }
+    } else {
+        out.push((at.clone(), x.clone()));
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl PyStepColumns {
+    #[new]
+    fn new(py: Python<'_>) -> Self {
+        Self {
+            last: None,
+            paths: Vec::new(),
+            index: PyDict::new(py).unbind(),
+            seen: Vec::new(),
+            width: 0,
+        }
+    }
+
+    /// `(columns, values, grown)` of `step`: each value's column (`None` leaves are left
+    /// out: not set in this step), and when a column had its first value in it, the column
+    /// of every leaf in `tf.nest` order (else None).
+    #[allow(clippy::type_complexity)]
+    fn flatten<'py>(
+        &mut self,
+        step: &Bound<'py, PyAny>,
+    ) -> PyResult<(Vec<usize>, Bound<'py, PyList>, Option<Vec<usize>>)> {
+        let flat = self.flat(step)?;
+        let grown = flat.every.filter(|_| flat.grew);
+        Ok((flat.columns, PyList::new(step.py(), flat.values)?, grown))
+    }
+
+    /// The column of `path` (a tuple), a new one if no step had it yet.
+    fn column(&mut self, path: &Bound<'_, PyTuple>) -> PyResult<usize> {
+        self.column_of(path)
+    }
+
+    /// How many leaves the last step flattened had (`None` ones too).
+    #[getter]
+    fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Each column's path, by column.
+    #[getter]
+    fn paths(&self, py: Python<'_>) -> Vec<Py<PyTuple>> {
+        self.paths.iter().map(|p| p.clone_ref(py)).collect()
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some((node, _)) = &self.last {
+            node.visit(&visit)?;
+        }
+        for path in &self.paths {
+            visit.call(path)?;
+        }
+        visit.call(&self.index)
+    }
+
+    fn __clear__(&mut self) {
+        self.last = None;
+        self.paths.clear();
     }
 }

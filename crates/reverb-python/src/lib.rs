@@ -63,6 +63,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<column::PyTrajectoryColumn>()?;
     m.add_class::<history::PyColumnHistory>()?;
     m.add_class::<layout::PyStepLayout>()?;
+    m.add_class::<layout::PyStepColumns>()?;
     m.add_class::<structured_writer::PyStructuredWriter>()?;
     m.add_class::<sampler::PySampler>()?;
     m.add_function(wrap_pyfunction!(client::server_info_all, m)?)?;

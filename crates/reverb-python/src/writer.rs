@@ -5,7 +5,7 @@ use crate::blocking::{deadline_ms, locked, run, wait_locked, with_views};
 use crate::client::PyClient;
 use crate::column::column_leaves;
 use crate::errors::{client_error, IntoPyResult};
-use crate::layout::PyStepLayout;
+use crate::layout::PyStepColumns;
 use crate::numpy::{column_out, to_array};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -218,23 +218,23 @@ impl PyTrajectoryWriter {
         self.append_with(py, columns, values, |w, v| w.append(v, partial))
     }
 
-    /// `append` of a step of `layout`'s structure (its leaves go to the layout's columns).
-    /// Returns `(False, None)` without appending when the step has another structure or a
-    /// leaf that is not a plain value (the caller flattens it), else `(True, append's
-    /// result)`.
-    fn append_layout(
+    /// Appends `step`, flattened by `columns` (see `StepColumns`). Returns `(error, grown)`:
+    /// None or an `AppendError` naming the column that was rejected and why, and, when a
+    /// column had its first value in this step, the column of every leaf of the step.
+    #[allow(clippy::type_complexity)]
+    fn append_step(
         &self,
         py: Python<'_>,
-        data: &Bound<'_, PyAny>,
-        layout: &PyStepLayout,
+        step: &Bound<'_, PyAny>,
+        mut columns: PyRefMut<'_, PyStepColumns>,
         partial: bool,
-    ) -> PyResult<(bool, Option<Py<PyAppendError>>)> {
-        let Some(values) = layout.leaves(data)? else {
-            return Ok((false, None));
-        };
-        let columns = layout.columns.clone();
-        let result = self.append_with(py, columns, values, |w, v| w.append(v, partial))?;
-        Ok((true, result))
+    ) -> PyResult<(Option<Py<PyAppendError>>, Option<Vec<usize>>)> {
+        let flat = columns.flat(step)?;
+        drop(columns);
+        let grown = flat.every.filter(|_| flat.grew);
+        let result =
+            self.append_with(py, flat.columns, flat.values, |w, v| w.append(v, partial))?;
+        Ok((result, grown))
     }
 
     /// Appends N full steps at once; every value has a leading dimension N.
