@@ -21,6 +21,7 @@ __all__ = [
     "StepLayout",
     "StructuredWriter",
     "Table",
+    "TableInfo",
     "TableSignature",
     "TrajectoryColumn",
     "TrajectoryWriter",
@@ -136,7 +137,7 @@ class Client:
     ) -> Client: ...
     @property
     def address(self) -> str: ...
-    def server_info(self, timeout: Optional[float] = None) -> List[bytes]: ...
+    def server_info(self, timeout: Optional[float] = None) -> List[TableInfo]: ...
     def mutate_priorities(
         self,
         table: str,
@@ -159,6 +160,24 @@ class Client:
         rate_limiter_timeout: Optional[float] = None,
         timeout: Optional[float] = None,
     ) -> Tuple[List[Tuple[SampleInfo, List[_Column]]], Optional[BaseException]]: ...
+
+@final
+class TableInfo:
+    """A table's `TableInfo`, as the native client decoded it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_size(self) -> int: ...
+    @property
+    def max_times_sampled(self) -> int: ...
+    @property
+    def current_size(self) -> int: ...
+    @property
+    def signature_bytes(self) -> bytes: ...
+    @property
+    def signature(self) -> Optional[TableSignature]: ...
+    def serialized(self) -> bytes: ...
 
 @final
 class TableSignature:
@@ -376,7 +395,7 @@ class Sampler:
 def connect_wait_seconds() -> float: ...
 def server_info_all(
     clients: List[Client], timeouts: List[Optional[float]]
-) -> List[Union[List[bytes], BaseException]]: ...
+) -> List[Union[List[TableInfo], BaseException]]: ...
 def sample_shards(
     clients: List[Client],
     missing: List[int],

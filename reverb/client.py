@@ -13,7 +13,6 @@ from reverb import (
     _dtypes,
     _native,
     _nest,
-    _proto,
     _signature,
     errors,
     legacy_writer,
@@ -62,13 +61,11 @@ class Client:
             for k, v in dict(tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key).items()
         }
         self._client = self._connect()
-        # What the server said of each table (`TableInfo` protos), by name, from the last
-        # `server_info`; signatures decoded from them lazily: as nests of `tf.TensorSpec`
-        # (needs TensorFlow) and as flat specs (native, for the checks of inserts).
-        self._tables: Dict[str, Any] = {}
+        # What the server said of each table (native `TableInfo`s, decoded once), by name,
+        # from the last `server_info`; signatures as nests of `tf.TensorSpec` (needs
+        # TensorFlow) decoded from them lazily.
+        self._tables: Dict[str, _native.TableInfo] = {}
         self._signature_cache: Dict[str, Any] = {}
-        self._flat_specs: Dict[str, Optional[_native.TableSignature]] = {}
-        self._max_times_sampled_cache: Dict[str, int] = {}
 
     def _connect(self) -> _native.Client:
         """A native client of the server with this client's token and TLS settings (a
@@ -108,7 +105,7 @@ class Client:
         # Like the reference, check the tables first: a bad name stores nothing anywhere.
         missing = [t for t in priorities if t not in self._tables]
         if missing:
-            self._table_protos(timeout)
+            self._table_infos(timeout)
             missing = [t for t in priorities if t not in self._tables]
             if missing:
                 tables = sorted(self._tables)
@@ -199,37 +196,32 @@ class Client:
     def server_info(self, timeout: Optional[int] = None) -> Dict[str, reverb_types.TableInfo]:
         """Every table's `TableInfo`, by name. `timeout` in seconds (None or 0: no deadline)."""
         result = {
-            name: reverb_types.TableInfo.from_proto(proto)
-            for name, proto in self._table_protos(timeout).items()
+            name: reverb_types.TableInfo.from_serialized_proto(info.serialized())
+            for name, info in self._table_infos(timeout).items()
         }
         self._signature_cache = {name: info.signature for name, info in result.items()}
         return result
 
-    def _table_protos(self, timeout: Optional[float]) -> Dict[str, Any]:
-        """Asks the server for its tables (`TableInfo` protos by name) and caches them;
-        decodes no signature (so needs no TensorFlow)."""
-        tables = {}
-        for serialized in self._client.server_info(timeout or None):
-            proto = _proto.TableInfo.FromString(serialized)
-            tables[proto.name] = proto
-        self._tables = tables
+    def _table_infos(self, timeout: Optional[float]) -> Dict[str, _native.TableInfo]:
+        """Asks the server for its tables (native `TableInfo`s by name) and caches them;
+        decodes no signature as `tf.TensorSpec`s (so needs no TensorFlow)."""
+        self._tables = {info.name: info for info in self._client.server_info(timeout or None)}
         self._signature_cache = {}
-        self._flat_specs = {}
-        self._max_times_sampled_cache = {n: p.max_times_sampled for n, p in tables.items()}
-        return tables
+        return self._tables
 
     def _max_times_sampled(self, table: str, timeout: Optional[float]) -> int:
         """The table's max_times_sampled (cached; 1 if the server cannot tell us).
         DeadlineExceededError when the server did not answer within `timeout`."""
-        if table not in self._max_times_sampled_cache:
+        if table not in self._tables:
             try:
-                self._table_protos(timeout)
+                self._table_infos(timeout)
             except errors.DeadlineExceededError:
                 raise
             except errors.ReverbError:
                 return 1
         # Unknown tables fail in the sample call itself, with the server's message.
-        return self._max_times_sampled_cache.get(table, 1)
+        info = self._tables.get(table)
+        return 1 if info is None else info.max_times_sampled
 
     def checkpoint(self, *, timeout: Optional[float] = None) -> str:
         """Asks the server to write a checkpoint; returns its path."""
@@ -372,11 +364,11 @@ class Client:
         )
         return vector_trajectory_writer.VectorTrajectoryWriter(native, num_envs)
 
-    def _table(self, table: str, timeout: Optional[float]) -> Any:
-        """The `TableInfo` proto of `table` (asks the server if it is not known yet);
+    def _table(self, table: str, timeout: Optional[float]) -> _native.TableInfo:
+        """The `TableInfo` of `table` (asks the server if it is not known yet);
         NotFoundError if the server has no such table."""
         if table not in self._tables:
-            self._table_protos(timeout)
+            self._table_infos(timeout)
         if table not in self._tables:
             raise errors.NotFoundError(
                 f"Table {table} was not found on {self._server_address}. "
@@ -386,9 +378,9 @@ class Client:
 
     def _signature(self, table: str, timeout: Optional[float]) -> Any:
         """The signature of `table` as a nest of `tf.TensorSpec` (None without one)."""
-        proto = self._table(table, timeout)
+        info = self._table(table, timeout)
         if table not in self._signature_cache:
-            self._signature_cache[table] = _signature.decode(proto.signature)
+            self._signature_cache[table] = _signature.decode(info.signature_bytes)
         return self._signature_cache[table]
 
     def _table_signature(
@@ -396,10 +388,7 @@ class Client:
     ) -> Optional[_native.TableSignature]:
         """`table`'s signature, flattened (None without one), decoded natively once: no
         TensorFlow needed."""
-        proto = self._table(table, timeout)
-        if table not in self._flat_specs:
-            self._flat_specs[table] = _native.table_signature(proto.signature)
-        return self._flat_specs[table]
+        return self._table(table, timeout).signature
 
 
 def check_num_samples(num_samples: Any) -> int:

@@ -308,7 +308,7 @@ class ShardedClient:
             if isinstance(answer, BaseException):
                 out.append(answer)
                 continue
-            protos = [_proto.TableInfo.FromString(s) for s in answer]
+            protos = [_proto.TableInfo.FromString(info.serialized()) for info in answer]
             out.append({p.name: reverb_types.TableInfo.from_proto(p) for p in protos})
         return out
 
@@ -326,8 +326,8 @@ class ShardedClient:
         for answer in answers:
             if isinstance(answer, BaseException):
                 continue
-            for serialized in answer:
-                info = _proto.TableInfo.FromString(serialized)
+            for native in answer:
+                info = _proto.TableInfo.FromString(native.serialized())
                 total = merged.get(info.name)
                 if total is None:
                     merged[info.name] = info

@@ -4,11 +4,11 @@
 use crate::blocking::{deadline_ms, run, run_here, seconds, slices, with_views};
 use crate::errors::{client_error, IntoPyResult};
 use crate::numpy::{column_out, to_array};
-use prost::Message;
+use crate::table_info::PyTableInfo;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::PyList;
 use reverb_client::sampler::sample_shards as sample_shards_of;
 use reverb_client::transport::tls::Tls;
 use reverb_client::writer::Inserter;
@@ -62,7 +62,7 @@ impl PyClient {
 
 /// Asks every client's server for its tables at once (the shards of a `ShardedClient`),
 /// client `i` with timeout `timeouts[i]` (seconds; None or 0: none): per client, a list of
-/// serialized `TableInfo`s, or the exception its call raised.
+/// `TableInfo`s, or the exception its call raised.
 #[pyfunction]
 pub(crate) fn server_info_all<'py>(
     py: Python<'py>,
@@ -90,7 +90,10 @@ pub(crate) fn server_info_all<'py>(
         .into_iter()
         .map(|answer| match answer {
             Ok(infos) => {
-                let infos = infos.iter().map(|i| PyBytes::new(py, &i.encode_to_vec()));
+                let infos = infos
+                    .into_iter()
+                    .map(|i| Bound::new(py, PyTableInfo::new(i)))
+                    .collect::<PyResult<Vec<_>>>()?;
                 Ok(PyList::new(py, infos)?.into_any())
             }
             Err(e) => Ok(client_error(e).into_value(py).into_bound(py).into_any()),
@@ -276,21 +279,14 @@ impl PyClient {
         self.inner.address()
     }
 
-    /// Serialized `TableInfo` of every table.
+    /// Every table's `TableInfo`.
     #[pyo3(signature = (timeout=None))]
-    fn server_info<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: Option<f64>,
-    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    fn server_info(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<PyTableInfo>> {
         let timeout = seconds(timeout)?;
         let infos = self.call(py, |c| {
             Box::pin(async move { c.server_info(timeout).await })
         })?;
-        Ok(infos
-            .iter()
-            .map(|i| PyBytes::new(py, &i.encode_to_vec()))
-            .collect())
+        Ok(infos.into_iter().map(PyTableInfo::new).collect())
     }
 
     /// Deletes `deletes` then updates priorities.

@@ -21,6 +21,7 @@ mod sampler;
 mod server;
 mod signature;
 mod structured_writer;
+mod table_info;
 mod writer;
 
 use pyo3::prelude::*;
@@ -73,6 +74,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_SHARDS", reverb_client::shards::MAX_SHARDS)?;
     m.add_function(wrap_pyfunction!(descriptor_set, m)?)?;
     m.add_class::<signature::PyTableSignature>()?;
+    m.add_class::<table_info::PyTableInfo>()?;
     m.add_function(wrap_pyfunction!(signature::table_signature, m)?)?;
     m.add_function(wrap_pyfunction!(signature::tf_dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(inproc_abi::inproc_port, m)?)?;

@@ -43,14 +43,21 @@ impl PyTableSignature {
     }
 }
 
-/// The signature of a serialized `TableInfo.signature`; None when the table has none (or it
-/// has no leaves). ValueError when it is not a nest of tensor specs.
+impl PyTableSignature {
+    /// The signature of a serialized `TableInfo.signature`; None when the table has none (or
+    /// it has no leaves). ValueError when it is not a nest of tensor specs.
+    pub(crate) fn decode(signature: &[u8]) -> PyResult<Option<Self>> {
+        let specs = decode_signature(signature).map_err(client_error)?;
+        Ok(specs
+            .filter(|specs| !specs.is_empty())
+            .map(|specs| Self { specs }))
+    }
+}
+
+/// The signature of a serialized `TableInfo.signature` (see [`PyTableSignature::decode`]).
 #[pyfunction]
 pub(crate) fn table_signature(signature: &[u8]) -> PyResult<Option<PyTableSignature>> {
-    let specs = decode_signature(signature).map_err(client_error)?;
-    Ok(specs
-        .filter(|specs| !specs.is_empty())
-        .map(|specs| PyTableSignature { specs }))
+    PyTableSignature::decode(signature)
 }
 
 /// A TensorFlow DataType value named as TensorFlow's errors name it (`float`, `double`,
