@@ -21,6 +21,7 @@ def _has_tensorflow() -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "workload",
     [
@@ -55,6 +56,7 @@ def test_workload_runs_and_reports(workload: str) -> None:
     assert result["workload"] == workload and result["value"] > 0
 
 
+@pytest.mark.slow
 def test_sharded_benchmark_runs_at_small_scale() -> None:
     """bench/sharded.py with one and two shards for a second each (as root it makes network
     namespaces; the machines this runs on allow that)."""
@@ -74,6 +76,7 @@ def test_sharded_benchmark_runs_at_small_scale() -> None:
     assert "| 2 |" in out.stdout and "prioritized" in out.stdout and "Global" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has_tensorflow(), reason="the server's table signature needs TensorFlow")
 def test_scale_benchmark_runs_at_small_scale() -> None:
     """bench/scale.py filling a table to two small levels with one actor."""

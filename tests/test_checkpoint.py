@@ -287,7 +287,9 @@ def test_checkpoint_while_writers_and_samplers_run(tmp_path: pathlib.Path) -> No
         try:
             client = reverb.Client(address)
             while not stop.is_set():
-                for s in client.sample("t", 20, emit_timesteps=False, timeout=T):
+                samples = list(client.sample("t", 20, emit_timesteps=False, timeout=T))
+                assert len(samples) == 20
+                for s in samples:
                     assert s.data[0][1][0] == s.data[0][0][0] + 1
         except Exception as e:  # noqa: BLE001 - asserted below
             errors.append(e)

@@ -185,6 +185,7 @@ def test_structured_writer_scenarios_insert_what_the_reference_inserts() -> None
         assert run(*scenario) == theirs[name], name
 
 
+@pytest.mark.slow
 def test_reference_reads_what_our_structured_writer_wrote(make_server) -> None:
     """Items from our StructuredWriter (an N-step transition pattern, table with the signature
     infer_signature gives) read by dm-reverb's client and its TrajectoryDataset."""
@@ -225,6 +226,7 @@ def test_reference_reads_what_our_structured_writer_wrote(make_server) -> None:
     assert out.stdout.split()[-1] == "ok"
 
 
+@pytest.mark.slow
 def test_pattern_dataset_scenarios_give_what_the_references_gives() -> None:
     """Every scenario of tests/_pattern_scenarios.py through dm-reverb's PatternDataset gives
     exactly the trajectories ours gives."""
@@ -278,6 +280,7 @@ DELIBERATE_ERROR_DIFFERENCES = {
 }
 
 
+@pytest.mark.slow
 def test_error_texts_are_the_references() -> None:
     """Each case of tests/_error_texts.py fails with the same kind of error and the same first
     sentence under dm-reverb and under this package (extra detail may follow it)."""

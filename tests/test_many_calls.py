@@ -19,6 +19,7 @@ import reverb
 CALLS = 20000
 
 
+@pytest.mark.slow
 def test_thousands_of_samples_and_priority_updates_on_one_connection(
     tmp_path: pathlib.Path,
 ) -> None:

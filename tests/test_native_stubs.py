@@ -11,6 +11,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow
 def test_native_stubs_match_the_built_module(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("mypy")
     config = tmp_path / "mypy.ini"

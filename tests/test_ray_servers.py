@@ -12,6 +12,9 @@ import reverb
 
 ray = pytest.importorskip("ray")
 
+# Starting the local Ray cluster (module fixture) alone takes several seconds.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def local_ray():

@@ -291,6 +291,7 @@ def test_calls_after_stop_fail_within_timeout(make_server, call):
     )
 
 
+@pytest.mark.slow
 def test_calls_right_after_stop_raise_unavailable_or_wait(make_server):
     """Regression: a call racing with the closing connection used to get (in ~1% of rounds) a
     bare ReverbError('operation was canceled'). Now a call right after the stop fails as

@@ -171,6 +171,7 @@ tables {
 """
 
 
+@pytest.mark.slow
 def test_a_textproto_table_keeps_its_signature(tmp_path: pathlib.Path) -> None:
     tf = pytest.importorskip("tensorflow")
     proc, port, lines = start(SIGNED_TEXTPROTO, tmp_path)

@@ -67,7 +67,9 @@ def test_sample_info_tf_helpers() -> None:
     )
     zeros = reverb.SampleInfo.zeros()
     assert [int(z.numpy()) for z in zeros] == [0, 0, 0, 0, 0]
-    assert all(s == tf.TensorShape([]) for s in reverb.SampleInfo.tf_shapes())
+    shapes = reverb.SampleInfo.tf_shapes()
+    assert isinstance(shapes, reverb.SampleInfo)
+    assert list(shapes) == [tf.TensorShape([])] * len(reverb.SampleInfo._fields)
 
 
 def test_trajectory_writer_validates_items_against_the_signature() -> None:

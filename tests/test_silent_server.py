@@ -73,6 +73,7 @@ def test_calls_with_a_timeout_end_at_it(silent_address) -> None:
         assert took < 2.5, (name, took)
 
 
+@pytest.mark.slow
 def test_iterators_with_a_rate_limiter_timeout_end_soon_after_it(silent_address) -> None:
     it = reverb.TrajectoryIterator(silent_address, "t", rate_limiter_timeout_ms=1000)
     took, error = _timed(lambda: next(it))
@@ -80,6 +81,7 @@ def test_iterators_with_a_rate_limiter_timeout_end_soon_after_it(silent_address)
     assert took < 6, took
 
 
+@pytest.mark.slow
 def test_calls_without_a_timeout_end_at_the_silence_bound(silent_address) -> None:
     client = reverb.Client(silent_address)
 

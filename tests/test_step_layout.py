@@ -47,6 +47,10 @@ def test_a_layout_flattens_as_nest_does_or_declines(step, other) -> None:
     layout = _native.StepLayout.of(step, list(range(len(flat))))
     assert layout is not None
     assert _same(layout.flatten(step), flat)
+    # A step of the same structure in new containers (the same leaves) is flattened, not
+    # declined: the check below alone would pass if every other step were declined.
+    copied = layout.flatten(_nest.map_structure(lambda x: x, step))
+    assert copied is not None and _same(copied, flat), (step, copied)
     # Another step: flattened as `_nest` does when its structure is the same, else declined.
     got = layout.flatten(other)
     if got is not None:

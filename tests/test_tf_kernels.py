@@ -71,6 +71,7 @@ def test_kernel_library_needs_the_framework_library_by_soname() -> None:
     assert "[libtensorflow_framework.so.2]" in out
 
 
+@pytest.mark.slow
 @needs_nm
 @pytest.mark.parametrize("python", _pythons())
 def test_every_allow_listed_symbol_is_exported_by_tensorflow(python: str) -> None:
@@ -79,6 +80,7 @@ def test_every_allow_listed_symbol_is_exported_by_tensorflow(python: str) -> Non
     assert not missing, f"{python}'s TensorFlow does not export {sorted(missing)}"
 
 
+@pytest.mark.slow
 def test_tf_tests_pass_under_tensorflow_2_15(rerun_under) -> None:
     """Runs the dataset and TFClient tests with the reference's virtualenv (TF 2.15.1), loading
     this checkout (same built libraries) through PYTHONPATH."""

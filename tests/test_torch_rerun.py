@@ -4,7 +4,10 @@ PYTHONPATH. The main test environment has no torch: its wheels with CUDA are gig
 
 from __future__ import annotations
 
+import pytest
 
+
+@pytest.mark.slow
 def test_torch_adapter_tests_pass_under_pytorch(rerun_under) -> None:
     _, result = rerun_under(
         "REVERB_TORCH_PYTHON",

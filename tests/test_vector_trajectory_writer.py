@@ -125,7 +125,8 @@ def test_bad_input_names_the_problem_and_queues_nothing(client) -> None:
     with pytest.raises(reverb.errors.NotFoundError, match="nope"):
         writer.create_item("nope", 1.0, writer.history["obs"][-1])
     writer.flush(timeout_ms=TMS)
-    assert all(info.current_size == 0 for info in client.server_info(timeout=T).values())
+    sizes = {name: info.current_size for name, info in client.server_info(timeout=T).items()}
+    assert sizes == {"a": 0, "b": 0, "sig": 0}
     # After all that, the writer still works.
     writer.create_item("sig", 1.0, {"obs": writer.history["obs"][-1], "t": writer.history["t"][-1]})
     writer.flush(timeout_ms=TMS)

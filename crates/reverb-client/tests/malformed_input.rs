@@ -647,7 +647,9 @@ fn wire_fuzz_of_every_rpc_loses_nothing_of_a_well_behaved_client() {
     let client = Client::new(&format!("localhost:{port}"))
         .unwrap()
         .with_inproc(false);
-    for sample in block(client.sample(GOOD, 20, None, T)).unwrap() {
+    let samples = block(client.sample(GOOD, 20, None, T)).unwrap();
+    assert_eq!(samples.len(), 20);
+    for sample in samples {
         let v = i32::from_le_bytes(sample.columns[0].data[..4].try_into().unwrap());
         assert!((0..inserted + failed).contains(&v));
     }

@@ -79,6 +79,7 @@ fn a_shard_that_cannot_be_reached_is_skipped_and_noted_missing() {
     let out = block(sample_shards(&clients, &mut missing, "t", 20, T)).unwrap();
     assert!(out.failure.is_none(), "{:?}", out.failure);
     assert_eq!(out.shards, vec![1; 20]);
+    assert_eq!(out.samples.len(), 20);
     assert!(out
         .samples
         .iter()

@@ -381,6 +381,7 @@ mod tests {
             out.shards.push(i as usize);
         }
         shuffle_from(&mut out, 10);
+        assert_eq!((out.samples.len(), out.shards.len()), (50, 50));
         let pairs: Vec<(i64, usize)> = out
             .samples
             .iter()
