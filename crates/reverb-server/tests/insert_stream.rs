@@ -1,0 +1,309 @@
+//! `InsertStream` as a client sees it over the wire: chunks then items, confirmations,
+//! `keep_chunk_keys`, refused requests (and that nothing of them is stored), rate-limiter
+//! waits and cancellation.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use reverb_core::{SelectorKind, Waiter};
+use reverb_proto::InsertStreamRequest;
+use tonic::Code;
+
+#[tokio::test]
+async fn chunks_then_items_are_stored_and_confirmed_with_their_keys() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    // Two items over one three-row chunk of episode 10.
+    let sent_chunk = chunk(1, 10, 3);
+    let first = item(100, "t", 1.5, 1, 0, 2);
+    let second = item(101, "t", 2.5, 1, 1, 2);
+    let keys = stream
+        .insert(request(
+            vec![sent_chunk.clone()],
+            &[first.clone(), second.clone()],
+            vec![],
+        ))
+        .await;
+    assert_eq!(keys, [100, 101]);
+
+    let info = table_info(&stub, "t").await;
+    assert_eq!(info.current_size, 2);
+    assert_eq!(info.num_episodes, 1);
+    assert_eq!(completed(&stub, "t").await, (2, 0));
+    // Each comes back as it was sent, with the chunk it references, stamped by the table.
+    let samples = sample(&stub, "t", 1, Some(1000)).await.unwrap();
+    let got = samples[0].item();
+    assert_eq!(got.key, 100);
+    assert_eq!(got.table, "t");
+    assert_eq!(got.priority, 1.5);
+    assert_eq!(got.flat_trajectory, first.flat_trajectory);
+    assert!(got.inserted_at.is_some(), "the table stamps inserted_at");
+    assert_eq!(samples[0].chunks, [sent_chunk]);
+}
+
+#[tokio::test]
+async fn a_request_of_chunks_only_is_not_confirmed_and_its_chunks_serve_later_items() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    stream
+        .send(request(vec![chunk(5, 1, 1)], &[], vec![]))
+        .await;
+    stream
+        .send(request(vec![], &[item(50, "t", 1.0, 5, 0, 1)], vec![]))
+        .await;
+    // Answers come in order: the first one is the item's.
+    assert_eq!(stream.confirmed().await, [50]);
+    assert_eq!(size(&stub, "t").await, 1);
+}
+
+#[tokio::test]
+async fn after_items_the_stream_keeps_only_the_chunks_it_is_asked_to_keep() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    let first = request(
+        vec![chunk(1, 1, 1), chunk(2, 1, 1)],
+        &[item(10, "t", 1.0, 1, 0, 1)],
+        vec![2],
+    );
+    assert_eq!(stream.insert(first).await, [10]);
+    // Chunk 2 was kept; this request keeps nothing.
+    let second = request(vec![], &[item(20, "t", 1.0, 2, 0, 1)], vec![]);
+    assert_eq!(stream.insert(second).await, [20]);
+    let third = request(vec![], &[item(30, "t", 1.0, 2, 0, 1)], vec![]);
+    let status = stream.refused(third).await;
+    assert_status(
+        &status,
+        Code::InvalidArgument,
+        &["Could not find sequence chunk 2", "item 30"],
+    );
+    assert_eq!(size(&stub, "t").await, 2);
+}
+
+#[tokio::test]
+async fn an_item_referencing_an_unknown_chunk_is_refused_and_nothing_of_its_request_stored() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    // The first item is good: it must not be stored either.
+    let status = stream
+        .refused(request(
+            vec![chunk(1, 1, 1)],
+            &[item(10, "t", 1.0, 1, 0, 1), item(11, "t", 1.0, 99, 0, 1)],
+            vec![],
+        ))
+        .await;
+    assert_status(
+        &status,
+        Code::InvalidArgument,
+        &["Could not find sequence chunk 99", "item 11"],
+    );
+    let info = table_info(&stub, "t").await;
+    assert_eq!((info.current_size, info.num_episodes), (0, 0));
+    assert_eq!(completed(&stub, "t").await, (0, 0));
+}
+
+#[tokio::test]
+async fn an_item_for_an_unknown_table_is_not_found_and_nothing_of_its_request_stored() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    let status = stream
+        .refused(request(
+            vec![chunk(1, 1, 1)],
+            &[item(10, "t", 1.0, 1, 0, 1), item(11, "nope", 1.0, 1, 0, 1)],
+            vec![],
+        ))
+        .await;
+    assert_status(
+        &status,
+        Code::NotFound,
+        &["Priority table nope was not found", "[t]"],
+    );
+    assert_eq!(size(&stub, "t").await, 0);
+    assert_eq!(completed(&stub, "t").await, (0, 0));
+}
+
+#[tokio::test]
+async fn malformed_requests_are_invalid_arguments_naming_the_problem() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let good_chunk = || vec![chunk(1, 1, 3)];
+    let mut no_trajectory = item(10, "t", 1.0, 1, 0, 1);
+    no_trajectory.flat_trajectory = None;
+    let mut squeezed = item(12, "t", 1.0, 1, 0, 2);
+    squeezed.flat_trajectory.as_mut().unwrap().columns[0].squeeze = true;
+    let mut bad_payload = chunk(2, 1, 1);
+    bad_payload.data = Bytes::from_static(b"\x0a\x03abc");
+    let cases: Vec<(&str, InsertStreamRequest, Vec<&str>)> = vec![
+        (
+            "an empty request",
+            InsertStreamRequest::default(),
+            vec!["at least one chunk or item"],
+        ),
+        (
+            "an item that does not decode",
+            InsertStreamRequest {
+                chunks: good_chunk(),
+                // Field 1 (the key) as a varint, cut short.
+                items: vec![Bytes::from_static(b"\x08\xff")],
+                keep_chunk_keys: vec![],
+            },
+            vec!["An item could not be decoded"],
+        ),
+        (
+            "an item without a trajectory",
+            request(good_chunk(), &[no_trajectory], vec![]),
+            vec!["Item 10 has no flat_trajectory"],
+        ),
+        (
+            "a slice past its chunk's rows",
+            request(good_chunk(), &[item(11, "t", 1.0, 1, 2, 2)], vec![]),
+            vec!["item 11", "rows 2..4 of chunk 1", "has 3 rows"],
+        ),
+        (
+            "a squeezed column of two rows",
+            request(good_chunk(), &[squeezed], vec![]),
+            vec!["item 12", "squeezed"],
+        ),
+        (
+            "a NaN priority",
+            request(good_chunk(), &[item(13, "t", f64::NAN, 1, 0, 1)], vec![]),
+            vec!["NaN", "'t'"],
+        ),
+        (
+            "a chunk whose payload is not tensors",
+            request(vec![bad_payload], &[], vec![]),
+            vec!["Chunk 2", "malformed payload"],
+        ),
+    ];
+    for (what, request, words) in cases {
+        let mut stream = InsertStream::open(&stub).await;
+        let status = stream.refused(request).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        for word in words {
+            assert!(
+                status.message().contains(word),
+                "{what}: {:?} does not mention {word:?}",
+                status.message()
+            );
+        }
+    }
+    assert_eq!(size(&stub, "t").await, 0);
+    assert_eq!(insert(&stub, "t", &[(1, 1.0)]).await, [1]);
+}
+
+#[tokio::test]
+async fn a_refused_stream_leaves_other_streams_and_connections_serving() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, connector) = serve(vec![t]).await;
+    let mut open = InsertStream::open(&stub).await;
+    let one = |key| {
+        request(
+            vec![chunk(key, key, 1)],
+            &[item(key, "t", 1.0, key, 0, 1)],
+            vec![],
+        )
+    };
+    assert_eq!(open.insert(one(1)).await, [1]);
+
+    let mut failing = InsertStream::open(&stub).await;
+    let status = failing
+        .refused(request(vec![], &[item(9, "t", 1.0, 404, 0, 1)], vec![]))
+        .await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    // The refused stream is over; the other one, and new connections, carry on.
+    assert!(failing.next().await.unwrap().is_none());
+    assert_eq!(open.insert(one(2)).await, [2]);
+    let other = connector.connect().await;
+    assert_eq!(insert(&other, "t", &[(3, 1.0)]).await, [3]);
+    assert_eq!(size(&stub, "t").await, 3);
+}
+
+#[tokio::test]
+async fn an_existing_key_only_has_its_priority_updated() {
+    let t = table("t", SelectorKind::MaxHeap, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    assert_eq!(insert(&stub, "t", &[(1, 1.0), (2, 2.0)]).await, [1, 2]);
+    // Key 1 again (with a chunk of its own), at a higher priority: confirmed, not added.
+    assert_eq!(insert(&stub, "t", &[(1, 3.0)]).await, [1]);
+    assert_eq!(size(&stub, "t").await, 2);
+    assert_eq!(completed(&stub, "t").await, (2, 0));
+    let samples = sample(&stub, "t", 1, Some(1000)).await.unwrap();
+    assert_eq!(
+        (samples[0].key(), samples[0].item().priority),
+        (1, 3.0),
+        "the max-heap picks key 1 at its new priority"
+    );
+}
+
+#[tokio::test]
+async fn an_insert_past_max_size_evicts_with_the_remover_after_inserting() {
+    let t = table("t", SelectorKind::Fifo, 2, 1, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    assert_eq!(
+        insert(&stub, "t", &[(1, 1.0), (2, 1.0), (3, 1.0)]).await,
+        [1, 2, 3]
+    );
+    let info = table_info(&stub, "t").await;
+    assert_eq!(info.current_size, 2);
+    // Each item is its own episode: the oldest one went with item 1.
+    assert_eq!((info.num_episodes, info.num_deleted_episodes), (2, 1));
+    let samples = sample(&stub, "t", 2, Some(1000)).await.unwrap();
+    let keys: Vec<u64> = samples.iter().map(Sample::key).collect();
+    assert_eq!(keys, [2, 3]);
+}
+
+#[tokio::test]
+async fn an_insert_waits_for_the_rate_limiter_and_is_confirmed_once_a_sample_makes_room() {
+    let t = table("t", SelectorKind::Fifo, 10, 1, queue_limiter(1));
+    let (stub, _) = serve(vec![t.clone()]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    let one = |key| {
+        request(
+            vec![chunk(key, key, 1)],
+            &[item(key, "t", 1.0, key, 0, 1)],
+            vec![],
+        )
+    };
+    assert_eq!(stream.insert(one(1)).await, [1]);
+    stream.send(one(2)).await;
+    wait_for("the second insert waits", || t.waits(Waiter::Insert).0 == 1).await;
+    assert_eq!(size(&stub, "t").await, 1, "a blocked item is not stored");
+
+    let samples = sample(&stub, "t", 1, Some(1000)).await.unwrap();
+    assert_eq!(samples[0].key(), 1);
+    assert_eq!(stream.confirmed().await, [2]);
+    assert_eq!(size(&stub, "t").await, 1);
+}
+
+#[tokio::test]
+async fn a_blocked_insert_whose_client_goes_away_stores_nothing() {
+    let t = table("t", SelectorKind::Fifo, 10, 1, queue_limiter(1));
+    let (stub, _) = serve(vec![t.clone()]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    let one = |key| {
+        request(
+            vec![chunk(key, key, 1)],
+            &[item(key, "t", 1.0, key, 0, 1)],
+            vec![],
+        )
+    };
+    assert_eq!(stream.insert(one(1)).await, [1]);
+    stream.send(one(2)).await;
+    wait_for("the second insert waits", || t.waits(Waiter::Insert).0 == 1).await;
+    drop(stream);
+    wait_for("the server drops the waiting insert", || {
+        t.waits(Waiter::Insert).0 == 0
+    })
+    .await;
+
+    // Room is made, but nobody is left to take it.
+    let samples = sample(&stub, "t", 1, Some(1000)).await.unwrap();
+    assert_eq!(samples[0].key(), 1);
+    assert_eq!(size(&stub, "t").await, 0);
+    assert_eq!(completed(&stub, "t").await, (1, 1));
+}
