@@ -20,7 +20,7 @@ PrioritizedSelector = item_selectors.Prioritized
 FifoSelector = item_selectors.Fifo
 LifoSelector = item_selectors.Lifo
 HeapSelector = item_selectors.HeapSelector
-WeakCellRef = trajectory_writer.TrajectoryColumn
+WeakCellRef = trajectory_writer.CellRef
 
 Client = _native.Client
 Server = _native.Server

@@ -223,8 +223,9 @@ class TrajectoryWriter:
         if self._structure is None:
             raise RuntimeError("history is not available before the first append")
         if self._history is None:
+            paths = self._columns.paths
             self._history = _nest.map_structure(
-                lambda column: _ColumnHistory(self, self._writer, column, self._paths[column]),
+                lambda column: _ColumnHistory(self, self._writer, column, paths[column]),
                 self._structure,
             )
         return self._history

@@ -237,8 +237,9 @@ class VectorTrajectoryWriter(TrajectoryWriter):
         if self._structure is None:
             raise RuntimeError("history is not available before the first append")
         if self._history is None:
+            paths = self._paths
             self._history = _nest.map_structure(
-                lambda field: _FieldHistory(self, field, self._paths[field]), self._structure
+                lambda field: _FieldHistory(self, field, paths[field]), self._structure
             )
         return self._history
 

@@ -25,7 +25,7 @@ def test_selector_classes_and_type_aliases() -> None:
     }
     assert all(issubclass(c, pybind.ItemSelector) for c in reverb_types.SelectorType.__args__)
     assert pybind.Sampler.NUM_INFO_TENSORS == len(reverb.SampleInfo._fields)
-    assert pybind.WeakCellRef is reverb.TrajectoryColumn
+    assert pybind.WeakCellRef is reverb.trajectory_writer.CellRef
 
 
 def test_native_classes_behind_the_python_ones() -> None:

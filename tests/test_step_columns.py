@@ -64,14 +64,12 @@ def test_steps_flatten_as_nest_does_with_one_column_per_path(steps) -> None:
         got, grown = _check(columns, step)
         # Twice: the second time by the last structure.
         assert _check(columns, step) == (got, None)
-        new = set(got) - seen
-        if new:
-            # `grown` names the column of every leaf (None ones too), in nest order.
-            assert grown is not None and set(got) <= set(grown)
-            assert len(grown) == len(_nest.flatten(step))
-        else:
-            assert grown is None
-        seen |= set(got)
+        paths = columns.paths
+        every = [paths.index(path) for path, _ in _nest.flatten_with_path(step)]
+        # A step with a path new to the history (its leaf None or not) names the column of
+        # every leaf, in nest order.
+        assert grown == (every if set(every) - seen else None)
+        seen |= set(every)
     assert len(set(columns.paths)) == len(columns.paths)
 
 
@@ -84,8 +82,8 @@ def test_unsortable_keys_and_cycles_are_refused() -> None:
     with pytest.raises(RecursionError):
         columns.flatten(cyclic)
     # A path named first (`configure`) gets its column; a step grows the history when it
-    # first has a value there.
+    # first has the path (a None leaf too: a field not set in that step).
     assert columns.column(("b",)) == 0
     assert columns.flatten({"a": 1, "b": None}) == ([1], [1], [1, 0])
-    assert columns.flatten({"a": 2, "b": 3}) == ([1, 0], [2, 3], [1, 0])
-    assert columns.flatten({"a": 4, "b": 5}) == ([1, 0], [4, 5], None)
+    assert columns.flatten({"a": 2, "b": 3}) == ([1, 0], [2, 3], None)
+    assert columns.flatten({"c": None}) == ([], [], [2])

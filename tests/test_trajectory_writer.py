@@ -553,7 +553,9 @@ def test_delta_encoded_columns_round_trip(served) -> None:
     np.testing.assert_array_equal(f, np.arange(6, dtype=np.float32))
 
 
-def test_client_insert_uses_one_stream_and_survives_a_server_restart(make_server) -> None:
+def test_client_insert_uses_one_stream_and_survives_a_server_restart(
+    make_server, both_paths
+) -> None:
     first = make_server([_fifo("a")])
     client = first.localhost_client()
     for v in range(5):
@@ -565,6 +567,44 @@ def test_client_insert_uses_one_stream_and_survives_a_server_restart(make_server
     client.insert({"v": np.int64(9)}, {"a": 1.0}, timeout=T)
     (sample,) = _drain(second.localhost_client(), "a")
     assert sample.data[0].tolist() == [9]
+
+
+def test_inserts_from_several_threads_on_one_client_each_store_their_item(
+    make_server, both_paths
+) -> None:
+    server = make_server([_fifo("a")])
+    client = server.localhost_client()
+    failures: list = []
+
+    def insert(thread: int) -> None:
+        try:
+            for i in range(40):
+                client.insert(np.int64(thread * 1000 + i), {"a": 1.0}, timeout=T)
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=insert, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    values = sorted(s.data[0].item() for s in _drain(client, "a"))
+    assert values == sorted(t * 1000 + i for t in range(4) for i in range(40))
+
+
+def test_an_append_that_fails_leaves_the_history_whole(served) -> None:
+    _, client = served
+    with client.trajectory_writer(2) as writer:
+        with pytest.raises(ValueError):
+            writer.append({"a": np.zeros(2, "datetime64[s]")})  # an unsupported dtype
+        writer.append({"a": np.int32(1)})
+        assert writer.history["a"][-1].numpy() == 1
+        with pytest.raises(ValueError):
+            writer.append({"a": np.int32(2), "b": object()})  # nothing of it is appended
+        writer.append({"a": np.int32(3), "b": np.float32(4)})
+        assert writer.history["b"][-1].numpy() == 4.0
+        assert writer.history["a"][:].numpy().tolist() == [1, 3]
 
 
 def _checkpoint_bytes(client: reverb.Client) -> int:

@@ -2,8 +2,7 @@
 //! in-process servers and the client's runtimes ask for it on every call to tell a child of
 //! `fork` from its parent.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 /// The cached id; 0 until read, and again in a child of `fork` until it reads its own.
 static PID: AtomicU32 = AtomicU32::new(0);
@@ -17,24 +16,30 @@ extern "C" fn forget_in_child() {
 /// This process's id, as [`std::process::id`], without a system call once read: a child of
 /// `fork` reads its own (the cache is cleared in the child).
 pub fn id() -> u32 {
-    static WATCH_FORKS: Once = Once::new();
-    WATCH_FORKS.call_once(|| {
-        // SAFETY: registers a handler the C library runs in the child after `fork`; it only
-        // stores to an atomic, which is async-signal-safe, so it is sound to run there.
-        // (Registration fails only without memory: then the cache is never used.)
-        let registered = unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
-        if registered != 0 {
-            PID.store(u32::MAX, Ordering::Relaxed);
+    // 0: not watching forks yet, 1: starting to, 2: watching, 3: could not (no memory). (An
+    // atomic, not a `Once`: a fork while another thread registers would leave a `Once`
+    // running for ever in the child.) The cache is used only once the handler is in place.
+    static WATCH: AtomicU8 = AtomicU8::new(0);
+    match WATCH.load(Ordering::Acquire) {
+        2 => {}
+        0 if WATCH
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok() =>
+        {
+            // SAFETY: registers a handler the C library runs in the child after `fork`; it
+            // only stores to an atomic, which is async-signal-safe, so it is sound there.
+            let registered = unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+            WATCH.store(if registered == 0 { 2 } else { 3 }, Ordering::Release);
+            return std::process::id();
         }
-    });
+        _ => return std::process::id(),
+    }
     match PID.load(Ordering::Relaxed) {
-        // (u32::MAX: the handler could not be registered, so every call asks.)
         0 => {
             let pid = std::process::id();
             PID.store(pid, Ordering::Relaxed);
             pid
         }
-        u32::MAX => std::process::id(),
         pid => pid,
     }
 }

@@ -36,6 +36,8 @@ pub(crate) struct PyClient {
     pub(crate) inner: Client,
     /// `Client.insert`'s writer, kept between inserts.
     inserter: Mutex<Inserter>,
+    /// Held for a whole insert (see [`Inserter`]): inserts from several threads take turns.
+    insert_turn: Mutex<()>,
 }
 
 impl PyClient {
@@ -269,6 +271,7 @@ impl PyClient {
         let inner = inner.with_inproc(inproc_allowed(py));
         Ok(Self {
             inserter: Mutex::new(Inserter::new(inner.clone())),
+            insert_turn: Mutex::new(()),
             inner,
         })
     }
@@ -330,6 +333,13 @@ impl PyClient {
             .iter()
             .map(|v| to_array(py, v))
             .collect::<PyResult<Vec<_>>>()?;
+        // The turn is taken with the GIL held only when it is free; else waited for without.
+        let _turn = loop {
+            if let Ok(turn) = self.insert_turn.try_lock() {
+                break turn;
+            }
+            py.detach(|| drop(self.insert_turn.lock()));
+        };
         let inserter = &self.inserter;
         loop {
             let started = with_views(py, inserter, &arrays, |i, step| i.start(step, &priorities));

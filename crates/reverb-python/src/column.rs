@@ -417,7 +417,10 @@ impl PyTrajectoryColumn {
     /// The column's data (squeezed: the one cell); RuntimeError if a referenced cell has
     /// expired.
     fn numpy<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let mut rows = self.origin()?.read(py, &self.cells, self.path.as_ref())?;
+        let Some(origin) = &self.origin else {
+            return Err(PyValueError::new_err("A column without cells has no data"));
+        };
+        let mut rows = origin.read(py, &self.cells, self.path.as_ref())?;
         if self.squeeze {
             return array_out(py, rows.remove(0));
         }

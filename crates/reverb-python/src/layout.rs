@@ -242,7 +242,8 @@ pub(crate) struct PyStepColumns {
     paths: Vec<Py<PyTuple>>,
     /// The column of each path (`{path: column}`).
     index: Py<PyDict>,
-    /// Whether a step had a value at the column yet (`configure` may name a path first).
+    /// Whether the column is in the writer's history yet: a step had its path (`configure`
+    /// may name a path first).
     seen: Vec<bool>,
     /// How many leaves the last step flattened had.
     width: usize,
@@ -250,12 +251,19 @@ pub(crate) struct PyStepColumns {
 
 /// A flattened step: each value's column, the values (`None` leaves left out: a column not
 /// set in this step), and, when the step was walked in full, the column of every leaf (in
-/// `tf.nest` order) and whether a column had its first value in it.
+/// `tf.nest` order) and the columns that are new to the history with it.
 pub(crate) struct Flat<'py> {
     pub(crate) columns: Vec<usize>,
     pub(crate) values: Vec<Bound<'py, PyAny>>,
     pub(crate) every: Option<Vec<usize>>,
-    pub(crate) grew: bool,
+    pub(crate) new: Vec<usize>,
+}
+
+impl Flat<'_> {
+    /// The column of every leaf, when the step brought columns new to the history.
+    pub(crate) fn grown(&self) -> Option<Vec<usize>> {
+        self.every.clone().filter(|_| !self.new.is_empty())
+    }
 }
 
 impl PyStepColumns {
@@ -271,7 +279,7 @@ impl PyStepColumns {
                     columns: columns.clone(),
                     values,
                     every: None,
-                    grew: false,
+                    new: Vec::new(),
                 });
             }
         }
@@ -284,31 +292,41 @@ impl PyStepColumns {
             columns: Vec::with_capacity(leaves.len()),
             values: Vec::with_capacity(leaves.len()),
             every: None,
-            grew: false,
+            new: Vec::new(),
         };
         let mut every_column = Vec::with_capacity(leaves.len());
         for (path, value) in leaves {
             let column = self.column_of(&PyTuple::new(py, path)?)?;
             every_column.push(column);
+            if !std::mem::replace(&mut self.seen[column], true) {
+                flat.new.push(column);
+            }
             if value.is_none() {
                 continue;
             }
-            flat.grew |= !std::mem::replace(&mut self.seen[column], true);
             flat.columns.push(column);
             flat.values.push(value);
         }
-        // (A step with `None` leaves is not the structure expected next: its next step may
-        // set those columns for the first time.)
-        let complete = flat.values.len() == every_column.len();
         self.last = match Node::of(step, 0)? {
-            Some(node) if complete && node.count() == every_column.len() => {
-                Some((node, every_column.clone()))
-            }
+            Some(node) if node.count() == every_column.len() => Some((node, every_column.clone())),
             _ => None,
         };
         self.width = every_column.len();
         flat.every = Some(every_column);
         Ok(flat)
+    }
+
+    /// Takes back what flattening a step did to the history's columns (the step was not
+    /// appended: its new columns stay out of the history until a step that is).
+    pub(crate) fn forget_columns(&mut self, new: &[usize]) {
+        if new.is_empty() {
+            return;
+        }
+        for &column in new {
+            self.seen[column] = false;
+        }
+        // (The next step of this structure must be walked in full, to bring them back.)
+        self.last = None;
     }
 
     /// The column of `path`, a new one if it has none yet.
@@ -400,15 +418,15 @@ impl PyStepColumns {
     }
 
     /// `(columns, values, grown)` of `step`: each value's column (`None` leaves are left
-    /// out: not set in this step), and when a column had its first value in it, the column
-    /// of every leaf in `tf.nest` order (else None).
+    /// out: not set in this step), and when the step brought columns new to the history, the
+    /// column of every leaf in `tf.nest` order (else None).
     #[allow(clippy::type_complexity)]
     fn flatten<'py>(
         &mut self,
         step: &Bound<'py, PyAny>,
     ) -> PyResult<(Vec<usize>, Bound<'py, PyList>, Option<Vec<usize>>)> {
         let flat = self.flat(step)?;
-        let grown = flat.every.filter(|_| flat.grew);
+        let grown = flat.grown();
         Ok((flat.columns, PyList::new(step.py(), flat.values)?, grown))
     }
 

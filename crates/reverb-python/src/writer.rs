@@ -226,15 +226,29 @@ impl PyTrajectoryWriter {
         &self,
         py: Python<'_>,
         step: &Bound<'_, PyAny>,
-        mut columns: PyRefMut<'_, PyStepColumns>,
+        columns: &Bound<'_, PyStepColumns>,
         partial: bool,
     ) -> PyResult<(Option<Py<PyAppendError>>, Option<Vec<usize>>)> {
-        let flat = columns.flat(step)?;
-        drop(columns);
-        let grown = flat.every.filter(|_| flat.grew);
-        let result =
-            self.append_with(py, flat.columns, flat.values, |w, v| w.append(v, partial))?;
-        Ok((result, grown))
+        // (Flattening may run Python code that lets another thread append to this writer
+        // meanwhile: that one waits for the columns, without the GIL.)
+        let mut borrowed = loop {
+            match columns.try_borrow_mut() {
+                Ok(borrowed) => break borrowed,
+                Err(_) => py.detach(std::thread::yield_now),
+            }
+        };
+        let flat = borrowed.flat(step)?;
+        drop(borrowed);
+        let (grown, new) = (flat.grown(), flat.new.clone());
+        let appended = self.append_with(py, flat.columns, flat.values, |w, v| w.append(v, partial));
+        match appended {
+            Ok(result) => Ok((result, grown)),
+            Err(e) => {
+                // Nothing was appended: the step's new columns stay out of the history.
+                columns.borrow_mut().forget_columns(&new);
+                Err(e)
+            }
+        }
     }
 
     /// Appends N full steps at once; every value has a leading dimension N.

@@ -4,7 +4,7 @@
 //! streamed back as `SampleEntry`s in responses of about 2 MiB: a sample's first entry carries
 //! its info, its last has `end_of_sequence`, its chunks may be split over entries. Requests are
 //! pipelined; a request may also only report ring space released (`shm_released`, see
-//! `transport/shm.rs`).
+//! `shm.rs`).
 //!
 //! [`sample_waiting`] is the one wait on a table's rate limiter, shared with the in-process
 //! service.

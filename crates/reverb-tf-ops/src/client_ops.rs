@@ -183,6 +183,8 @@ impl Kernel for ClientInsert {
             .collect::<Result<Vec<_>>>()?;
         self.check_signatures(&columns, &targets)?;
         let deadline = self.timeout.map(|t| Instant::now() + t);
+        // (As a call of the client: a server that cannot be reached yet is waited for.)
+        runtime().block_on(self.client.wait_reachable("InsertStream", self.timeout))?;
         self.inserter.lock().insert(&columns, &targets, deadline)?;
         Ok(())
     }

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
-/// Inserts one step at a time through a kept writer. Not `Sync`: wrap it in a mutex.
+/// Inserts one step at a time through a kept writer. Not `Sync`: wrap it in a mutex, held
+/// for a whole insert (`start` to `wait`'s end: inserts in flight at once would share, and
+/// abort, one another's stream).
 pub struct Inserter {
     client: Client,
     writer: Option<TrajectoryWriter>,
@@ -48,11 +50,13 @@ impl Inserter {
                 "data must contain at least one tensor",
             ));
         }
+        // (A kept writer, even one whose stream died between inserts, e.g. the server
+        // restarted: this insert's connection may be the dead one too.)
+        self.reused = self.writer.is_some();
         if self.writer.as_ref().is_some_and(TrajectoryWriter::failed) {
-            // Its stream died between inserts (e.g. the server restarted): start afresh.
+            // Its stream died between inserts: start afresh.
             self.writer = None;
         }
-        self.reused = self.writer.is_some();
         if self.writer.is_none() {
             self.columns.clear();
         }
@@ -91,8 +95,10 @@ impl Inserter {
                 ),
             })?;
             let mut keys = Vec::with_capacity(priorities.len());
+            // (Queued without waiting for room in the in-flight window: `wait` does.)
+            let now = Some(Instant::now());
             for (table, priority) in priorities {
-                keys.push(writer.create_item(table, *priority, &cells, None)?.0);
+                keys.push(writer.create_item(table, *priority, &cells, now)?.0);
             }
             writer.end_episode(true);
             Ok(keys)
