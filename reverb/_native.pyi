@@ -297,7 +297,7 @@ class TrajectoryWriter:
         self, columns: Sequence[int], values: Sequence[object], partial: bool = False
     ) -> Optional[AppendError]: ...
     def append_step(
-        self, step: object, columns: StepColumns, partial: bool
+        self, step: object, columns: StepColumns, partial: bool, width: Optional[int] = None
     ) -> Tuple[Optional[AppendError], Optional[List[int]]]: ...
     def append_steps(
         self, columns: Sequence[int], values: Sequence[object]

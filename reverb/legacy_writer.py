@@ -79,11 +79,14 @@ class Writer:
         is sent until an item references it."""
         writer = self._writer
         writer._check_open()
-        columns, values, grown = writer._columns.flatten(data)
-        self._check_width(writer._columns.width)  # (before the history takes the step)
+        # (One native call: the step is flattened, its width checked, then appended.)
+        error, grown = writer._writer.append_step(data, writer._columns, False, self._width)
+        if self._width is None:
+            self._width = writer._columns.width
         if grown is not None:
             writer._grow(data, grown)
-        writer._append_flat(data, columns, values)
+        if error is not None:
+            writer._raise_append_error(error, data)
 
     def append_sequence(self, sequence: Any) -> None:
         """Appends `T` steps at once: every leaf has the leading dimension `T`."""

@@ -329,6 +329,11 @@ impl PyStepColumns {
         self.last = None;
     }
 
+    /// How many leaves the last step flattened had (`None` ones too).
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
     /// The column of `path`, a new one if it has none yet.
     fn column_of(&mut self, path: &Bound<'_, PyTuple>) -> PyResult<usize> {
         let index = self.index.bind(path.py());
@@ -436,8 +441,8 @@ impl PyStepColumns {
     }
 
     /// How many leaves the last step flattened had (`None` ones too).
-    #[getter]
-    fn width(&self) -> usize {
+    #[getter(width)]
+    fn width_of(&self) -> usize {
         self.width
     }
 

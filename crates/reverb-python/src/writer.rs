@@ -219,15 +219,19 @@ impl PyTrajectoryWriter {
     }
 
     /// Appends `step`, flattened by `columns` (see `StepColumns`). Returns `(error, grown)`:
-    /// None or an `AppendError` naming the column that was rejected and why, and, when a
-    /// column had its first value in this step, the column of every leaf of the step.
+    /// None or an `AppendError` naming the column that was rejected and why, and, when the
+    /// step brought columns new to the history, the column of every leaf of the step. With
+    /// `width` (the legacy writer's), a step of another number of leaves is refused
+    /// (ValueError, the reference's message) and nothing of it is appended.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (step, columns, partial, width=None))]
     fn append_step(
         &self,
         py: Python<'_>,
         step: &Bound<'_, PyAny>,
         columns: &Bound<'_, PyStepColumns>,
         partial: bool,
+        width: Option<usize>,
     ) -> PyResult<(Option<Py<PyAppendError>>, Option<Vec<usize>>)> {
         // (Flattening may run Python code that lets another thread append to this writer
         // meanwhile: that one waits for the columns, without the GIL.)
@@ -238,6 +242,14 @@ impl PyTrajectoryWriter {
             }
         };
         let flat = borrowed.flat(step)?;
+        if let Some(width) = width.filter(|&w| w != borrowed.width()) {
+            borrowed.forget_columns(&flat.new);
+            return Err(PyValueError::new_err(format!(
+                "Number of tensors per timestep was inconsistent. Previously it was {width}, \
+                 but is now {}.",
+                borrowed.width()
+            )));
+        }
         drop(borrowed);
         let (grown, new) = (flat.grown(), flat.new.clone());
         let appended = self.append_with(py, flat.columns, flat.values, |w, v| w.append(v, partial));
