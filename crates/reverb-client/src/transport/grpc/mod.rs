@@ -157,11 +157,26 @@ impl InsertStream for GrpcInsertStream {
     }
 
     fn send(&mut self, request: InsertStreamRequest) -> BoxFuture<'_, Result<()>> {
-        let sent = self
-            .requests
-            .send(request)
-            .map_err(|_| ClientError::new(Code::Unavailable, "the insert stream closed"));
-        Box::pin(async move { sent })
+        let sent = self.requests.send(request).is_ok();
+        Box::pin(async move {
+            if sent {
+                return Ok(());
+            }
+            // The call ended before this request: when the server never answered it (a
+            // refused connection, a TLS handshake that failed), its status says why.
+            if let Some(call) = self.call.as_mut() {
+                let answered = call.await;
+                self.call = None;
+                match answered {
+                    Ok(responses) => self.responses = Some(responses),
+                    Err(status) => return Err(self.client.status(status)),
+                }
+            }
+            Err(ClientError::new(
+                Code::Unavailable,
+                "the insert stream closed",
+            ))
+        })
     }
 
     fn confirmed(&mut self) -> BoxFuture<'_, Result<Option<Vec<u64>>>> {
