@@ -242,6 +242,8 @@ def test_cell_references_and_history_read_the_native_cells(served) -> None:
     with pytest.raises(RuntimeError, match=r"step 0 of column \('x',\): it has expired"):
         old.numpy()
     assert repr(new) == "CellRef(column=1, step=3)"  # (columns in tf.nest order: s, x)
+    again = list(writer.history["x"])[-1]
+    assert again == new and hash(again) == hash(new) and again != old and new != (1, 3)
     # The history's numpy() stacks the cells still alive (the last two), skipping the rest.
     np.testing.assert_array_equal(writer.history["x"].numpy(), [[2, -2], [3, -3]])
     strings = writer.history["s"]

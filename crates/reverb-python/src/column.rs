@@ -158,6 +158,22 @@ impl PyCellRef {
     fn __repr__(&self) -> String {
         format!("CellRef(column={}, step={})", self.column, self.step)
     }
+
+    /// References to one cell of one writer are equal.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.downcast::<Self>().is_ok_and(|other| {
+            let other = other.get();
+            self.origin.owner.is(&other.origin.owner)
+                && (self.column, self.step) == (other.column, other.step)
+        })
+    }
+
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (self.origin.owner.as_ptr() as usize, self.column, self.step).hash(&mut hasher);
+        hasher.finish()
+    }
 }
 
 /// References to `cells` of `origin` (with the column's `path`), as an iterator.

@@ -316,6 +316,18 @@ impl PyStepColumns {
         Ok(flat)
     }
 
+    /// The columns, once no other thread flattens with them. (Flattening may run Python
+    /// code, e.g. a custom mapping's, that lets another thread of the writer flatten
+    /// meanwhile: that one waits for them, without the GIL.)
+    pub(crate) fn borrowed<'py>(slf: &Bound<'py, Self>) -> PyRefMut<'py, Self> {
+        loop {
+            match slf.try_borrow_mut() {
+                Ok(borrowed) => return borrowed,
+                Err(_) => slf.py().detach(std::thread::yield_now),
+            }
+        }
+    }
+
     /// Takes back what flattening a step did to the history's columns (the step was not
     /// appended: its new columns stay out of the history until a step that is).
     pub(crate) fn forget_columns(&mut self, new: &[usize]) {
@@ -427,10 +439,10 @@ impl PyStepColumns {
     /// column of every leaf in `tf.nest` order (else None).
     #[allow(clippy::type_complexity)]
     fn flatten<'py>(
-        &mut self,
+        slf: &Bound<'py, Self>,
         step: &Bound<'py, PyAny>,
     ) -> PyResult<(Vec<usize>, Bound<'py, PyList>, Option<Vec<usize>>)> {
-        let flat = self.flat(step)?;
+        let flat = Self::borrowed(slf).flat(step)?;
         let grown = flat.grown();
         Ok((flat.columns, PyList::new(step.py(), flat.values)?, grown))
     }

@@ -233,14 +233,7 @@ impl PyTrajectoryWriter {
         partial: bool,
         width: Option<usize>,
     ) -> PyResult<(Option<Py<PyAppendError>>, Option<Vec<usize>>)> {
-        // (Flattening may run Python code that lets another thread append to this writer
-        // meanwhile: that one waits for the columns, without the GIL.)
-        let mut borrowed = loop {
-            match columns.try_borrow_mut() {
-                Ok(borrowed) => break borrowed,
-                Err(_) => py.detach(std::thread::yield_now),
-            }
-        };
+        let mut borrowed = PyStepColumns::borrowed(columns);
         let flat = borrowed.flat(step)?;
         if let Some(width) = width.filter(|&w| w != borrowed.width()) {
             borrowed.forget_columns(&flat.new);
@@ -257,7 +250,7 @@ impl PyTrajectoryWriter {
             Ok(result) => Ok((result, grown)),
             Err(e) => {
                 // Nothing was appended: the step's new columns stay out of the history.
-                columns.borrow_mut().forget_columns(&new);
+                PyStepColumns::borrowed(columns).forget_columns(&new);
                 Err(e)
             }
         }
