@@ -65,15 +65,6 @@ class Writer:
             f"closed: {self._closed}"
         )
 
-    def _check_width(self, width: int) -> None:
-        if self._width is None:
-            self._width = width
-        elif width != self._width:
-            raise ValueError(
-                "Number of tensors per timestep was inconsistent. Previously it was "
-                f"{self._width}, but is now {width}."
-            )
-
     def append(self, data: Any) -> None:
         """Appends one step (a nest of array-likes, the same structure every time). Nothing
         is sent until an item references it."""
@@ -81,8 +72,7 @@ class Writer:
         writer._check_open()
         # (One native call: the step is flattened, its width checked, then appended.)
         error, grown = writer._writer.append_step(data, writer._columns, False, self._width)
-        if self._width is None:
-            self._width = writer._columns.width
+        self._width = writer._columns.width
         if grown is not None:
             writer._grow(data, grown)
         if error is not None:
@@ -90,8 +80,12 @@ class Writer:
 
     def append_sequence(self, sequence: Any) -> None:
         """Appends `T` steps at once: every leaf has the leading dimension `T`."""
-        self._check_width(len(_nest.flatten(sequence)))
-        self._writer.append_steps(sequence)
+        writer = self._writer
+        writer._check_open()
+        # (Flattened with the width check of `append`, before the history takes the steps.)
+        columns, values = writer._flatten(sequence, self._width)
+        self._width = writer._columns.width
+        writer._append_flat_steps(sequence, columns, values)
 
     def create_item(self, table: str, num_timesteps: int, priority: float) -> None:
         """Creates an item in `table` of the newest `num_timesteps` steps (every leaf, with

@@ -91,9 +91,10 @@ class TrajectoryWriter:
         self._structure = _merge(self._structure, _nest.pack_sequence_as(data, columns))
         self._history = None
 
-    def _flatten(self, data: Any) -> Tuple[List[int], List[Any]]:
-        """The column and value of each leaf of `data` (`None` leaves left out)."""
-        columns, values, grown = self._columns.flatten(data)
+    def _flatten(self, data: Any, width: Optional[int] = None) -> Tuple[List[int], List[Any]]:
+        """The column and value of each leaf of `data` (`None` leaves left out); with `width`
+        (the legacy writer's), ValueError when `data` has another number of leaves."""
+        columns, values, grown = self._columns.flatten(data, width)
         if grown is not None:
             self._grow(data, grown)
         return columns, values
@@ -130,19 +131,14 @@ class TrajectoryWriter:
         if error is not None:
             self._raise_append_error(error, data)
 
-    def _append_flat(
-        self, data: Any, columns: List[int], values: List[Any], partial_step: bool = False
-    ) -> None:
-        """`append` of `data` flattened already (`_flatten`) to `columns` and `values`."""
-        error = self._writer.append(columns, values, partial_step)
-        if error is not None:
-            self._raise_append_error(error, data)
-
     def append_steps(self, data: Any) -> None:
         """Appends N full steps at once: every leaf has a leading dimension N (beyond the
         reference; for vectorised or batched producers)."""
         self._check_open()
-        columns, values = self._flatten(data)
+        self._append_flat_steps(data, *self._flatten(data))
+
+    def _append_flat_steps(self, data: Any, columns: List[int], values: List[Any]) -> None:
+        """`append_steps` of `data` flattened already (`_flatten`) to `columns` and `values`."""
         error = self._writer.append_steps(columns, values)
         if error is not None:
             self._raise_append_error(error, data)

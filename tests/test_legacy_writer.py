@@ -180,6 +180,8 @@ def test_a_nested_value_under_the_same_keys_changes_the_width(make_server) -> No
         writer.append({"a": np.zeros(2, np.float32), "b": np.float32(0)})
         with pytest.raises(ValueError, match="Previously it was 2, but is now 3"):
             writer.append({"a": [np.float32(1), np.float32(2)], "b": np.float32(1)})
+        with pytest.raises(ValueError, match="Previously it was 2, but is now 1"):
+            writer.append_sequence({"a": np.ones((1, 2), np.float32)})
         writer.append({"a": np.ones(2, np.float32), "b": np.float32(1)})
         writer.create_item("q", 2, 1.0)
     [item] = _items(client)

@@ -10,7 +10,7 @@ use reverb_client::tensor::{AsView, TensorView};
 use reverb_client::{runtime, ClientError, Tensor};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -179,16 +179,39 @@ pub(crate) fn with_views<W: Send, T: Send>(
     f: impl for<'a> FnOnce(&mut W, &[TensorView<'a>]) -> T + Send,
 ) -> T {
     if let Ok(mut w) = lock.try_lock() {
-        // SAFETY: the GIL is held for the whole call and `f` (native writer code) runs no
-        // Python code; the views cannot outlive it (`f` is generic over their lifetime).
-        let views: Vec<TensorView<'_>> = arrays.iter().map(|a| unsafe { a.view() }).collect();
-        return f(&mut w, &views);
+        return on_views(py, &mut *w, arrays, f);
     }
     let owned: Vec<Tensor> = arrays.iter().map(|a| a.to_tensor(py)).collect();
     py.detach(|| {
         let views: Vec<TensorView<'_>> = owned.iter().map(AsView::view).collect();
         f(&mut lock.lock().unwrap(), &views)
     })
+}
+
+/// Runs `f` (native writer code, which runs no Python code) on `w` with views of `arrays`
+/// read in place, the GIL held (`_py`) throughout.
+pub(crate) fn on_views<W, T>(
+    _py: Python<'_>,
+    w: &mut W,
+    arrays: &[Array<'_>],
+    f: impl for<'a> FnOnce(&mut W, &[TensorView<'a>]) -> T,
+) -> T {
+    // SAFETY: the GIL is held for the whole call and `f` runs no Python code; the views
+    // cannot outlive it (`f` is generic over their lifetime).
+    let views: Vec<TensorView<'_>> = arrays.iter().map(|a| unsafe { a.view() }).collect();
+    f(w, &views)
+}
+
+/// `lock`'s guard, taken with the GIL held when it is free, else waited for without the GIL
+/// (its holder may need the GIL to let go). A lock whose holder panicked is taken as it is.
+pub(crate) fn lock_with_gil<'a, W: Send>(py: Python<'_>, lock: &'a Mutex<W>) -> MutexGuard<'a, W> {
+    loop {
+        match lock.try_lock() {
+            Ok(guard) => return guard,
+            Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => py.detach(|| drop(lock.lock())),
+        }
+    }
 }
 
 /// Repeats a bounded wait on a locked writer (`step` until a time; true when done) until

@@ -1,7 +1,7 @@
 //! `reverb._native.Client`: unary calls and `Client.sample` (over gRPC, or straight to a
 //! server of this process: `reverb_client` decides per call).
 
-use crate::blocking::{deadline_ms, run, run_here, seconds, slices, with_views};
+use crate::blocking::{deadline_ms, lock_with_gil, on_views, run, run_here, seconds, slices};
 use crate::errors::{client_error, IntoPyResult};
 use crate::numpy::{column_out, to_array};
 use crate::table_info::PyTableInfo;
@@ -34,10 +34,9 @@ pub(crate) fn inproc_allowed(_py: Python<'_>) -> bool {
 #[pyclass(name = "Client", module = "reverb._native", frozen)]
 pub(crate) struct PyClient {
     pub(crate) inner: Client,
-    /// `Client.insert`'s writer, kept between inserts.
+    /// `Client.insert`'s writer, kept between inserts; held for a whole insert (inserts from
+    /// several threads take turns).
     inserter: Mutex<Inserter>,
-    /// Held for a whole insert (see [`Inserter`]): inserts from several threads take turns.
-    insert_turn: Mutex<()>,
 }
 
 impl PyClient {
@@ -271,7 +270,6 @@ impl PyClient {
         let inner = inner.with_inproc(inproc_allowed(py));
         Ok(Self {
             inserter: Mutex::new(Inserter::new(inner.clone())),
-            insert_turn: Mutex::new(()),
             inner,
         })
     }
@@ -333,36 +331,30 @@ impl PyClient {
             .iter()
             .map(|v| to_array(py, v))
             .collect::<PyResult<Vec<_>>>()?;
-        // The turn is taken with the GIL held only when it is free; else waited for without.
-        let _turn = loop {
-            if let Ok(turn) = self.insert_turn.try_lock() {
-                break turn;
-            }
-            py.detach(|| drop(self.insert_turn.lock()));
-        };
-        let inserter = &self.inserter;
+        // Held for the whole insert (inserts in flight at once would share, and abort, one
+        // another's stream: see `Inserter`).
+        let mut inserter = lock_with_gil(py, &self.inserter);
+        let inserter = &mut *inserter;
         loop {
-            let started = with_views(py, inserter, &arrays, |i, step| i.start(step, &priorities));
+            let started = on_views(py, inserter, &arrays, |i, step| i.start(step, &priorities));
             let inserted = match started {
                 Err(e) => Err(e),
                 Ok(_) => {
-                    let waited = slices(py, deadline, |until| {
-                        match inserter.lock().unwrap().wait(Some(until)) {
-                            Ok(false) => None,
-                            done => Some(done),
-                        }
+                    let waited = slices(py, deadline, |until| match inserter.wait(Some(until)) {
+                        Ok(false) => None,
+                        done => Some(done),
                     });
                     match waited {
                         Ok(Some(done)) => done.map(|_| ()),
                         Ok(None) => {
-                            inserter.lock().unwrap().abort();
+                            inserter.abort();
                             Err(ClientError::deadline(
                                 "Timeout exceeded: insert did not complete in time",
                             ))
                         }
                         // (A signal, e.g. KeyboardInterrupt.)
                         Err(e) => {
-                            inserter.lock().unwrap().abort();
+                            inserter.abort();
                             return Err(e);
                         }
                     }
@@ -370,7 +362,7 @@ impl PyClient {
             };
             match inserted {
                 Ok(()) => return Ok(()),
-                Err(e) if inserter.lock().unwrap().retry_after(&e) => {}
+                Err(e) if inserter.retry_after(&e) => {}
                 Err(e) => return Err(client_error(e)),
             }
         }

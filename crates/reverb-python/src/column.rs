@@ -177,7 +177,7 @@ impl PyCellRef {
 }
 
 /// References to `cells` of `origin` (with the column's `path`), as an iterator.
-fn cell_refs<'py>(
+pub(crate) fn cell_refs<'py>(
     py: Python<'py>,
     origin: &Origin,
     cells: impl Iterator<Item = (usize, u64)>,
@@ -534,15 +534,4 @@ pub(crate) fn column_leaves<'py>(
     }
     let mut out = Vec::new();
     Ok(walk(trajectory, &mut out, 0)?.then_some(out))
-}
-
-/// References to the cells `start..start + len` of `column` (a history column's iteration).
-pub(crate) fn history_refs<'py>(
-    py: Python<'py>,
-    origin: &Origin,
-    column: usize,
-    steps: std::ops::Range<u64>,
-    path: &Py<PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    cell_refs(py, origin, steps.map(|s| (column, s)), Some(path))
 }

@@ -2,7 +2,7 @@
 //! like a sequence of the current episode's cells into `TrajectoryColumn`s (`column`).
 
 use crate::blocking::locked;
-use crate::column::{history_refs, live_numpy, select, Origin, PyTrajectoryColumn};
+use crate::column::{cell_refs, live_numpy, select, Origin, PyTrajectoryColumn};
 use crate::writer::PyTrajectoryWriter;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -63,7 +63,9 @@ impl PyColumnHistory {
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        history_refs(py, &self.origin, self.column, self.steps(py), &self.path)
+        let column = self.column;
+        let cells = self.steps(py).map(|step| (column, step));
+        cell_refs(py, &self.origin, cells, Some(&self.path))
     }
 
     fn __getitem__(

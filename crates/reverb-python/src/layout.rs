@@ -250,26 +250,41 @@ pub(crate) struct PyStepColumns {
 }
 
 /// A flattened step: each value's column, the values (`None` leaves left out: a column not
-/// set in this step), and, when the step was walked in full, the column of every leaf (in
-/// `tf.nest` order) and the columns that are new to the history with it.
+/// set in this step), the columns new to the history with it, and then (`grown`) the column
+/// of every leaf, in `tf.nest` order.
 pub(crate) struct Flat<'py> {
     pub(crate) columns: Vec<usize>,
     pub(crate) values: Vec<Bound<'py, PyAny>>,
-    pub(crate) every: Option<Vec<usize>>,
     pub(crate) new: Vec<usize>,
-}
-
-impl Flat<'_> {
-    /// The column of every leaf, when the step brought columns new to the history.
-    pub(crate) fn grown(&self) -> Option<Vec<usize>> {
-        self.every.clone().filter(|_| !self.new.is_empty())
-    }
+    pub(crate) grown: Option<Vec<usize>>,
 }
 
 impl PyStepColumns {
     /// `step` flattened (see the type's doc); ValueError when it has no leaves, TypeError for
-    /// a mapping whose keys cannot be sorted, RecursionError for a cyclic nest.
-    pub(crate) fn flat<'py>(&mut self, step: &Bound<'py, PyAny>) -> PyResult<Flat<'py>> {
+    /// a mapping whose keys cannot be sorted, RecursionError for a cyclic nest. With `width`
+    /// (the legacy writer's), a step of another number of leaves is a ValueError (the
+    /// reference's message) and nothing of it joins the history.
+    pub(crate) fn flat<'py>(
+        &mut self,
+        step: &Bound<'py, PyAny>,
+        width: Option<usize>,
+    ) -> PyResult<Flat<'py>> {
+        let flat = self.walk_step(step)?;
+        match width {
+            Some(width) if width != self.width => {
+                self.forget_columns(&flat.new);
+                Err(PyValueError::new_err(format!(
+                    "Number of tensors per timestep was inconsistent. Previously it was {width}, \
+                     but is now {}.",
+                    self.width
+                )))
+            }
+            _ => Ok(flat),
+        }
+    }
+
+    /// `step` flattened, see [`Self::flat`].
+    fn walk_step<'py>(&mut self, step: &Bound<'py, PyAny>) -> PyResult<Flat<'py>> {
         let py = step.py();
         if let Some((node, columns)) = &self.last {
             let mut values = Vec::with_capacity(columns.len());
@@ -278,8 +293,8 @@ impl PyStepColumns {
                 return Ok(Flat {
                     columns: columns.clone(),
                     values,
-                    every: None,
                     new: Vec::new(),
+                    grown: None,
                 });
             }
         }
@@ -291,8 +306,8 @@ impl PyStepColumns {
         let mut flat = Flat {
             columns: Vec::with_capacity(leaves.len()),
             values: Vec::with_capacity(leaves.len()),
-            every: None,
             new: Vec::new(),
+            grown: None,
         };
         let mut every_column = Vec::with_capacity(leaves.len());
         for (path, value) in leaves {
@@ -312,7 +327,9 @@ impl PyStepColumns {
             _ => None,
         };
         self.width = every_column.len();
-        flat.every = Some(every_column);
+        if !flat.new.is_empty() {
+            flat.grown = Some(every_column);
+        }
         Ok(flat)
     }
 
@@ -339,11 +356,6 @@ impl PyStepColumns {
         }
         // (The next step of this structure must be walked in full, to bring them back.)
         self.last = None;
-    }
-
-    /// How many leaves the last step flattened had (`None` ones too).
-    pub(crate) fn width(&self) -> usize {
-        self.width
     }
 
     /// The column of `path`, a new one if it has none yet.
@@ -436,15 +448,20 @@ impl PyStepColumns {
 
     /// `(columns, values, grown)` of `step`: each value's column (`None` leaves are left
     /// out: not set in this step), and when the step brought columns new to the history, the
-    /// column of every leaf in `tf.nest` order (else None).
+    /// column of every leaf in `tf.nest` order (else None). With `width`, see `flat`.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (step, width=None))]
     fn flatten<'py>(
         slf: &Bound<'py, Self>,
         step: &Bound<'py, PyAny>,
+        width: Option<usize>,
     ) -> PyResult<(Vec<usize>, Bound<'py, PyList>, Option<Vec<usize>>)> {
-        let flat = Self::borrowed(slf).flat(step)?;
-        let grown = flat.grown();
-        Ok((flat.columns, PyList::new(step.py(), flat.values)?, grown))
+        let flat = Self::borrowed(slf).flat(step, width)?;
+        Ok((
+            flat.columns,
+            PyList::new(step.py(), flat.values)?,
+            flat.grown,
+        ))
     }
 
     /// The column of `path` (a tuple), a new one if no step had it yet.
@@ -453,8 +470,8 @@ impl PyStepColumns {
     }
 
     /// How many leaves the last step flattened had (`None` ones too).
-    #[getter(width)]
-    fn width_of(&self) -> usize {
+    #[getter]
+    fn width(&self) -> usize {
         self.width
     }
 

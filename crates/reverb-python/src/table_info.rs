@@ -1,5 +1,5 @@
 //! `_native.TableInfo`: a table's `TableInfo` as the native client decoded it, read by the
-//! Python client's checks (sizes, `max_times_sampled`, the flat signature) without decoding
+//! Python client's checks (`max_times_sampled`, the flat signature) without decoding
 //! it again; `serialized()` gives the message for the public API's protos.
 
 use crate::signature::PyTableSignature;
@@ -34,18 +34,8 @@ impl PyTableInfo {
     }
 
     #[getter]
-    fn max_size(&self) -> i64 {
-        self.info.max_size
-    }
-
-    #[getter]
     fn max_times_sampled(&self) -> i32 {
         self.info.max_times_sampled
-    }
-
-    #[getter]
-    fn current_size(&self) -> i64 {
-        self.info.current_size
     }
 
     /// The serialized `StructuredValue` signature (empty without one).

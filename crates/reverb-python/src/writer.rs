@@ -5,7 +5,7 @@ use crate::blocking::{deadline_ms, locked, run, wait_locked, with_views};
 use crate::client::PyClient;
 use crate::column::column_leaves;
 use crate::errors::{client_error, IntoPyResult};
-use crate::layout::PyStepColumns;
+use crate::layout::{Flat, PyStepColumns};
 use crate::numpy::{column_out, to_array};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -233,19 +233,14 @@ impl PyTrajectoryWriter {
         partial: bool,
         width: Option<usize>,
     ) -> PyResult<(Option<Py<PyAppendError>>, Option<Vec<usize>>)> {
-        let mut borrowed = PyStepColumns::borrowed(columns);
-        let flat = borrowed.flat(step)?;
-        if let Some(width) = width.filter(|&w| w != borrowed.width()) {
-            borrowed.forget_columns(&flat.new);
-            return Err(PyValueError::new_err(format!(
-                "Number of tensors per timestep was inconsistent. Previously it was {width}, \
-                 but is now {}.",
-                borrowed.width()
-            )));
-        }
-        drop(borrowed);
-        let (grown, new) = (flat.grown(), flat.new.clone());
-        let appended = self.append_with(py, flat.columns, flat.values, |w, v| w.append(v, partial));
+        let flat = PyStepColumns::borrowed(columns).flat(step, width)?;
+        let Flat {
+            columns: leaf_columns,
+            values,
+            new,
+            grown,
+        } = flat;
+        let appended = self.append_with(py, leaf_columns, values, |w, v| w.append(v, partial));
         match appended {
             Ok(result) => Ok((result, grown)),
             Err(e) => {

@@ -9,7 +9,7 @@ use reverb_core::{SelectorKind, Table, TableConfig};
 use reverb_proto::key_distribution_options::{Distribution, Prioritized};
 use reverb_proto::{
     CheckpointRequest, InitializeConnectionRequest, KeyWithPriority, MutatePrioritiesRequest,
-    ResetRequest, ServerInfoRequest,
+    ResetRequest,
 };
 use std::sync::Arc;
 use tonic::Code;
@@ -59,12 +59,7 @@ async fn server_info_describes_every_table() {
     );
     // Given out of order: listed by name.
     let (stub, _) = serve(vec![b, a]).await;
-    let first = stub
-        .clone()
-        .server_info(ServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let first = server_info_response(&stub).await;
     let names: Vec<&str> = first.table_info.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["a", "b"]);
     let (a, b) = (&first.table_info[0], &first.table_info[1]);
@@ -103,12 +98,7 @@ async fn server_info_describes_every_table() {
 
     // Sizes and episodes follow inserts; the state id stays.
     insert(&stub, "b", &[(1, 1.0), (2, 1.0)]).await;
-    let second = stub
-        .clone()
-        .server_info(ServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let second = server_info_response(&stub).await;
     assert!(first.tables_state_id.is_some());
     assert_eq!(second.tables_state_id, first.tables_state_id);
     let b = &second.table_info[1];

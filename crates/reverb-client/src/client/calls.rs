@@ -63,16 +63,6 @@ impl Client {
             })?;
             keys.insert(item.key);
         }
-        self.send_requests(requests, keys, timeout).await
-    }
-
-    /// [`Client::insert_requests`] of items with these `keys`.
-    async fn send_requests(
-        &self,
-        requests: Vec<InsertStreamRequest>,
-        keys: reverb_proto::KeySet,
-        timeout: Option<Duration>,
-    ) -> Result<()> {
         let (requests, keys) = (&requests, &keys);
         self.with_deadline("InsertStream", timeout, |server| async move {
             let mut stream = server.insert_stream();

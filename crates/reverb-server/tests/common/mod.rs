@@ -20,7 +20,7 @@ use reverb_proto::tensorflow::DataType;
 use reverb_proto::{
     encode_item, ChunkData, FlatTrajectory, InsertStreamRequest, InsertStreamResponse,
     PrioritizedItem, SampleInfo, SampleStreamRequest, SampleStreamResponse, SequenceRange,
-    ServerInfoRequest, TableInfo, Timeout,
+    ServerInfoRequest, ServerInfoResponse, TableInfo, Timeout,
 };
 use reverb_server::ReverbServiceImpl;
 use std::collections::{BTreeMap, VecDeque};
@@ -420,13 +420,19 @@ pub async fn sample(
     stream.samples(n as usize).await
 }
 
-/// `ServerInfo`'s tables, by name.
-pub async fn server_info(stub: &Stub) -> BTreeMap<String, TableInfo> {
+/// The `ServerInfo` answer.
+pub async fn server_info_response(stub: &Stub) -> ServerInfoResponse {
     stub.clone()
         .server_info(ServerInfoRequest {})
         .await
         .expect("ServerInfo succeeds")
         .into_inner()
+}
+
+/// `ServerInfo`'s tables, by name.
+pub async fn server_info(stub: &Stub) -> BTreeMap<String, TableInfo> {
+    server_info_response(stub)
+        .await
         .table_info
         .into_iter()
         .map(|t| (t.name.clone(), t))
