@@ -118,25 +118,24 @@ class Client:
         if not leaves:
             raise ValueError("data must contain at least one value")
         arrays = [np.asarray(leaf) for leaf in leaves]
-        for array in arrays:
-            _dtypes.tf_enum(array.dtype)  # ValueError for unsupported dtypes
+        # (ValueError for unsupported dtypes.)
+        step = [(_dtypes.tf_enum(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
         for table in priorities:
-            self._check_signature(str(table), arrays)
+            self._check_signature(str(table), step)
         pairs = [(str(table), float(priority)) for table, priority in priorities.items()]
         timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
         # Natively, as TFClient.insert: each insert a one-step episode of a writer kept
         # between inserts (one insert stream), as with the reference's legacy writer.
         self._client.insert(arrays, pairs, timeout_ms)
 
-    def _check_signature(self, table: str, arrays: List[np.ndarray]) -> None:
-        """ValueError (nothing is inserted) when one step of `arrays` does not fit the
-        table's signature. As in the reference, a leaf fits a spec of its own shape or of
-        its shape with a leading time dimension of 1."""
+    def _check_signature(self, table: str, step: List[tuple]) -> None:
+        """ValueError (nothing is inserted) when one `step` (per leaf: TF dtype, shape, shape
+        with a leading time dimension of 1) does not fit the table's signature: as in the
+        reference, a leaf fits a spec of either shape."""
         signature = self._table_signature(table, None)
         if signature is None:
             return
-        leaves = [(_dtypes.tf_enum(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
-        problem = signature.problem(table, leaves)
+        problem = signature.problem(table, step)
         if problem is not None:
             raise ValueError(problem)
 
