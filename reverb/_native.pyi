@@ -1,7 +1,7 @@
 """Type stubs of `reverb._native`, the Rust extension (kept by hand; the test suite checks
 them against the built module with mypy's stubtest)."""
 
-from typing import Iterator, List, Optional, Sequence, Tuple, Union, final
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 
@@ -13,6 +13,7 @@ __all__ = [
     "Client",
     "ColumnHistory",
     "MAX_SHARDS",
+    "PatternSchedule",
     "RateLimiter",
     "Sampler",
     "Selector",
@@ -185,6 +186,22 @@ class TableSignature:
     def problem(
         self, table: str, leaves: Sequence[Tuple[int, Sequence[int], Sequence[int]]]
     ) -> Optional[str]: ...
+
+@final
+class PatternSchedule:
+    """Checked `PatternDataset` configs: rows kept per leaf, where trajectories lie in them."""
+
+    def __new__(
+        cls, configs: List[bytes], num_leaves: int, respect_episode_boundaries: bool
+    ) -> PatternSchedule: ...
+    @property
+    def history(self) -> Dict[int, int]: ...
+    @property
+    def data_leaves(self) -> List[int]: ...
+    @property
+    def state_len(self) -> int: ...
+    def slices(self, c: int) -> List[Tuple[int, int, int, int, bool]]: ...
+    def __len__(self) -> int: ...
 
 @final
 class AppendError:

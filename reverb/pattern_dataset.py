@@ -2,41 +2,20 @@
 a server. Each input element is one step; the output has the trajectories a
 `StructuredWriter` with the same configs would insert, in the order it would insert them.
 
-Built from `tf.data` transformations only (a `scan` keeps each used leaf's recent steps in a
-fixed-size buffer and evaluates every config's conditions per step), so it runs in eager
-mode, in `tf.function`s and in TF1 graphs, with any TensorFlow version.
+A `scan` keeps each leaf's recent rows in a fixed-size buffer and asks the kernel
+`ReverbRsPatternStep` which configs apply on each step: it runs the structured writer's own
+rule (in Rust, `reverb_client::writer::schedule`), so the conditions are evaluated by one
+implementation. Runs in eager mode, in `tf.function`s and in TF1 graphs.
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from reverb import replay_sample, structured_writer
+from reverb import _native, _tf_ops, replay_sample, structured_writer
 from reverb.cc import patterns_pb2
-
-
-def _max_age(node: patterns_pb2.PatternNode) -> int:
-    return abs(node.start if node.HasField("start") else node.stop)
-
-
-def _with_buffer_conditions(
-    configs: Sequence[patterns_pb2.StructuredWriterConfig],
-) -> List[patterns_pb2.StructuredWriterConfig]:
-    """Copies of `configs` that each require the buffer to hold their history, as the
-    reference adds them (its history length grows over the configs, in order)."""
-    history = 0
-    out = []
-    for config in configs:
-        config = copy.deepcopy(config)
-        for node in config.flat:
-            history = max(history, abs(min(node.start, node.stop)))
-            if not any(c.buffer_length and c.ge >= history for c in config.conditions):
-                config.conditions.append(patterns_pb2.Condition(buffer_length=True, ge=history))
-        out.append(config)
-    return out
 
 
 def _lists_to_tuples(structure: Any) -> Any:
@@ -52,41 +31,31 @@ def _lists_to_tuples(structure: Any) -> Any:
 
 
 class _Program:
-    """The per-step evaluation of the configs, as TensorFlow ops."""
+    """The per-step work of the dataset as TensorFlow ops: rows kept per leaf, the kernel's
+    decision, the trajectories cut out of the rows."""
 
-    def __init__(self, configs: List[patterns_pb2.StructuredWriterConfig], step_spec: Any):
-        self.configs = configs
+    def __init__(
+        self,
+        configs: Sequence[patterns_pb2.StructuredWriterConfig],
+        step_spec: Any,
+        respect_episode_boundaries: bool,
+    ) -> None:
         self.flat_spec = tf.nest.flatten(step_spec)
-        # Steps of history each used leaf keeps (data conditions read the newest step only).
-        self.history: dict = {}
-        for c, config in enumerate(configs):
-            if not config.flat:
-                raise ValueError(
-                    f"Invalid configuration at position {c}: `flat` must not be empty."
-                )
-            leaves = [n.flat_source_index for n in config.flat]
-            leaves += [
-                k.flat_source_index
-                for k in config.conditions
-                if k.WhichOneof("left") == "flat_source_index"
-            ]
-            for leaf in leaves:
-                if not 0 <= leaf < len(self.flat_spec):
-                    raise ValueError(
-                        f"Config {c} refers to leaf {leaf} (`flat_source_index`) but the steps "
-                        f"have {len(self.flat_spec)} leaves."
-                    )
-            for node in config.flat:
-                age = _max_age(node)
-                if age < 1 or (node.HasField("step") and node.step < 1):
-                    raise ValueError(f"Invalid configuration at position {c}: bad node {node}")
-                self.history[node.flat_source_index] = max(
-                    self.history.get(node.flat_source_index, 0), age
-                )
-            for k in config.conditions:
-                if k.WhichOneof("left") == "flat_source_index":
-                    self.history.setdefault(k.flat_source_index, 1)
-        self.max_history = max(max(self.history.values()), 1)
+        serialized = [c.SerializeToString() for c in configs]
+        schedule = _native.PatternSchedule(
+            serialized, len(self.flat_spec), bool(respect_episode_boundaries)
+        )
+        self.count = len(schedule)
+        self.state_len = schedule.state_len
+        # Rows kept per leaf trajectories take, and where each config's columns lie in them.
+        self.history = schedule.history
+        self.slices = [schedule.slices(c) for c in range(self.count)]
+        self.data_leaves = schedule.data_leaves
+        self.op_attrs = {
+            "configs": serialized,
+            "num_leaves": len(self.flat_spec),
+            "respect_episode_boundaries": bool(respect_episode_boundaries),
+        }
         # Leaves whose shape is not fully defined: their rows may change shape from step to
         # step, so their buffers are refilled when it does, and a trajectory may not span
         # rows of two shapes (its tensors could not be stacked).
@@ -106,12 +75,9 @@ class _Program:
             )
             for leaf, h in self.history.items()
         }
-        n = len(self.configs)
         return (
             buffers,
-            tf.constant(0, tf.int64),  # rows held since the buffers were cleared
-            tf.constant(0, tf.int64),  # index of the next step in its episode
-            tf.zeros([n], tf.int64),  # steps since each config applied
+            tf.zeros([self.state_len], tf.int64),  # the kernel's state
             # Per dynamic leaf: its newest rows that have the newest row's shape.
             {leaf: tf.constant(0, tf.int64) for leaf in self.dynamic},
         )
@@ -132,110 +98,41 @@ class _Program:
             ),
         )
 
-    def _one_shape(self, config: Any, rows: dict) -> Any:
-        """Whether, for each dynamic leaf a trajectory of `config` reads, the rows from the
+    def _one_shape(self, c: int, rows: dict) -> Any:
+        """Whether, for each dynamic leaf config `c`'s trajectory reads, the rows from the
         oldest it takes to the newest share a shape (a buffer keeps only those)."""
         ok = [
-            rows[n.flat_source_index] >= _max_age(n)
-            for n in config.flat
-            if n.flat_source_index in rows
+            rows[leaf] >= self.history[leaf] - first
+            for leaf, first, _, _, _ in self.slices[c]
+            if leaf in rows
         ]
         return tf.reduce_all(tf.stack(ok)) if ok else tf.constant(True)
 
-    def _left(self, cond: Any, buffers: dict, held: Any, index: Any, since: Any, end: bool) -> Any:
-        kind = cond.WhichOneof("left")
-        if kind == "step_index":
-            return index
-        if kind == "steps_since_applied":
-            return since
-        if kind == "buffer_length":
-            return held
-        if kind == "is_end_episode":
-            return tf.constant(int(end), tf.int64)
-        value = buffers[cond.flat_source_index][-1]
-        if not (value.dtype.is_integer or value.dtype == tf.bool):
-            return None  # the reference's condition on such a leaf is never true
-        valid = None
-        if cond.flat_source_index in self.dynamic:
-            # Known at run time only: a row of one element holds a value, others never do.
-            valid = tf.equal(tf.size(value), 1)
-            value = tf.reshape(value, [-1])
-            value = tf.cond(valid, lambda: value[0], lambda: tf.zeros([], value.dtype))
-        elif value.shape.num_elements() != 1:
-            return None
-        else:
-            value = tf.reshape(value, [])
-        if value.dtype == tf.bool:
-            value = tf.cast(value, tf.int64)
-        else:
-            # Compared as a 32-bit integer, as the reference does.
-            value = tf.cast(tf.cast(value, tf.int32), tf.int64)
-        return value if valid is None else (value, valid)
-
-    def _holds(self, cond: Any, left: Any) -> Any:
-        """Whether `cond` holds for `left` (what `_left` gave: None never holds; a
-        `(value, valid)` pair holds only where `valid`)."""
-        if left is None:
-            return tf.constant(False)
-        valid = None
-        if isinstance(left, tuple):
-            left, valid = left
-        kind = cond.WhichOneof("cmp")
-        if kind == "eq":
-            result = tf.equal(left, cond.eq)
-        elif kind == "ge":
-            result = tf.greater_equal(left, cond.ge)
-        elif kind == "mod_eq":
-            # The remainder with the dividend's sign, as in C++.
-            result = tf.equal(tf.truncatemod(left, cond.mod_eq.mod), cond.mod_eq.eq)
-        else:
-            raise ValueError(f"Condition {cond} has no comparison (`cmp`).")
-        result = tf.logical_not(result) if cond.inverse else result
-        return result if valid is None else tf.logical_and(valid, result)
-
-    def trajectory(self, config: Any, buffers: dict) -> list:
+    def trajectory(self, c: int, buffers: dict) -> list:
         out = []
-        for node in config.flat:
-            buffer = buffers[node.flat_source_index]
-            h = self.history[node.flat_source_index]
-            if node.HasField("start"):
-                stop = h + node.stop if node.HasField("stop") else h
-                step = node.step if node.HasField("step") else 1
-                out.append(buffer[h + node.start : stop : step])
-            else:
-                out.append(buffer[h + node.stop])
+        for leaf, first, length, step, squeeze in self.slices[c]:
+            buffer = buffers[leaf]
+            out.append(buffer[first] if squeeze else buffer[first : first + length : step])
         return out
 
-    def step(self, state: tuple, flat: list, end_of_episode: Any, clear: bool) -> tuple:
-        buffers, held, index, since, rows = state
+    def step(self, state: tuple, flat: list, end_of_episode: Any) -> tuple:
+        buffers, schedule, rows = state
         rows = dict(rows)
         buffers = {
             leaf: self._push(leaf, buffer, flat[leaf], rows) for leaf, buffer in buffers.items()
         }
-        held = tf.minimum(held + 1, self.max_history)
-        since = since + 1
-        applied, trajectories = [], []
-        for c, config in enumerate(self.configs):
-            enough = held >= max(_max_age(n) for n in config.flat)
-            ok = [enough] + [
-                self._holds(k, self._left(k, buffers, held, index, since[c], False))
-                for k in config.conditions
-            ]
-            applied.append(tf.reduce_all(tf.stack(ok)))
-            trajectories.append(tuple(self.trajectory(config, buffers)))
-        at_end = []
-        for c, config in enumerate(self.configs):
-            since_c = tf.where(applied[c], tf.constant(0, tf.int64), since[c])
-            enough = held >= max(_max_age(n) for n in config.flat)
-            ok = [enough, end_of_episode, tf.logical_not(applied[c])] + [
-                self._holds(k, self._left(k, buffers, held, index, since_c, True))
-                for k in config.conditions
-            ]
-            at_end.append(tf.reduce_all(tf.stack(ok)))
-        made = tf.stack(applied + at_end)
-        any_applied = tf.logical_or(tf.stack(applied), tf.stack(at_end))
+        made, schedule = _tf_ops.ops().reverb_rs_pattern_step(
+            state=schedule,
+            end_of_episode=end_of_episode,
+            data=[flat[leaf] for leaf in self.data_leaves],
+            **self.op_attrs,
+        )
+        made.set_shape([2 * self.count])
+        schedule.set_shape([self.state_len])
         if rows:
-            one_shape = tf.stack([self._one_shape(config, rows) for config in self.configs])
+            n = self.count
+            any_applied = tf.logical_or(made[:n], made[n:])
+            one_shape = tf.stack([self._one_shape(c, rows) for c in range(n)])
             check = tf.debugging.Assert(
                 tf.reduce_all(tf.logical_or(tf.logical_not(any_applied), one_shape)),
                 [
@@ -246,11 +143,8 @@ class _Program:
             )
             with tf.control_dependencies([check]):
                 made = tf.identity(made)
-        since = tf.where(any_applied, tf.zeros_like(since), since)
-        index = tf.where(end_of_episode, tf.constant(0, tf.int64), index + 1)
-        if clear:
-            held = tf.where(end_of_episode, tf.constant(0, tf.int64), held)
-        return (buffers, held, index, since, rows), (made, tuple(trajectories))
+        trajectories = tuple(tuple(self.trajectory(c, buffers)) for c in range(self.count))
+        return (buffers, schedule, rows), (made, trajectories)
 
 
 class PatternDataset(tf.data.Dataset):
@@ -274,8 +168,7 @@ class PatternDataset(tf.data.Dataset):
     ) -> None:
         signature = structured_writer.infer_signature(configs, input_dataset.element_spec)
         self._structure = _lists_to_tuples(signature)
-        configs = _with_buffer_conditions(configs)
-        program = _Program(configs, input_dataset.element_spec)
+        program = _Program(configs, input_dataset.element_spec, respect_episode_boundaries)
         step_structure = input_dataset.element_spec
 
         def is_end(step: Any) -> Any:
@@ -295,7 +188,7 @@ class PatternDataset(tf.data.Dataset):
         def scan_fn(state: tuple, step: Any) -> tuple:
             flat = tf.nest.flatten(step)
             end = is_end(tf.nest.pack_sequence_as(step_structure, flat))
-            return program.step(state, flat, end, bool(respect_episode_boundaries))
+            return program.step(state, flat, end)
 
         structure = self._structure
         flat_specs = tf.nest.flatten(structure)

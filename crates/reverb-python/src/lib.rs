@@ -18,6 +18,7 @@ mod layout;
 mod malloc;
 mod numpy;
 mod sampler;
+mod schedule;
 mod server;
 mod signature;
 mod structured_writer;
@@ -66,6 +67,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<layout::PyStepLayout>()?;
     m.add_class::<layout::PyStepColumns>()?;
     m.add_class::<structured_writer::PyStructuredWriter>()?;
+    m.add_class::<schedule::PySchedule>()?;
     m.add_class::<sampler::PySampler>()?;
     m.add_function(wrap_pyfunction!(client::server_info_all, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect_wait_seconds, m)?)?;

@@ -7,11 +7,10 @@ use crate::client::PyClient;
 use crate::errors::IntoPyResult;
 use crate::numpy::{to_array, Array};
 use crate::writer::{append_error, PyAppendError};
-use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use reverb_client::writer::patterns::decode_configs;
 use reverb_client::writer::{StructuredWriter, TrajectoryWriter, WriterOptions, TABLES_TIMEOUT};
-use reverb_proto::StructuredWriterConfig;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -58,17 +57,7 @@ impl PyStructuredWriter {
                 "reconnect_timeout must be a number of seconds >= 0",
             ));
         }
-        let configs = configs
-            .iter()
-            .enumerate()
-            .map(|(i, bytes)| {
-                StructuredWriterConfig::decode(bytes.as_slice()).map_err(|e| {
-                    PyValueError::new_err(format!(
-                        "Invalid configuration at position {i}: not a StructuredWriterConfig ({e})"
-                    ))
-                })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let configs = decode_configs(&configs).map_err(PyValueError::new_err)?;
         let options = WriterOptions {
             max_in_flight_items,
             reconnect_timeout: Duration::from_secs_f64(reconnect_timeout),

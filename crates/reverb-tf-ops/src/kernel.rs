@@ -221,8 +221,17 @@ impl Construction {
         self.list(name, TF_OpKernelConstruction_GetAttrInt64List)
     }
 
-    /// A `list(string)` attribute.
+    /// A `list(string)` attribute, as UTF-8 (invalid sequences replaced).
     pub fn strings(&self, name: &str) -> Result<Vec<String>> {
+        Ok(self
+            .byte_strings(name)?
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect())
+    }
+
+    /// A `list(string)` attribute, as bytes (e.g. serialized protos).
+    pub fn byte_strings(&self, name: &str) -> Result<Vec<Vec<u8>>> {
         let (len, total) = self.size(name)?;
         let len = len.max(0) as usize;
         let mut values = vec![ptr::null_mut::<c_char>(); len];
@@ -250,8 +259,7 @@ impl Construction {
             .zip(&lengths)
             .map(|(&p, &l)| {
                 // SAFETY: TF set p to `l` valid bytes inside `storage`, which is still alive.
-                let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, l) };
-                String::from_utf8_lossy(bytes).into_owned()
+                unsafe { std::slice::from_raw_parts(p as *const u8, l) }.to_vec()
             })
             .collect())
     }
@@ -501,8 +509,16 @@ unsafe extern "C" fn delete<K: Kernel>(kernel: *mut c_void) {
 }
 
 /// Registers an op: input/output/attr specs in TF's `name: type` syntax; outputs come in
-/// groups (concatenated in order).
-pub fn register_op(name: &str, inputs: &[&str], outputs: &[&[&str]], attrs: &[&str]) -> Result<()> {
+/// groups (concatenated in order). A `stateful` op has effects beyond its outputs (or
+/// outputs that are not a function of its inputs): TensorFlow never folds, dedups or
+/// reorders it.
+pub fn register_op(
+    name: &str,
+    inputs: &[&str],
+    outputs: &[&[&str]],
+    attrs: &[&str],
+    stateful: bool,
+) -> Result<()> {
     let n = cstr(name);
     // SAFETY: the builder is created here and consumed by TF_RegisterOpDefinition; spec strings
     // are copied by TF.
@@ -517,7 +533,10 @@ pub fn register_op(name: &str, inputs: &[&str], outputs: &[&[&str]], attrs: &[&s
         for o in outputs.iter().flat_map(|group| group.iter()) {
             TF_OpDefinitionBuilderAddOutput(b, cstr(o).as_ptr());
         }
-        TF_OpDefinitionBuilderSetIsStateful(b, true);
+        // TensorFlow marks the op stateful whatever the flag says: call it only for those.
+        if stateful {
+            TF_OpDefinitionBuilderSetIsStateful(b, true);
+        }
         let status = Status::new();
         TF_RegisterOpDefinition(b, status.0);
         status.check()

@@ -8,6 +8,7 @@ mod dataset;
 mod ffi;
 mod inproc;
 mod kernel;
+mod pattern;
 mod samples;
 
 use kernel::{register_kernel, register_op, Kernel};
@@ -19,8 +20,15 @@ pub extern "C" fn reverb_tf_shm_chunks_received() -> u64 {
     reverb_client::transport::shm::chunks_received()
 }
 
-fn register<K: Kernel>(op: &str, inputs: &[&str], outputs: &[&[&str]], attrs: &[&str]) {
-    if let Err(e) = register_op(op, inputs, outputs, attrs).and_then(|_| register_kernel::<K>(op)) {
+fn register<K: Kernel>(
+    op: &str,
+    inputs: &[&str],
+    outputs: &[&[&str]],
+    attrs: &[&str],
+    stateful: bool,
+) {
+    let registered = register_op(op, inputs, outputs, attrs, stateful);
+    if let Err(e) = registered.and_then(|_| register_kernel::<K>(op)) {
         eprintln!(
             "reverb: could not register TensorFlow op {op}: {}",
             e.message
@@ -36,14 +44,37 @@ extern "C" fn register_all() {
             dataset::INPUTS,
             dataset::OUTPUTS,
             dataset::ATTRS,
+            true,
         );
-        register::<ClientSample>(sample::OP, sample::INPUTS, sample::OUTPUTS, sample::ATTRS);
-        register::<ClientInsert>(insert::OP, insert::INPUTS, insert::OUTPUTS, insert::ATTRS);
+        register::<ClientSample>(
+            sample::OP,
+            sample::INPUTS,
+            sample::OUTPUTS,
+            sample::ATTRS,
+            true,
+        );
+        register::<ClientInsert>(
+            insert::OP,
+            insert::INPUTS,
+            insert::OUTPUTS,
+            insert::ATTRS,
+            true,
+        );
         register::<ClientUpdatePriorities>(
             update_priorities::OP,
             update_priorities::INPUTS,
             update_priorities::OUTPUTS,
             update_priorities::ATTRS,
+            true,
+        );
+        // A pure function of its inputs: TensorFlow may fold it and tf.data may checkpoint
+        // the iterators of datasets using it.
+        register::<pattern::PatternStep>(
+            pattern::OP,
+            pattern::INPUTS,
+            pattern::OUTPUTS,
+            pattern::ATTRS,
+            false,
         );
     });
 }

@@ -14,6 +14,8 @@ mod episodes;
 mod insert;
 pub mod patterns;
 mod pending;
+pub mod scalars;
+pub mod schedule;
 mod stream;
 mod structured;
 

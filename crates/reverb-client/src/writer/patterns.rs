@@ -3,6 +3,7 @@
 //! nodes), when (conditions) and with which priority.
 
 use crate::signature::{flatten, path_string};
+use prost::Message;
 use reverb_proto::condition::{Cmp, Left};
 use reverb_proto::pattern_node::{StartOrNone, StepOrNone, StopOrNone};
 use reverb_proto::priority::PriorityFn;
@@ -101,6 +102,17 @@ impl Check {
     }
 }
 
+/// What conditions compare on one step, besides its data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepFacts {
+    /// Index of the step in its episode.
+    pub index: i64,
+    /// Steps held (`buffer_length`).
+    pub buffer_length: i64,
+    /// Whether the episode ends at the step (`is_end_episode`).
+    pub end_of_episode: bool,
+}
+
 /// How an item's priority is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Priority {
@@ -147,6 +159,19 @@ pub struct Pattern {
 
 /// Most leaves a step may have (bounds what configs make the writer allocate).
 pub const MAX_LEAVES: usize = 1 << 16;
+
+/// Decodes serialized `StructuredWriterConfig`s (the error names the first that is not one).
+pub fn decode_configs(configs: &[impl AsRef<[u8]>]) -> Result<Vec<StructuredWriterConfig>, String> {
+    configs
+        .iter()
+        .enumerate()
+        .map(|(i, bytes)| {
+            StructuredWriterConfig::decode(bytes.as_ref()).map_err(|e| {
+                format!("Invalid configuration at position {i}: not a StructuredWriterConfig ({e})")
+            })
+        })
+        .collect()
+}
 
 /// Checks a `flat_source_index` (`what` names the field).
 fn leaf_of(index: i32, what: &str) -> Result<usize, String> {
@@ -289,6 +314,26 @@ impl Pattern {
             paths,
             checks,
             priority,
+        })
+    }
+
+    /// Whether all the config's conditions hold on a step: `since` steps since the config
+    /// last applied; `data(leaf)` is the value a data condition on `leaf` compares (`None`:
+    /// the condition does not hold).
+    pub fn holds(
+        &self,
+        facts: &StepFacts,
+        since: i64,
+        data: impl Fn(usize) -> Option<i64>,
+    ) -> bool {
+        self.checks.iter().all(|check| {
+            check.holds(match check.subject {
+                Subject::StepIndex => Some(facts.index),
+                Subject::StepsSinceApplied => Some(since),
+                Subject::BufferLength => Some(facts.buffer_length),
+                Subject::IsEndEpisode => Some(facts.end_of_episode as i64),
+                Subject::Data(leaf) => data(leaf),
+            })
         })
     }
 

@@ -5,12 +5,12 @@
 //! writer columns keeping as many steps as the longest pattern reaches back; leaves only
 //! conditions or TD-error priorities read are kept as numbers.
 
-use super::patterns::{Check, Pattern, Priority, Subject};
+use super::patterns::{Pattern, Priority, StepFacts, Subject};
+use super::scalars::{integer, integral, number};
 use super::{AppendError, ItemColumn, TrajectoryWriter};
 use crate::signature::{decode_signature, describe, Spec};
 use crate::tensor::{AsView, TensorView};
 use crate::{ClientError, Result};
-use reverb_proto::tensorflow::DataType;
 use reverb_proto::{StructuredWriterConfig, TableInfo};
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -339,6 +339,11 @@ impl StructuredWriter {
         let Some(current) = self.current else {
             return Ok(true);
         };
+        let facts = StepFacts {
+            index: current.1 as i64,
+            buffer_length: self.buffer_length as i64,
+            end_of_episode,
+        };
         let mut queued_any = false;
         let mut first_error = None;
         for c in 0..self.configs.len() {
@@ -353,9 +358,7 @@ impl StructuredWriter {
             let config = &self.configs[c];
             if !config
                 .pattern
-                .checks
-                .iter()
-                .all(|check| self.holds(check, current, config.steps_since_applied, end_of_episode))
+                .holds(&facts, config.steps_since_applied, |leaf| self.data(leaf))
             {
                 continue;
             }
@@ -394,18 +397,12 @@ impl StructuredWriter {
         }
     }
 
-    fn holds(&self, check: &Check, current: StepId, since: i64, end: bool) -> bool {
-        let left = match check.subject {
-            Subject::StepIndex => Some(current.1 as i64),
-            Subject::StepsSinceApplied => Some(since),
-            Subject::BufferLength => Some(self.buffer_length as i64),
-            Subject::IsEndEpisode => Some(end as i64),
-            Subject::Data(i) => self.held[i]
-                .newest
-                .filter(|(step, _)| *step == self.newest)
-                .map(|(_, v)| v),
-        };
-        check.holds(left)
+    /// The newest value of data-condition leaf `leaf`, if the newest step set it.
+    fn data(&self, leaf: usize) -> Option<i64> {
+        self.held[leaf]
+            .newest
+            .filter(|(step, _)| *step == self.newest)
+            .map(|(_, v)| v)
     }
 
     /// The item columns and priority of `pattern` on the held history; `None` when the
@@ -495,92 +492,5 @@ impl StructuredWriter {
             self.current = None;
         }
         applied.map(|_| ())
-    }
-}
-
-/// Whether `dtype` is an integer or bool type (what data conditions compare).
-fn integral(dtype: i32) -> bool {
-    use DataType::*;
-    [
-        DtInt8, DtInt16, DtInt32, DtInt64, DtUint8, DtUint16, DtUint32, DtUint64, DtBool,
-    ]
-    .iter()
-    .any(|d| *d as i32 == dtype)
-}
-
-/// The first element's bytes of `t`, if it has `n` of them.
-fn first<const N: usize>(t: &TensorView<'_>) -> Option<[u8; N]> {
-    t.data.get(..N)?.try_into().ok()
-}
-
-/// The value of a one-element tensor as an integer (truncated to 32 bits, as the reference
-/// compares), if it is an integer or bool.
-fn integer(t: &TensorView<'_>) -> Option<i64> {
-    use DataType::*;
-    let v = match DataType::try_from(t.dtype).ok()? {
-        DtBool => (first::<1>(t)?[0] != 0) as i64,
-        DtInt8 => i8::from_le_bytes(first(t)?) as i64,
-        DtUint8 => u8::from_le_bytes(first(t)?) as i64,
-        DtInt16 => i16::from_le_bytes(first(t)?) as i64,
-        DtUint16 => u16::from_le_bytes(first(t)?) as i64,
-        DtInt32 => i32::from_le_bytes(first(t)?) as i64,
-        DtUint32 => u32::from_le_bytes(first(t)?) as i32 as i64,
-        DtInt64 => i64::from_le_bytes(first(t)?) as i32 as i64,
-        DtUint64 => u64::from_le_bytes(first(t)?) as i32 as i64,
-        _ => return None,
-    };
-    Some(v)
-}
-
-/// The value of a one-element real (or integer, or bool) tensor as a float.
-fn number(t: &TensorView<'_>) -> Option<f64> {
-    use DataType::*;
-    let v = match DataType::try_from(t.dtype).ok()? {
-        DtFloat => f32::from_le_bytes(first(t)?) as f64,
-        DtDouble => f64::from_le_bytes(first(t)?),
-        DtBool => (first::<1>(t)?[0] != 0) as i64 as f64,
-        DtInt8 => i8::from_le_bytes(first(t)?) as f64,
-        DtUint8 => u8::from_le_bytes(first(t)?) as f64,
-        DtInt16 => i16::from_le_bytes(first(t)?) as f64,
-        DtUint16 => u16::from_le_bytes(first(t)?) as f64,
-        DtInt32 => i32::from_le_bytes(first(t)?) as f64,
-        DtUint32 => u32::from_le_bytes(first(t)?) as f64,
-        DtInt64 => i64::from_le_bytes(first(t)?) as f64,
-        DtUint64 => u64::from_le_bytes(first(t)?) as f64,
-        _ => return None,
-    };
-    Some(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::Tensor;
-
-    #[test]
-    fn scalars_read_as_the_reference_reads_them() {
-        let t = |dtype: DataType, data: Vec<u8>| Tensor {
-            dtype: dtype as i32,
-            shape: vec![],
-            data,
-        };
-        let number = |t: &Tensor| number(&t.view());
-        let integer = |t: &Tensor| integer(&t.view());
-        let big = t(DataType::DtUint32, 3_000_000_000u32.to_le_bytes().to_vec());
-        assert_eq!(number(&big), Some(3e9));
-        assert_eq!(integer(&big), Some(3_000_000_000u32 as i32 as i64));
-        assert_eq!(integer(&t(DataType::DtBool, vec![1])), Some(1));
-        assert_eq!(
-            number(&t(DataType::DtFloat, 2.5f32.to_le_bytes().to_vec())),
-            Some(2.5)
-        );
-        assert_eq!(
-            integer(&t(DataType::DtFloat, 2.5f32.to_le_bytes().to_vec())),
-            None
-        );
-        // Malformed tensors (too few bytes) are no value, not a panic.
-        assert_eq!(integer(&t(DataType::DtBool, vec![])), None);
-        assert_eq!(number(&t(DataType::DtInt64, vec![1, 2])), None);
     }
 }
