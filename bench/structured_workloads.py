@@ -133,4 +133,38 @@ def structured_frames(setup, seconds: float) -> dict:
     return {"value": _write(setup.address, seconds, True), "unit": "steps/s"}
 
 
-WORKLOADS = {"structured_small": structured_small, "structured_frames": structured_frames}
+def pattern_dataset(setup, seconds: float) -> dict:
+    """PatternDataset, offline, as a learner reads it: 3-step transitions (every step from the
+    episode's third) over a `tf.data` stream of small steps (episodes of 1000), in batches of
+    256 counted in the graph (no server)."""
+    del setup
+    configs = transition_configs()[:1]
+
+    def step(i):
+        return {
+            "observation": tf.fill([8], tf.cast(i, tf.float32)),
+            "action": tf.cast(i, tf.int32),
+            "reward": tf.constant(1.0),
+            "discount": tf.constant(0.99),
+        }
+
+    n = 50_000
+    steps = tf.data.Dataset.range(n).map(step)
+    dataset = reverb.PatternDataset(
+        steps, configs, True, lambda s: tf.equal(s["action"] % 1000, 999)
+    ).batch(256)
+    count = tf.function(lambda: dataset.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    count()  # traced once
+    done = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        count()
+        done += n
+    return {"value": done / (time.perf_counter() - start), "unit": "steps/s"}
+
+
+WORKLOADS = {
+    "structured_small": structured_small,
+    "structured_frames": structured_frames,
+    "pattern_dataset": pattern_dataset,
+}

@@ -611,7 +611,7 @@ WORKLOADS = {
 }
 OURS_ONLY = {"writer_batched", "writer_vector"}
 # In bench/structured_workloads.py (imported only for them: it needs TensorFlow).
-STRUCTURED = {"structured_small", "structured_frames"}
+STRUCTURED = {"structured_small", "structured_frames", "pattern_dataset"}
 
 
 def main() -> None:

@@ -193,25 +193,44 @@ class PatternDataset(tf.data.Dataset):
         structure = self._structure
         flat_specs = tf.nest.flatten(structure)
 
-        def emit(made: Any, trajectories: tuple) -> tf.data.Dataset:
-            candidates = list(trajectories) + list(trajectories)
-            out = None
-            for k, trajectory in enumerate(candidates):
-                data = tf.nest.pack_sequence_as(structure, list(trajectory))
-                ds = tf.data.Dataset.from_tensors(data).repeat(tf.cast(made[k], tf.int64))
-                out = ds if out is None else out.concatenate(ds)
-            return out
+        count = program.count
 
-        def set_shapes(*args: Any) -> Any:
-            # tf.data passes a tuple element's parts as separate arguments.
-            data = args if type(structure) is tuple else args[0]
-            flat = tf.nest.flatten(data)
-            for t, spec in zip(flat, flat_specs):
+        def stack(made: Any, trajectories: tuple) -> tuple:
+            """The step's trajectories as one batch (unbatched next): per leaf, the configs'
+            tensors padded to one shape and stacked, gathered in the order they are made
+            (each config's trajectory on the step, then at the end of the episode), with
+            their shapes where configs differ in them."""
+            made_in_order = tf.cast(tf.where(made)[:, 0] % count, tf.int32)
+            out = []
+            for j in range(len(flat_specs)):
+                parts = [trajectories[c][j] for c in range(count)]
+                static = {tuple(p.shape.as_list()) for p in parts}
+                if len(static) == 1 and None not in next(iter(static)):
+                    out.append((tf.gather(tf.stack(parts), made_in_order),))
+                    continue
+                shapes = tf.stack([tf.shape(p, out_type=tf.int64) for p in parts])
+                top = tf.reduce_max(shapes, axis=0)
+                padded = [
+                    tf.pad(p, tf.stack([tf.zeros_like(top), top - shapes[c]], axis=1))
+                    for c, p in enumerate(parts)
+                ]
+                out.append(
+                    (tf.gather(tf.stack(padded), made_in_order), tf.gather(shapes, made_in_order))
+                )
+            return tuple(out)
+
+        def unpad(*leaves: Any) -> Any:
+            flat = []
+            for leaf, spec in zip(leaves, flat_specs):
+                t = leaf[0]
+                if len(leaf) == 2:  # the leaf's shape differs between configs
+                    t = tf.slice(t, tf.zeros_like(leaf[1]), leaf[1])
                 t.set_shape(spec.shape)
+                flat.append(t)
             return tf.nest.pack_sequence_as(structure, flat)
 
         ds = input_dataset.scan(program.initial_state(), scan_fn)
-        ds = ds.flat_map(emit).map(set_shapes)
+        ds = ds.map(stack).unbatch().map(unpad)
         cardinality = tf.get_static_value(input_dataset.cardinality())
         if cardinality is not None and cardinality == tf.data.INFINITE_CARDINALITY:
             # An endless stream of steps makes an endless stream of trajectories.
