@@ -301,7 +301,10 @@ async fn session(
             if *input_closed && unconfirmed.is_empty() {
                 return Ok(());
             }
+            // Confirmations first: they free the writer's in-flight window (a server of this
+            // process has confirmed a request by the time `send` returns).
             tokio::select! {
+                biased;
                 keys = sender.stream.confirmed() => {
                     let keys = keys?.ok_or_else(|| {
                         ClientError::new(Code::Unavailable, "the server closed the insert stream")
