@@ -103,9 +103,16 @@ impl LazyTensor {
         })
     }
 
-    /// Writes the column into `out` (exactly `byte_len()` bytes): chunks it takes whole are
+    /// Writes the column into `out` (exactly `byte_len()` bytes): rows of chunks stored
+    /// uncompressed are copied from them in place, compressed chunks it takes whole are
     /// decompressed in place, others through a decoded copy. Not for string columns.
     pub fn write_to(&self, out: &mut [u8]) -> Result<()> {
+        self.write_to_with(out, &mut Decoded::default())
+    }
+
+    /// [`LazyTensor::write_to`], decoding each compressed chunk tensor at most once per
+    /// `decoded` (a batch's columns share it: items of a batch often share chunks).
+    pub fn write_to_with(&self, out: &mut [u8], decoded: &mut Decoded) -> Result<()> {
         if self.is_string() {
             return Err(ClientError::unimplemented(
                 "string columns are not written in place (use to_tensor)",
@@ -118,15 +125,19 @@ impl LazyTensor {
                 out.len()
             )));
         }
-        let mut decoder = snap::raw::Decoder::new();
         let mut at = 0;
         for (tensor, offset, length) in &self.parts {
             let dest = &mut out[at..at + length * self.row];
-            if tensor.plain() && *offset == 0 && *length == tensor.rows() {
-                tensor.decompress_into(&mut decoder, dest)?;
-            } else {
-                let whole = tensor.decode(&mut decoder)?;
-                dest.copy_from_slice(&whole.data[offset * self.row..(offset + length) * self.row]);
+            let rows = offset * self.row..(offset + length) * self.row;
+            match tensor.stored().filter(|_| tensor.plain()) {
+                Some(raw) => dest.copy_from_slice(&raw[rows]),
+                None if tensor.plain() && *offset == 0 && *length == tensor.rows() => {
+                    tensor.decompress_into(&mut decoded.decoder, dest)?;
+                }
+                None => {
+                    let whole = decoded.get(tensor)?;
+                    dest.copy_from_slice(&whole.data[rows]);
+                }
             }
             at += dest.len();
         }
@@ -145,6 +156,25 @@ impl LazyTensor {
             shape: self.shape.clone(),
             data,
         })
+    }
+}
+
+/// Chunk tensors decoded while writing columns (by chunk key and position in the chunk),
+/// and the decoder doing it.
+#[derive(Default)]
+pub struct Decoded {
+    decoder: snap::raw::Decoder,
+    tensors: std::collections::HashMap<(u64, usize), Tensor>,
+}
+
+impl Decoded {
+    fn get(&mut self, tensor: &Encoded) -> Result<&Tensor> {
+        match self.tensors.entry((tensor.chunk_key(), tensor.index())) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                Ok(e.insert(tensor.decode(&mut self.decoder)?))
+            }
+        }
     }
 }
 

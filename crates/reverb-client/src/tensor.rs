@@ -171,7 +171,12 @@ fn encode_chunk_using(
                 scratch.resize(max, 0);
             }
             let n = encoder.compress(raw, scratch).expect("snappy compress");
-            &scratch[..n]
+            if pays(n, raw.len()) {
+                &scratch[..n]
+            } else {
+                let n = stored(raw, scratch);
+                &scratch[..n]
+            }
         };
         write_tensor(&mut out, t, content);
     }
@@ -188,6 +193,86 @@ fn encode_chunk_using(
         delta_encoded: delta,
         ..Default::default()
     }
+}
+
+/// Whether compressing `raw` bytes to `compressed` bytes pays for decompressing them on
+/// every read: it must save at least an eighth. (Random floats, already-compressed images
+/// and most small rows do not; they are stored as they are, see [`stored`].)
+fn pays(compressed: usize, raw: usize) -> bool {
+    compressed <= raw - raw / 8
+}
+
+/// Writes `raw` into `out` as snappy data holding it uncompressed (the length, then one
+/// literal), which every snappy reader (the reference's too) decompresses, and ours reads in
+/// place ([`Encoded::stored`]). Returns the bytes written. `out` must hold
+/// `snap::raw::max_compress_len(raw.len())` bytes (it holds 10 more than needed).
+fn stored(raw: &[u8], out: &mut [u8]) -> usize {
+    let mut at = 0;
+    let mut put = |b: u8| {
+        out[at] = b;
+        at += 1;
+    };
+    // The uncompressed length, a varint.
+    let mut n = raw.len() as u64;
+    while n >= 0x80 {
+        put(n as u8 | 0x80);
+        n >>= 7;
+    }
+    put(n as u8);
+    if !raw.is_empty() {
+        // A literal tag: (len - 1) in the tag for short ones, else in 1 to 4 bytes after it.
+        let len = raw.len() as u64 - 1;
+        if len < 60 {
+            put((len as u8) << 2);
+        } else {
+            let bytes = (64 - len.leading_zeros()).div_ceil(8) as u8;
+            put((59 + bytes) << 2);
+            for i in 0..bytes {
+                put((len >> (8 * i)) as u8);
+            }
+        }
+    }
+    out[at..at + raw.len()].copy_from_slice(raw);
+    at + raw.len()
+}
+
+/// The bytes of snappy data written by [`stored`] (one literal of the whole length), if it
+/// is such: they are the uncompressed bytes, read in place.
+fn stored_bytes(content: &[u8], len: usize) -> Option<&[u8]> {
+    let mut at = 0;
+    let mut n: u64 = 0;
+    for shift in (0..35).step_by(7) {
+        let b = *content.get(at)?;
+        at += 1;
+        n |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    if n != len as u64 {
+        return None;
+    }
+    if len == 0 {
+        return (at == content.len()).then_some(&[]);
+    }
+    let tag = *content.get(at)?;
+    at += 1;
+    if tag & 3 != 0 {
+        return None; // (a copy, not a literal)
+    }
+    let literal = match tag >> 2 {
+        short @ 0..=59 => u64::from(short),
+        long => {
+            let bytes = usize::from(long - 59);
+            let mut v = 0u64;
+            for i in 0..bytes {
+                v |= u64::from(*content.get(at + i)?) << (8 * i);
+            }
+            at += bytes;
+            v
+        }
+    } + 1;
+    (literal == len as u64 && content.len() == at + len).then(|| &content[at..])
 }
 
 /// Appends to `out` a `ChunkTensors.tensors` entry: `t`'s dtype and shape, with `content` as
@@ -229,6 +314,7 @@ pub(crate) struct Encoded {
     pub len: usize,
     delta: bool,
     chunk_key: u64,
+    index: usize,
 }
 
 impl Encoded {
@@ -247,14 +333,45 @@ impl Encoded {
             })
     }
 
+    /// Key of the chunk holding the tensor.
+    pub fn chunk_key(&self) -> u64 {
+        self.chunk_key
+    }
+
+    /// Its position in the chunk.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
     /// Whether `decompress_into` can be used (no delta encoding to undo).
     pub fn plain(&self) -> bool {
         !self.delta || self.dtype == DT_STRING
     }
 
+    /// The tensor's bytes (delta encoding not undone) when it is stored uncompressed (strings
+    /// always are; others when compression did not pay): read in place, shared with the
+    /// chunk.
+    pub fn stored(&self) -> Option<&[u8]> {
+        if self.dtype == DT_STRING {
+            return Some(&self.content);
+        }
+        stored_bytes(&self.content, self.len)
+    }
+
     /// Decompresses into `out` (exactly `len` bytes) without undoing delta encoding.
     pub fn decompress_into(&self, decoder: &mut snap::raw::Decoder, out: &mut [u8]) -> Result<()> {
         if self.len == 0 && self.content.is_empty() {
+            return Ok(());
+        }
+        if let Some(raw) = self.stored().filter(|_| self.dtype != DT_STRING) {
+            if out.len() != raw.len() {
+                return Err(ClientError::invalid(format!(
+                    "a tensor of {} bytes cannot be written into {} bytes",
+                    raw.len(),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(raw);
             return Ok(());
         }
         if self.dtype == DT_STRING {
@@ -318,13 +435,15 @@ pub(crate) fn parse_chunk(chunk: &ChunkData) -> Result<Vec<Encoded>> {
     })?;
     Ok(tensors
         .into_iter()
-        .map(|t| Encoded {
+        .enumerate()
+        .map(|(index, t)| Encoded {
             dtype: t.dtype,
             shape: t.shape,
             content: t.content,
             len: t.len,
             delta: chunk.delta_encoded && t.dtype != DT_STRING,
             chunk_key: chunk.chunk_key,
+            index,
         })
         .collect())
 }
@@ -423,7 +542,8 @@ mod tests {
 
     proptest::proptest! {
         /// A chunk's payload is the bytes prost gives its `ChunkTensors` message, tensors
-        /// compressed (strings left as they are, integers delta-encoded when asked).
+        /// compressed where it pays, else stored (strings left as they are, integers
+        /// delta-encoded when asked).
         #[test]
         fn chunks_encode_as_prost_does(
             columns in proptest::collection::vec(
@@ -456,7 +576,15 @@ mod tests {
                         if delta {
                             delta_encode(&mut t);
                         }
-                        snap::raw::Encoder::new().compress_vec(&t.data).unwrap()
+                        let compressed = snap::raw::Encoder::new().compress_vec(&t.data).unwrap();
+                        if pays(compressed.len(), t.data.len()) {
+                            compressed
+                        } else {
+                            let mut out = vec![0; snap::raw::max_compress_len(t.data.len())];
+                            let n = stored(&t.data, &mut out);
+                            out.truncate(n);
+                            out
+                        }
                     };
                     TensorProto {
                         dtype: t.dtype,
@@ -592,5 +720,32 @@ mod tests {
         let mut chunk = encode_chunk(1, SequenceRange::default(), &[]);
         chunk.data = Bytes::from_static(&[0xff, 0xff, 0xff]);
         assert!(decode_chunk(&chunk).is_err());
+    }
+
+    proptest::proptest! {
+        // (Tensors up to 16 MB: fewer cases.)
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(40))]
+
+        /// Stored tensors are snappy data any snappy reader (the reference's) decompresses
+        /// to the bytes, and read in place as those bytes; compressed data is never taken
+        /// for stored.
+        #[test]
+        fn stored_tensors_are_snappy_read_in_place(
+            len in proptest::prop_oneof![0usize..300, 60usize..62, 65_530usize..65_600, 16_777_200usize..16_777_230],
+            seed in proptest::num::u8::ANY,
+        ) {
+            let raw: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+            let mut out = vec![0; snap::raw::max_compress_len(len).max(16)];
+            let n = stored(&raw, &mut out);
+            let data = &out[..n];
+            proptest::prop_assert_eq!(&snap::raw::Decoder::new().decompress_vec(data).unwrap(), &raw);
+            proptest::prop_assert_eq!(stored_bytes(data, len), Some(&raw[..]));
+            proptest::prop_assert_eq!(stored_bytes(data, len + 1), None);
+            proptest::prop_assert_eq!(stored_bytes(&data[..n.saturating_sub(1)], len), None);
+            let compressible = vec![seed; len.max(64)];
+            let compressed = snap::raw::Encoder::new().compress_vec(&compressible).unwrap();
+            proptest::prop_assert_eq!(stored_bytes(&compressed, compressible.len()), None);
+        }
+
     }
 }

@@ -1,6 +1,7 @@
-//! Samples stacked into a batch: one array per column, each sample's column decompressed
-//! straight into its place.
+//! Samples stacked into a batch: one array per column, each sample's column copied (from
+//! chunks stored uncompressed) or decompressed straight into its place.
 
+use crate::sample::Decoded;
 use crate::tensor::encode_strings;
 use crate::{ClientError, PlannedSample, Result, Tensor};
 
@@ -40,6 +41,8 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
         }
     }
     let mut columns = Vec::with_capacity(first.columns.len());
+    // Chunks shared by several samples of the batch are decoded once.
+    let mut decoded = Decoded::default();
     for (c, column) in first.columns.iter().enumerate() {
         let mut shape = Vec::with_capacity(column.shape.len() + 1);
         shape.push(n as i64);
@@ -71,7 +74,7 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
             })?;
         let mut data = vec![0u8; total];
         for (sample, out) in samples.iter().zip(data.chunks_exact_mut(size.max(1))) {
-            sample.columns[c].write_to(&mut out[..size])?;
+            sample.columns[c].write_to_with(&mut out[..size], &mut decoded)?;
         }
         columns.push(Tensor {
             dtype: column.dtype,
