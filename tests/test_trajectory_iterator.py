@@ -115,3 +115,43 @@ def test_closing_a_blocked_iterator_stops_its_workers(make_server) -> None:
     server.localhost_client().insert(np.int64(1), {"q": 1.0}, timeout=T)
     time.sleep(0.2)
     assert server.localhost_client().server_info(timeout=T)["q"].current_size == 1
+
+
+@pytest.mark.parametrize("compressible", [True, False])
+def test_batches_of_items_sharing_chunks_hold_each_items_own_rows(
+    make_server, compressible
+) -> None:
+    """Items of 5 steps, one per step, in chunks of 20 steps: a batch's items share chunks
+    (a compressed chunk is decoded once per batch; a stored one is read in place) and each
+    row must still be its own item's. `t` names the step; compressible steps are constant
+    rows, others random bytes remembered per step."""
+    table = reverb.Table("t", selectors.Uniform(), selectors.Fifo(), 1000, rate_limiters.MinSize(1))
+    server = make_server([table])
+    client = server.localhost_client()
+    rng = np.random.default_rng(7)
+    frames = {}
+    with client.trajectory_writer(num_keep_alive_refs=20) as writer:
+        for t in range(300):
+            frame = (
+                np.full(64, t % 251, np.uint8)
+                if compressible
+                else rng.integers(0, 255, 64, np.uint8)
+            )
+            frames[t] = frame
+            writer.append({"frame": frame, "t": np.int64(t)})
+            if writer.episode_steps >= 5:
+                history = writer.history
+                writer.create_item(
+                    "t", 1.0, {"frame": history["frame"][-5:], "t": history["t"][-5:]}
+                )
+        writer.flush()
+    address = f"localhost:{server.port}"
+    with reverb.TrajectoryIterator(address, "t", batch_size=64, max_samples=640) as it:
+        batches = list(it)
+    assert len(batches) == 10
+    for batch in batches:
+        got, ts = batch.data  # (flattened: frame, t)
+        assert ts.shape == (64, 5) and got.shape == (64, 5, 64)
+        for steps, rows in zip(ts, got):
+            assert list(steps) == list(range(steps[0], steps[0] + 5))
+            np.testing.assert_array_equal(rows, np.stack([frames[int(s)] for s in steps]))
