@@ -165,6 +165,14 @@ impl TensorPayload {
 /// and its bytes are what the shape says (snappy's length header for fixed-size dtypes, the
 /// whole string list for strings). A string tensor given as `string_val` is returned encoded.
 pub fn read_chunk(chunk: &ChunkData) -> Result<Vec<TensorPayload>, PayloadError> {
+    match scan_payloads(chunk) {
+        Some(tensors) => Ok(tensors),
+        None => read_decoded(chunk),
+    }
+}
+
+/// [`read_chunk`] by decoding the payload as a `ChunkTensors` message (any payload).
+fn read_decoded(chunk: &ChunkData) -> Result<Vec<TensorPayload>, PayloadError> {
     let key = chunk.chunk_key;
     let payload = ChunkTensors::decode(chunk.data.clone()).map_err(|e| {
         PayloadError::malformed(format!("Chunk {key} has a malformed payload: {e}"))
@@ -189,10 +197,10 @@ pub fn chunk_layouts(chunk: &ChunkData) -> Result<Layouts, PayloadError> {
     }
 }
 
-/// [`read_chunk`]'s tensors as layouts.
+/// [`read_chunk`]'s tensors as layouts (decoding the message).
 fn read_layouts(chunk: &ChunkData) -> Result<Layouts, PayloadError> {
     let mut layouts = Layouts::default();
-    for t in read_chunk(chunk)? {
+    for t in read_decoded(chunk)? {
         let mut layout = Layout::new(t.dtype);
         t.shape.iter().for_each(|&d| layout.push(d));
         layouts.push(layout);
@@ -352,12 +360,42 @@ fn scan_layouts(payload: &[u8]) -> Option<Layouts> {
         if (field, wire) != (1, LEN) {
             return None;
         }
-        layouts.push(scan_tensor(chunk.bytes()?)?);
+        layouts.push(scan_tensor(chunk.bytes()?)?.0);
     }
     Some(layouts)
 }
 
-fn scan_tensor(tensor: &[u8]) -> Option<Layout> {
+/// [`read_chunk`]'s tensors read as [`scan_layouts`] reads them (no message decoded, no
+/// copy: contents are slices of the payload); `None` when the scan does not apply.
+fn scan_payloads(chunk: &ChunkData) -> Option<Vec<TensorPayload>> {
+    let payload = &chunk.data[..];
+    let mut wire = Wire(payload);
+    let mut out = Vec::new();
+    while let Some((field, kind)) = wire.field()? {
+        if (field, kind) != (1, LEN) {
+            return None;
+        }
+        let (layout, content, len) = scan_tensor(wire.bytes()?)?;
+        let content = if content.is_empty() {
+            Bytes::new()
+        } else {
+            // (`content` is a slice of `payload`.)
+            let start = content.as_ptr() as usize - payload.as_ptr() as usize;
+            chunk.data.slice(start..start + content.len())
+        };
+        out.push(TensorPayload {
+            dtype: layout.dtype,
+            shape: layout.shape().to_vec(),
+            content,
+            len,
+        });
+    }
+    Some(out)
+}
+
+/// A tensor's layout, stored bytes and decompressed size, if it is a fixed-size tensor
+/// whose bytes are what its shape says.
+fn scan_tensor(tensor: &[u8]) -> Option<(Layout, &[u8], usize)> {
     let mut wire = Wire(tensor);
     let (mut dtype, mut shape, mut content) = (None, None, None);
     while let Some((field, kind)) = wire.field()? {
@@ -395,7 +433,7 @@ fn scan_tensor(tensor: &[u8]) -> Option<Layout> {
     } else {
         snap::raw::decompress_len(content).ok()?
     };
-    (stored == len).then_some(layout)
+    (stored == len).then_some((layout, content, len))
 }
 
 /// Reads a `TensorShapeProto`'s dimensions into `layout`.
@@ -686,6 +724,15 @@ mod tests {
             let read = read_layouts(&chunk);
             if let Some(layouts) = &scanned {
                 proptest::prop_assert_eq!(Ok(layouts.clone()), read.clone());
+            }
+            if let Some(payloads) = scan_payloads(&chunk) {
+                let decoded = read_decoded(&chunk).expect("scanned chunks decode");
+                proptest::prop_assert_eq!(payloads.len(), decoded.len());
+                for (a, b) in payloads.iter().zip(&decoded) {
+                    proptest::prop_assert_eq!((a.dtype, &a.shape, &a.content, a.len), (b.dtype, &b.shape, &b.content, b.len));
+                }
+            } else {
+                proptest::prop_assert!(scanned.is_none());
             }
             let fixed = read.as_ref().is_ok_and(|l| l.iter().all(|l| l.dtype != DT_STRING));
             if simple && fixed {
