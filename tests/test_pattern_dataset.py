@@ -260,22 +260,31 @@ _CONDITIONS = [
         min_size=1,
         max_size=3,
     ),
-    conditions=st.lists(st.lists(st.integers(0, len(_CONDITIONS) - 1), max_size=2), max_size=3),
+    conditions=st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.integers(0, len(_CONDITIONS) - 1), max_size=2)),
+        max_size=3,
+    ),
     episode=st.integers(2, 6),
     respect=st.booleans(),
 )
 def test_gives_what_the_structured_writer_inserts(nodes, conditions, episode, respect) -> None:
     """The dataset and a structured writer writing the same steps to a server make the same
-    trajectories, in the same order (one rule evaluates both). Configs are ordered by how far
-    back they reach, so the reference's growing buffer-length conditions change nothing."""
+    trajectories, in the same order (one rule evaluates both). Each config takes the same
+    leaves, `longer` steps further back than the others (so trajectories of one step may
+    differ in length). Configs are ordered by how far back they reach, so the reference's
+    growing buffer-length conditions change nothing."""
 
     def pattern(leaf: str, age: int, stop: int) -> Any:
         stop = min(stop, age - 1)
         return R[leaf][-age:-stop] if stop else R[leaf][-age:]
 
-    base = [pattern(*n) for n in nodes]
     configs = [
-        sw.create_config(base, "t", [_CONDITIONS[k]() for k in ks]) for ks in conditions or [[]]
+        sw.create_config(
+            [pattern(leaf, age + longer, stop) for leaf, age, stop in nodes],
+            "t",
+            [_CONDITIONS[k]() for k in ks],
+        )
+        for longer, ks in conditions or [(0, [])]
     ]
     configs.sort(key=lambda c: max(abs(n.start) for n in c.flat))
     n = 13

@@ -5,6 +5,8 @@
 use crate::tensor::{encode_strings, parse_chunk, Encoded, Tensor, DT_STRING};
 use crate::{ClientError, Result};
 use reverb_proto::{sample_stream_response, ChunkData, KeyHashMap, SampleInfo};
+use std::borrow::Cow;
+use std::collections::HashMap;
 
 /// One sampled item: its info and one decoded tensor per column.
 #[derive(Debug, Clone)]
@@ -129,19 +131,24 @@ impl LazyTensor {
         for (tensor, offset, length) in &self.parts {
             let dest = &mut out[at..at + length * self.row];
             let rows = offset * self.row..(offset + length) * self.row;
-            match tensor.stored().filter(|_| tensor.plain()) {
-                Some(raw) => dest.copy_from_slice(&raw[rows]),
-                None if tensor.plain() && *offset == 0 && *length == tensor.rows() => {
-                    tensor.decompress_into(&mut decoded.decoder, dest)?;
-                }
-                None => {
-                    let whole = decoded.get(tensor)?;
-                    dest.copy_from_slice(&whole.data[rows]);
-                }
+            if self.decodes_whole(tensor, *offset, *length) {
+                let whole = decoded.get(tensor)?;
+                dest.copy_from_slice(&whole.data[rows]);
+            } else if let Some(raw) = tensor.stored() {
+                dest.copy_from_slice(&raw[rows]);
+            } else {
+                tensor.decompress_into(&mut decoded.decoder, dest)?;
             }
             at += dest.len();
         }
         Ok(())
+    }
+
+    /// Whether writing rows `offset..offset + length` of `tensor` decodes the whole tensor
+    /// first: not when it is stored uncompressed (rows are read in place) or taken whole
+    /// (decompressed in place), unless delta encoding must be undone.
+    fn decodes_whole(&self, tensor: &Encoded, offset: usize, length: usize) -> bool {
+        !tensor.plain() || (tensor.stored().is_none() && !(offset == 0 && length == tensor.rows()))
     }
 
     /// The column as a tensor of its own.
@@ -159,22 +166,63 @@ impl LazyTensor {
     }
 }
 
-/// Chunk tensors decoded while writing columns (by chunk key and position in the chunk),
-/// and the decoder doing it.
+/// Chunk tensors decoded while writing one column of a batch, kept only while another
+/// sample's column still needs them ([`Decoded::expect`] counts the uses first), and the
+/// decoder doing it. Without counted uses every tensor is decoded for its one use.
 #[derive(Default)]
 pub struct Decoded {
     decoder: snap::raw::Decoder,
-    tensors: std::collections::HashMap<(u64, usize), Tensor>,
+    /// Uses left of each tensor used more than once: `(chunk key, position in the chunk)`.
+    uses: HashMap<(u64, usize), usize>,
+    tensors: HashMap<(u64, usize), Tensor>,
 }
 
 impl Decoded {
-    fn get(&mut self, tensor: &Encoded) -> Result<&Tensor> {
-        match self.tensors.entry((tensor.chunk_key(), tensor.index())) {
-            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                Ok(e.insert(tensor.decode(&mut self.decoder)?))
+    /// Counts the chunk tensors `columns` will decode whole (only those used twice or more
+    /// are kept once decoded). Forgets what an earlier column left.
+    pub fn expect<'a>(&mut self, columns: impl IntoIterator<Item = &'a LazyTensor>) {
+        self.uses.clear();
+        self.tensors.clear();
+        for column in columns {
+            for (tensor, offset, length) in &column.parts {
+                if column.decodes_whole(tensor, *offset, *length) {
+                    *self
+                        .uses
+                        .entry((tensor.chunk_key(), tensor.index()))
+                        .or_default() += 1;
+                }
             }
         }
+        self.uses.retain(|_, n| *n > 1);
+    }
+
+    /// `tensor` decoded: kept for its next use, handed over at its last.
+    fn get(&mut self, tensor: &Encoded) -> Result<Cow<'_, Tensor>> {
+        let key = (tensor.chunk_key(), tensor.index());
+        let last = match self.uses.get_mut(&key) {
+            None => return Ok(Cow::Owned(tensor.decode(&mut self.decoder)?)),
+            Some(left) => {
+                *left -= 1;
+                *left == 0
+            }
+        };
+        if !self.tensors.contains_key(&key) {
+            let whole = tensor.decode(&mut self.decoder)?;
+            self.tensors.insert(key, whole);
+        }
+        let whole = &self.tensors[&key];
+        // Samples sharing a chunk key must share the chunk (a peer could send otherwise).
+        if whole.dtype != tensor.dtype || whole.shape != tensor.shape {
+            return Err(ClientError::data_loss(format!(
+                "Chunk {} arrived twice in one batch with different tensors ({:?} {:?} and {:?} {:?})",
+                key.0, whole.dtype, whole.shape, tensor.dtype, tensor.shape
+            )));
+        }
+        if last {
+            self.uses.remove(&key);
+            return Ok(Cow::Owned(self.tensors.remove(&key).expect("held")));
+        }
+        Ok(Cow::Borrowed(&self.tensors[&key]))
     }
 }
 
@@ -450,5 +498,36 @@ mod tests {
             let e = assemble(info(columns), &chunks).unwrap_err();
             assert!(e.message.contains(what), "{} lacks {what}", e.message);
         }
+    }
+
+    /// Samples of one batch taking rows of shared compressed chunks: the batch holds each
+    /// sample's own rows (each chunk decoded once per column); a peer sending one chunk key
+    /// with two shapes in a batch gets an error, not a panic.
+    #[test]
+    fn batches_decode_shared_compressed_chunks_once_and_check_them() {
+        let shared = chunk(7, 100, 64, false);
+        let other = chunk(8, 500, 64, true);
+        assert!(crate::tensor::parse_chunk(&shared).unwrap()[0]
+            .stored()
+            .is_none());
+        let chunks = [shared, other];
+        let samples: Vec<_> = (0..6)
+            .map(|i| plan(info(vec![(vec![(7, i, 3), (8, 2 * i, 2)], false)]), &chunks).unwrap())
+            .collect();
+        let one_by_one: Vec<Tensor> = samples
+            .iter()
+            .map(|s| s.clone().assemble().unwrap().columns.remove(0))
+            .collect();
+        let batch = crate::sampler::stack(samples.clone()).unwrap();
+        assert_eq!(batch.columns[0].shape, vec![6, 5, 3]);
+        let expected: Vec<u8> = one_by_one.iter().flat_map(|t| t.data.clone()).collect();
+        assert_eq!(batch.columns[0].data, expected);
+        assert_eq!(rows(&one_by_one[2]), vec![102, 103, 104, 504, 505]);
+
+        let liar = [chunk(7, 0, 32, false)];
+        let mut mixed = samples;
+        mixed.push(plan(info(vec![(vec![(7, 0, 5)], false)]), &liar).unwrap());
+        let e = crate::sampler::stack(mixed).unwrap_err();
+        assert!(e.message.contains("arrived twice"), "{}", e.message);
     }
 }

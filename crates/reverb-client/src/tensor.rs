@@ -207,6 +207,8 @@ fn pays(compressed: usize, raw: usize) -> bool {
 /// place ([`Encoded::stored`]). Returns the bytes written. `out` must hold
 /// `snap::raw::max_compress_len(raw.len())` bytes (it holds 10 more than needed).
 fn stored(raw: &[u8], out: &mut [u8]) -> usize {
+    // (Snappy, and so its compression before this, takes at most 4 GiB.)
+    debug_assert!(raw.len() <= u32::MAX as usize);
     let mut at = 0;
     let mut put = |b: u8| {
         out[at] = b;
@@ -239,17 +241,21 @@ fn stored(raw: &[u8], out: &mut [u8]) -> usize {
 /// The bytes of snappy data written by [`stored`] (one literal of the whole length), if it
 /// is such: they are the uncompressed bytes, read in place.
 fn stored_bytes(content: &[u8], len: usize) -> Option<&[u8]> {
+    // The length: a varint of at most 5 bytes and 32 bits, as snappy reads it.
     let mut at = 0;
     let mut n: u64 = 0;
-    for shift in (0..35).step_by(7) {
+    loop {
         let b = *content.get(at)?;
+        n |= u64::from(b & 0x7f) << (7 * at);
         at += 1;
-        n |= u64::from(b & 0x7f) << shift;
         if b & 0x80 == 0 {
             break;
         }
+        if at == 5 {
+            return None;
+        }
     }
-    if n != len as u64 {
+    if n > u64::from(u32::MAX) || n != len as u64 {
         return None;
     }
     if len == 0 {

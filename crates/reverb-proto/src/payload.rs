@@ -379,9 +379,7 @@ fn scan_payloads(chunk: &ChunkData) -> Option<Vec<TensorPayload>> {
         let content = if content.is_empty() {
             Bytes::new()
         } else {
-            // (`content` is a slice of `payload`.)
-            let start = content.as_ptr() as usize - payload.as_ptr() as usize;
-            chunk.data.slice(start..start + content.len())
+            chunk.data.slice_ref(content)
         };
         out.push(TensorPayload {
             dtype: layout.dtype,

@@ -41,7 +41,8 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
         }
     }
     let mut columns = Vec::with_capacity(first.columns.len());
-    // Chunks shared by several samples of the batch are decoded once.
+    // Compressed chunk tensors several samples of the batch take rows of are decoded once
+    // per column.
     let mut decoded = Decoded::default();
     for (c, column) in first.columns.iter().enumerate() {
         let mut shape = Vec::with_capacity(column.shape.len() + 1);
@@ -73,6 +74,7 @@ pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
                 ClientError::invalid(format!("A batch of {n} x {size} bytes is too large"))
             })?;
         let mut data = vec![0u8; total];
+        decoded.expect(samples.iter().map(|s| &s.columns[c]));
         for (sample, out) in samples.iter().zip(data.chunks_exact_mut(size.max(1))) {
             sample.columns[c].write_to_with(&mut out[..size], &mut decoded)?;
         }
