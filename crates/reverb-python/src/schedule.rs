@@ -9,6 +9,9 @@ use reverb_client::writer::patterns::decode_configs;
 use reverb_client::writer::schedule::Schedule;
 use std::collections::BTreeMap;
 
+/// A trajectory column's place in its leaf's kept rows: `(leaf, first, length, step, squeeze)`.
+type SliceTuple = (usize, usize, usize, usize, bool);
+
 /// Checked `PatternDataset` configs.
 #[pyclass(name = "PatternSchedule", module = "reverb._native", frozen)]
 pub struct PySchedule(Schedule);
@@ -49,7 +52,7 @@ impl PySchedule {
 
     /// Where config `c`'s trajectory columns lie in the kept rows: per column `(leaf, first,
     /// length, step, squeeze)`.
-    fn slices(&self, c: usize) -> PyResult<Vec<(usize, usize, usize, usize, bool)>> {
+    fn slices(&self, c: usize) -> PyResult<Vec<SliceTuple>> {
         if c >= self.0.len() {
             return Err(PyValueError::new_err(format!(
                 "config {c} of {}",
