@@ -131,24 +131,14 @@ impl LazyTensor {
         for (tensor, offset, length) in &self.parts {
             let dest = &mut out[at..at + length * self.row];
             let rows = offset * self.row..(offset + length) * self.row;
-            if self.decodes_whole(tensor, *offset, *length) {
-                let whole = decoded.get(tensor)?;
-                dest.copy_from_slice(&whole.data[rows]);
-            } else if let Some(raw) = tensor.stored() {
-                dest.copy_from_slice(&raw[rows]);
-            } else {
-                tensor.decompress_into(&mut decoded.decoder, dest)?;
+            match Source::of(tensor, *offset, *length) {
+                Source::Stored(raw) => dest.copy_from_slice(&raw[rows]),
+                Source::Whole => tensor.decompress_into(&mut decoded.decoder, dest)?,
+                Source::Decoded => dest.copy_from_slice(&decoded.get(tensor)?.data[rows]),
             }
             at += dest.len();
         }
         Ok(())
-    }
-
-    /// Whether writing rows `offset..offset + length` of `tensor` decodes the whole tensor
-    /// first: not when it is stored uncompressed (rows are read in place) or taken whole
-    /// (decompressed in place), unless delta encoding must be undone.
-    fn decodes_whole(&self, tensor: &Encoded, offset: usize, length: usize) -> bool {
-        !tensor.plain() || (tensor.stored().is_none() && !(offset == 0 && length == tensor.rows()))
     }
 
     /// The column as a tensor of its own.
@@ -163,6 +153,29 @@ impl LazyTensor {
             shape: self.shape.clone(),
             data,
         })
+    }
+}
+
+/// Where the rows a column takes of a chunk tensor come from.
+enum Source<'a> {
+    /// The tensor is stored uncompressed: its rows are read in place.
+    Stored(&'a [u8]),
+    /// All of a compressed tensor: decompressed in place.
+    Whole,
+    /// Rows of a compressed (or delta-encoded) tensor: decoded whole first.
+    Decoded,
+}
+
+impl<'a> Source<'a> {
+    fn of(tensor: &'a Encoded, offset: usize, length: usize) -> Self {
+        if !tensor.plain() {
+            return Source::Decoded; // (delta encoding is undone on the whole tensor)
+        }
+        match tensor.stored() {
+            Some(raw) => Source::Stored(raw),
+            None if offset == 0 && length == tensor.rows() => Source::Whole,
+            None => Source::Decoded,
+        }
     }
 }
 
@@ -185,7 +198,7 @@ impl Decoded {
         self.tensors.clear();
         for column in columns {
             for (tensor, offset, length) in &column.parts {
-                if column.decodes_whole(tensor, *offset, *length) {
+                if let Source::Decoded = Source::of(tensor, *offset, *length) {
                     *self
                         .uses
                         .entry((tensor.chunk_key(), tensor.index()))

@@ -369,7 +369,8 @@ impl Encoded {
         if self.len == 0 && self.content.is_empty() {
             return Ok(());
         }
-        if let Some(raw) = self.stored().filter(|_| self.dtype != DT_STRING) {
+        // Strings, and tensors whose compression did not pay, are stored as they are.
+        if let Some(raw) = self.stored() {
             if out.len() != raw.len() {
                 return Err(ClientError::invalid(format!(
                     "a tensor of {} bytes cannot be written into {} bytes",
@@ -378,18 +379,6 @@ impl Encoded {
                 )));
             }
             out.copy_from_slice(raw);
-            return Ok(());
-        }
-        if self.dtype == DT_STRING {
-            // Stored uncompressed (`parse_chunk` checked the encoding).
-            if out.len() != self.content.len() {
-                return Err(ClientError::invalid(format!(
-                    "a string tensor of {} bytes cannot be written into {} bytes",
-                    self.content.len(),
-                    out.len()
-                )));
-            }
-            out.copy_from_slice(&self.content);
             return Ok(());
         }
         let corrupt = |what: String| {

@@ -29,8 +29,6 @@ pub struct Slice {
 #[derive(Debug, Clone)]
 pub struct Schedule {
     patterns: Vec<Pattern>,
-    /// Steps each config reaches back.
-    ages: Vec<usize>,
     /// Rows kept per leaf a trajectory takes.
     history: BTreeMap<usize, usize>,
     max_history: usize,
@@ -100,10 +98,6 @@ impl Schedule {
             }
         }
         Ok(Self {
-            ages: patterns
-                .iter()
-                .map(|p| p.nodes.iter().map(|n| n.max_age()).max().unwrap_or(0))
-                .collect(),
             max_history: history.values().copied().max().unwrap_or(0).max(1),
             history,
             data_leaves,
@@ -184,8 +178,8 @@ impl Schedule {
                 if pass == 1 && made[c] {
                     continue;
                 }
-                made[pass * n + c] = held >= self.ages[c] as i64
-                    && pattern.holds(&facts, state[SINCE + c] + 1, value);
+                // (Its buffer-length condition asks for the rows it reaches back.)
+                made[pass * n + c] = pattern.holds(&facts, state[SINCE + c] + 1, value);
             }
         }
         for c in 0..n {
