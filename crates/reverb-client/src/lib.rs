@@ -18,7 +18,7 @@ pub mod writer;
 
 pub use client::{connect_wait, Client};
 pub use error::{ClientError, Result};
-pub use sample::{LazyTensor, PlannedSample, Sample};
+pub use sample::{LazyTensor, PlannedSample, Sample, Sampled};
 pub use tensor::Tensor;
 
 use std::sync::atomic::{AtomicPtr, Ordering};

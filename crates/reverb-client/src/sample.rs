@@ -1,9 +1,12 @@
 //! What a sample is on the client: entries of a sample stream gathered into one sample
 //! ([`PartialSample`]), checked and sized with its columns still compressed in their chunks
-//! ([`PlannedSample`], [`LazyTensor`]), and decoded ([`Sample`]). Every transport ends here.
+//! ([`PlannedSample`], [`LazyTensor`]), and decoded ([`Sample`]). Every transport ends here;
+//! a server of this process hands its items over in place instead ([`Sampled::Held`]),
+//! whose batches are gathered from the chunks as stored (`sampler::batch`).
 
 use crate::tensor::{encode_strings, parse_chunk, Encoded, Tensor, DT_STRING};
 use crate::{ClientError, Result};
+use reverb_proto::held::HeldSample;
 use reverb_proto::{sample_stream_response, ChunkData, KeyHashMap, SampleInfo};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,6 +18,56 @@ pub struct Sample {
     pub info: SampleInfo,
     /// Columns, concatenated over their chunk slices (squeezed where flagged).
     pub columns: Vec<Tensor>,
+}
+
+/// A sample as samplers hand it out: held in place by a server of this process, or planned
+/// from what arrived in a message (gRPC, the C ABI).
+#[derive(Debug, Clone)]
+pub enum Sampled {
+    /// The item as the server holds it (read straight from its chunks).
+    Held(HeldSample),
+    /// Checked and sized, columns still compressed.
+    Planned(PlannedSample),
+}
+
+impl Sampled {
+    /// The sample planned (a held one through its wire form, checked as a message is).
+    pub fn plan(self) -> Result<PlannedSample> {
+        match self {
+            Sampled::Planned(planned) => Ok(planned),
+            Sampled::Held(held) => {
+                let (info, chunks) = held.to_wire();
+                plan(info, &chunks)
+            }
+        }
+    }
+
+    /// Its probability (of being drawn from the table sampled).
+    pub fn probability(&self) -> f64 {
+        match self {
+            Sampled::Held(held) => held.probability,
+            Sampled::Planned(planned) => planned.info.probability,
+        }
+    }
+
+    /// The size of the table it was sampled from.
+    pub fn table_size(&self) -> i64 {
+        match self {
+            Sampled::Held(held) => held.table_size,
+            Sampled::Planned(planned) => planned.info.table_size,
+        }
+    }
+
+    /// Sets what [`Sampled::probability`] and [`Sampled::table_size`] say (a sample of one
+    /// shard made global).
+    pub fn set_drawn(&mut self, probability: f64, table_size: i64) {
+        match self {
+            Sampled::Held(held) => (held.probability, held.table_size) = (probability, table_size),
+            Sampled::Planned(planned) => {
+                (planned.info.probability, planned.info.table_size) = (probability, table_size)
+            }
+        }
+    }
 }
 
 /// Collects a sample's entries from a sample stream: the first carries `info`, the last has
@@ -531,7 +584,7 @@ mod tests {
             .iter()
             .map(|s| s.clone().assemble().unwrap().columns.remove(0))
             .collect();
-        let batch = crate::sampler::stack(samples.clone()).unwrap();
+        let batch = crate::sampler::stack_planned(samples.clone()).unwrap();
         assert_eq!(batch.columns[0].shape, vec![6, 5, 3]);
         let expected: Vec<u8> = one_by_one.iter().flat_map(|t| t.data.clone()).collect();
         assert_eq!(batch.columns[0].data, expected);
@@ -540,7 +593,7 @@ mod tests {
         let liar = [chunk(7, 0, 32, false)];
         let mut mixed = samples;
         mixed.push(plan(info(vec![(vec![(7, 0, 5)], false)]), &liar).unwrap());
-        let e = crate::sampler::stack(mixed).unwrap_err();
+        let e = crate::sampler::stack_planned(mixed).unwrap_err();
         assert!(e.message.contains("arrived twice"), "{}", e.message);
     }
 }

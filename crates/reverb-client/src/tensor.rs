@@ -240,7 +240,7 @@ fn stored(raw: &[u8], out: &mut [u8]) -> usize {
 
 /// The bytes of snappy data written by [`stored`] (one literal of the whole length), if it
 /// is such: they are the uncompressed bytes, read in place.
-fn stored_bytes(content: &[u8], len: usize) -> Option<&[u8]> {
+pub(crate) fn stored_bytes(content: &[u8], len: usize) -> Option<&[u8]> {
     // The length: a varint of at most 5 bytes and 32 bits, as snappy reads it.
     let mut at = 0;
     let mut n: u64 = 0;

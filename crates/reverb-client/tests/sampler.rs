@@ -3,7 +3,7 @@
 
 use reverb_client::sampler::{Sampler, SamplerOptions};
 use reverb_client::transport::shm;
-use reverb_client::{Client, PlannedSample, Tensor};
+use reverb_client::{Client, Sampled, Tensor};
 mod common;
 use common::{block, client, grpc_client, insert_step, queue, table, T, TRANSPORTS};
 use reverb_core::SelectorKind;
@@ -21,8 +21,8 @@ fn insert(client: &Client, table: &str, value: i64) {
     insert_step(client, vec![t], vec![(table.into(), 1.0)], T).unwrap();
 }
 
-fn value(s: &reverb_client::PlannedSample) -> i64 {
-    let column = s.columns[0].to_tensor().unwrap();
+fn value(s: &reverb_client::Sampled) -> i64 {
+    let column = s.clone().plan().unwrap().columns[0].to_tensor().unwrap();
     i64::from_le_bytes(column.data[..8].try_into().unwrap())
 }
 
@@ -128,7 +128,7 @@ fn take_frames(
     sampler: &mut Sampler,
     n: usize,
     len: usize,
-    mut keep: Option<&mut Vec<PlannedSample>>,
+    mut keep: Option<&mut Vec<Sampled>>,
 ) -> Vec<i64> {
     let mut seen = Vec::new();
     while seen.len() < n {
@@ -136,7 +136,10 @@ fn take_frames(
             .unwrap()
             .expect("the sampler stalled");
         for s in got {
-            let data = s.columns[0].to_tensor().unwrap().data;
+            let data = s.clone().plan().unwrap().columns[0]
+                .to_tensor()
+                .unwrap()
+                .data;
             let i = i64::from_le_bytes(data[..8].try_into().unwrap());
             assert!(data[..] == frame(i, len)[..], "sample {i} has wrong bytes");
             seen.push(i);

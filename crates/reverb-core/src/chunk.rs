@@ -3,6 +3,7 @@
 //! the last such item is gone.
 
 use bytes::Bytes;
+use reverb_proto::held::{ChunkView, SliceView, StoredItem};
 use reverb_proto::{flat_trajectory, ChunkData, FlatTrajectory, PrioritizedItem, SequenceRange};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -251,49 +252,76 @@ impl Trajectory {
         }
     }
 
-    /// The wire form, with the keys of `chunks` (the list it was made with).
-    pub fn to_proto(&self, chunks: &[Arc<Chunk>]) -> FlatTrajectory {
-        let mut columns: Vec<flat_trajectory::Column> = Vec::new();
+    /// Calls `f` with every slice of every column (runs split again by their chunks'
+    /// rows), with `chunks` the list it was made with.
+    fn for_each_slice(&self, chunks: &[Arc<Chunk>], f: &mut dyn FnMut(SliceView)) {
+        let mut column = usize::MAX; // (the first slice starts column 0)
+        let mut squeeze = false;
         for s in self.slices() {
             if s.chunk & FIRST != 0 {
-                columns.push(flat_trajectory::Column {
-                    chunk_slices: Vec::new(),
-                    squeeze: s.chunk & SQUEEZE != 0,
-                });
+                column = column.wrapping_add(1);
+                squeeze = s.chunk & SQUEEZE != 0;
             }
             if s.chunk & EMPTY != 0 {
                 continue;
             }
-            let column = columns.last_mut().expect("a slice starts every column");
             let mut position = (s.chunk & (FIRST - 1)) as usize;
+            let view = |chunk: usize, offset: i32, length: i32| SliceView {
+                column,
+                squeeze,
+                chunk,
+                index: s.index as usize,
+                offset: offset as usize,
+                length: length as usize,
+            };
             if s.chunk & RUN == 0 {
-                column.chunk_slices.push(flat_trajectory::ChunkSlice {
-                    chunk_key: chunks[position].key(),
-                    offset: s.offset,
-                    length: s.length,
-                    index: s.index,
-                });
+                f(view(position, s.offset, s.length));
                 continue;
             }
             // A run was made only of pieces these rows reproduce exactly.
             let (mut offset, mut left) = (s.offset, s.length);
             while left > 0 {
-                let chunk = &chunks[position];
-                let rows = chunk
+                let rows = chunks[position]
                     .dense_rows()
                     .expect("a run's chunks have dense ranges");
                 let length = left.min(rows - offset);
-                column.chunk_slices.push(flat_trajectory::ChunkSlice {
-                    chunk_key: chunk.key(),
-                    offset,
-                    length,
-                    index: s.index,
-                });
+                f(view(position, offset, length));
                 left -= length;
                 offset = 0;
                 position += 1;
             }
         }
+    }
+
+    /// How many columns it has.
+    fn columns(&self) -> usize {
+        self.slices()
+            .iter()
+            .filter(|s| s.chunk & FIRST != 0)
+            .count()
+    }
+
+    /// The wire form, with the keys of `chunks` (the list it was made with).
+    pub fn to_proto(&self, chunks: &[Arc<Chunk>]) -> FlatTrajectory {
+        let mut columns: Vec<flat_trajectory::Column> = self
+            .slices()
+            .iter()
+            .filter(|s| s.chunk & FIRST != 0)
+            .map(|s| flat_trajectory::Column {
+                chunk_slices: Vec::new(),
+                squeeze: s.chunk & SQUEEZE != 0,
+            })
+            .collect();
+        self.for_each_slice(chunks, &mut |s| {
+            columns[s.column]
+                .chunk_slices
+                .push(flat_trajectory::ChunkSlice {
+                    chunk_key: chunks[s.chunk].key(),
+                    offset: s.offset as i32,
+                    length: s.length as i32,
+                    index: s.index as i32,
+                })
+        });
         FlatTrajectory { columns }
     }
 }
@@ -384,6 +412,44 @@ impl ItemData {
             deprecated_chunk_keys: Vec::new(),
             deprecated_sequence_range: None,
         }
+    }
+}
+
+/// What a client of this process reads of a sampled item in place.
+impl StoredItem for ItemData {
+    fn key(&self) -> u64 {
+        self.key
+    }
+
+    fn columns(&self) -> usize {
+        self.trajectory.columns()
+    }
+
+    fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    fn chunk(&self, position: usize) -> ChunkView<'_> {
+        let chunk = &self.chunks[position];
+        ChunkView {
+            key: chunk.key,
+            payload: &chunk.payload,
+            delta_encoded: chunk.flags & DELTA_ENCODED != 0,
+        }
+    }
+
+    fn for_each_slice(&self, f: &mut dyn FnMut(SliceView)) {
+        self.trajectory.for_each_slice(&self.chunks, f)
+    }
+
+    fn to_wire(
+        &self,
+        table: &str,
+        priority: f64,
+        times_sampled: i32,
+    ) -> (PrioritizedItem, Vec<ChunkData>) {
+        let item = self.to_proto(table, priority, times_sampled);
+        (item, self.chunks.iter().map(Chunk::data).collect())
     }
 }
 

@@ -360,7 +360,7 @@ impl Table {
     }
 
     /// Samples up to `max_items` items while the rate limiter allows, stopping early once the
-    /// sampled chunks add up to `max_bytes`. Returns an empty batch when nothing may be sampled.
+    /// sampled chunks add up to `max_bytes` (`usize::MAX`: never, and chunks are not looked at). Returns an empty batch when nothing may be sampled.
     /// Items reaching `max_times_sampled` are deleted before the lock is released.
     pub fn try_sample(&self, max_items: usize, max_bytes: usize) -> Vec<SampledItem> {
         let mut out = Vec::new();
@@ -378,12 +378,14 @@ impl Table {
                 st.num_unique_samples += 1;
             }
             st.limiter.sample();
-            bytes += entry
-                .data
-                .chunks()
-                .iter()
-                .map(|c| c.byte_size())
-                .sum::<usize>();
+            if max_bytes != usize::MAX {
+                bytes += entry
+                    .data
+                    .chunks()
+                    .iter()
+                    .map(|c| c.byte_size())
+                    .sum::<usize>();
+            }
             out.push(SampledItem {
                 item: entry.data.clone(),
                 table: self.name.clone(),

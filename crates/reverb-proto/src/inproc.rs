@@ -7,7 +7,8 @@
 //! `transport/inproc.rs`. The TensorFlow kernels are a separate library with a registry of their
 //! own (always empty); they reach the Python extension's servers through a C ABI instead.
 
-use crate::{ChunkData, InsertStreamRequest, SampleInfo, ServerInfoResponse};
+use crate::held::HeldSample;
+use crate::{InsertStreamRequest, ServerInfoResponse};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -18,15 +19,6 @@ use tonic::Status;
 
 /// A boxed future borrowing its receiver.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// One sampled item: its info and the chunks it references, whose bytes are shared.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// Key, priority, times sampled, probability, table size.
-    pub info: SampleInfo,
-    /// Every chunk the item's trajectory references, in order of first reference.
-    pub chunks: Vec<ChunkData>,
-}
 
 /// What a server of this process offers, with the semantics of the RPCs of the same names.
 /// Every call fails with UNAVAILABLE once the server has stopped.
@@ -39,13 +31,14 @@ pub trait Service: Send + Sync {
 
     /// Samples up to `max_items` items of `table` in one batch (`SampleStream`), waiting for
     /// the rate limiter at most `rate_limiter_timeout` (forever when `None`): then
-    /// DEADLINE_EXCEEDED. Never empty on success. Dropping the future stops the wait.
+    /// DEADLINE_EXCEEDED. Never empty on success. Dropping the future stops the wait. The
+    /// items come as the server holds them, not copied.
     fn sample<'a>(
         &'a self,
         table: &'a str,
         max_items: usize,
         rate_limiter_timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Vec<Sample>, Status>>;
+    ) -> BoxFuture<'a, Result<Vec<HeldSample>, Status>>;
 
     /// Deletes `deletes`, then updates priorities (`MutatePriorities`).
     fn mutate_priorities(
@@ -153,7 +146,7 @@ mod tests {
             _: &'a str,
             _: usize,
             _: Option<Duration>,
-        ) -> BoxFuture<'a, Result<Vec<Sample>, Status>> {
+        ) -> BoxFuture<'a, Result<Vec<HeldSample>, Status>> {
             unimplemented!()
         }
         fn mutate_priorities(&self, _: &str, _: &[(u64, f64)], _: &[u64]) -> Result<(), Status> {

@@ -1,11 +1,13 @@
 //! Wire types of the Reverb protocol (package `deepmind.reverb`) and the subset of TensorFlow's
 //! tensor messages it carries. Generated from `proto/` at build time. With the `service`
 //! feature, also the contract between a client and a server: the gRPC stubs and the
-//! in-process service a server of the same process offers ([`inproc`]).
+//! in-process service a server of the same process offers ([`inproc`]), whose sampled items
+//! are read where the server holds them ([`held`]).
 
 #[cfg(feature = "service")]
 pub mod codec;
 pub mod encoded;
+pub mod held;
 #[cfg(feature = "service")]
 pub mod inproc;
 pub mod payload;

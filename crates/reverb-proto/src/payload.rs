@@ -365,6 +365,25 @@ fn scan_layouts(payload: &[u8]) -> Option<Layouts> {
     Some(layouts)
 }
 
+/// Tensor `index` of a chunk payload read in place as [`read_chunk`] reads it (its layout,
+/// its stored bytes and its size once decompressed), for the payloads writers send
+/// (fixed-size dtypes); `None` when the scan does not apply or there is no such tensor.
+pub fn scan_tensor_at(payload: &[u8], index: usize) -> Option<(Layout, &[u8], usize)> {
+    let mut wire = Wire(payload);
+    let mut at = 0;
+    while let Some((field, kind)) = wire.field()? {
+        if (field, kind) != (1, LEN) {
+            return None;
+        }
+        let tensor = wire.bytes()?;
+        if at == index {
+            return scan_tensor(tensor);
+        }
+        at += 1;
+    }
+    None
+}
+
 /// [`read_chunk`]'s tensors read as [`scan_layouts`] reads them (no message decoded, no
 /// copy: contents are slices of the payload); `None` when the scan does not apply.
 fn scan_payloads(chunk: &ChunkData) -> Option<Vec<TensorPayload>> {

@@ -46,7 +46,7 @@ fn sample(
     table: &str,
     max_items: usize,
     wait: Duration,
-) -> Result<Vec<reverb_proto::inproc::Sample>, Status> {
+) -> Result<Vec<reverb_proto::held::HeldSample>, Status> {
     let server = reverb_proto::inproc::lookup(port)
         .ok_or_else(|| Status::unavailable(format!("No server of this process on port {port}")))?;
     // Samples that are there are taken without a trip through the runtime (a wait registers
@@ -104,8 +104,9 @@ pub unsafe extern "C" fn reverb_inproc_sample_v2(
     match result {
         Ok(Ok(samples)) => {
             for s in samples {
-                send(INFO, &s.info.encode_to_vec());
-                for mut chunk in s.chunks {
+                let (info, chunks) = s.to_wire();
+                send(INFO, &info.encode_to_vec());
+                for mut chunk in chunks {
                     let data = Arc::new(std::mem::take(&mut chunk.data));
                     send(CHUNK, &chunk.encode_to_vec());
                     // The bytes are lent, not copied: the receiver holds a reference on them

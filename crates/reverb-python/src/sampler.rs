@@ -86,7 +86,7 @@ impl PySampler {
                 .detach(|| {
                     samples
                         .into_iter()
-                        .map(|s| s.assemble())
+                        .map(|s| s.plan()?.assemble())
                         .collect::<reverb_client::Result<Vec<_>>>()
                 })
                 .py()?;

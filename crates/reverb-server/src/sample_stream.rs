@@ -164,20 +164,28 @@ async fn serve(
         let max_items = remaining.min(MAX_BATCH_ITEMS);
         // (A client that goes away drops this handler with its response stream; the checks
         // on `tx` matter only if the handler ever runs apart from it.)
-        let batch =
-            sample_waiting(&table, max_items, timeout, tx.closed(), || tx.is_closed()).await?;
+        let batch = sample_waiting(
+            &table,
+            max_items,
+            MAX_BATCH_BYTES,
+            timeout,
+            tx.closed(),
+            || tx.is_closed(),
+        )
+        .await?;
         remaining -= batch.len();
         send_batch(batch, tx, ring).await?;
     }
     Ok(())
 }
 
-/// Samples a batch of up to `max_items` items of `table` (about `MAX_BATCH_BYTES` of chunks at
+/// Samples a batch of up to `max_items` items of `table` (about `max_bytes` of chunks at
 /// most), waiting while the rate limiter blocks: at most `timeout`, then DEADLINE_EXCEEDED.
 /// Stops (`Err(None)`) once the caller has gone: `is_gone()` holds or `gone` completes.
 pub(crate) async fn sample_waiting(
     table: &Table,
     max_items: usize,
+    max_bytes: usize,
     timeout: Option<Duration>,
     gone: impl std::future::Future<Output = ()>,
     is_gone: impl Fn() -> bool,
@@ -186,7 +194,7 @@ pub(crate) async fn sample_waiting(
     if is_gone() {
         return Err(None);
     }
-    let batch = table.try_sample(max_items, MAX_BATCH_BYTES);
+    let batch = table.try_sample(max_items, max_bytes);
     if !batch.is_empty() {
         return Ok(batch);
     }
@@ -202,7 +210,7 @@ pub(crate) async fn sample_waiting(
         if is_gone() {
             return Err(None);
         }
-        let batch = table.try_sample(max_items, MAX_BATCH_BYTES);
+        let batch = table.try_sample(max_items, max_bytes);
         if !batch.is_empty() {
             return Ok(batch);
         }

@@ -245,7 +245,12 @@ impl DatasetSample {
                 st.ended = true;
                 st.sampler = None;
             }
-            Some(v) => st.pending.extend(v),
+            // (Samples reach the kernels as messages: through the C ABI or gRPC.)
+            Some(v) => {
+                for sample in v {
+                    st.pending.push_back(sample.plan()?);
+                }
+            }
         }
         Ok(())
     }

@@ -1,9 +1,11 @@
 //! Samples stacked into a batch: one array per column, each sample's column copied (from
-//! chunks stored uncompressed) or decompressed straight into its place.
+//! chunks stored uncompressed) or decompressed straight into its place. Samples a server of
+//! this process holds are gathered from its chunks (`gather`); others are planned first.
 
+use super::gather::gather;
 use crate::sample::Decoded;
 use crate::tensor::encode_strings;
-use crate::{ClientError, PlannedSample, Result, Tensor};
+use crate::{ClientError, PlannedSample, Result, Sampled, Tensor};
 
 /// A batch: info columns and one stacked tensor per data column.
 #[derive(Debug)]
@@ -14,8 +16,29 @@ pub struct Batch {
     pub columns: Vec<Tensor>,
 }
 /// Stacks samples into a batch: every sample must have the same column dtypes and shapes.
-/// Each column is decompressed straight into its place in the batch.
-pub fn stack(samples: Vec<PlannedSample>) -> Result<Batch> {
+/// Each column is copied or decompressed straight into its place in the batch.
+pub fn stack(samples: Vec<Sampled>) -> Result<Batch> {
+    if samples.iter().all(|s| matches!(s, Sampled::Held(_))) {
+        let held: Vec<_> = samples
+            .iter()
+            .map(|s| match s {
+                Sampled::Held(held) => held.clone(),
+                Sampled::Planned(_) => unreachable!("all held"),
+            })
+            .collect();
+        if let Some(batch) = gather(&held)? {
+            return Ok(batch);
+        }
+    }
+    let planned = samples
+        .into_iter()
+        .map(Sampled::plan)
+        .collect::<Result<Vec<_>>>()?;
+    stack_planned(planned)
+}
+
+/// Stacks planned samples (see [`stack`]).
+pub fn stack_planned(samples: Vec<PlannedSample>) -> Result<Batch> {
     let n = samples.len();
     let Some(first) = samples.first() else {
         return Ok(Batch {

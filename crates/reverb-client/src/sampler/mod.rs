@@ -2,22 +2,25 @@
 //! requested from one table, and queue them for a consumer that takes batches. Feeds the
 //! numpy / PyTorch iterators and the TensorFlow kernels.
 //! `pump` is the one loop that takes samples off a stream of whatever transport reaches a
-//! server; `server` samples one server (each worker pumping one stream into the queue); `shards` several, drawing each sample from a shard chosen by its
-//! weight; `batch` stacks samples into columns; `one_shot` has the one-shot calls, which
-//! pump the samples they ask for into a vector (`Client::sample`, and `sample_shards`, one
-//! batch of samples from several servers: `ShardedClient.sample`).
+//! server; `server` samples one server (each worker pumping one stream into the queue);
+//! `shards` several, drawing each sample from a shard chosen by its weight; `batch` stacks
+//! samples into columns (`gather`: from the chunks a server of this process holds);
+//! `one_shot` has the one-shot calls, which pump the samples they ask for into a vector
+//! (`Client::sample`, and `sample_shards`, one batch of samples from several servers:
+//! `ShardedClient.sample`).
 
 mod batch;
+mod gather;
 mod one_shot;
 mod pump;
 mod server;
 mod shards;
 
-pub use batch::{stack, Batch};
+pub use batch::{stack, stack_planned, Batch};
 pub use one_shot::{sample_shards, ShardSamples};
 pub use shards::ShardWatch;
 
-use crate::{Client, ClientError, PlannedSample, Result};
+use crate::{Client, ClientError, Result, Sampled};
 use server::ServerSampler;
 use shards::ShardedSampler;
 use std::time::Duration;
@@ -71,26 +74,17 @@ impl Sampler {
     /// Takes `n` samples, waiting at most `wait` in all. Returns fewer at the end of the
     /// stream; `Ok(None)` when the wait passed first (samples that did arrive are kept for the
     /// next call); an empty vector once the stream has ended.
-    pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<PlannedSample>>> {
+    pub async fn next(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<Sampled>>> {
         self.take(n, wait, true).await
     }
 
     /// Like [`Sampler::next`], but once the first sample is there it takes only the samples
     /// already queued (at most `n`) instead of waiting for `n`.
-    pub async fn next_ready(
-        &mut self,
-        n: usize,
-        wait: Duration,
-    ) -> Result<Option<Vec<PlannedSample>>> {
+    pub async fn next_ready(&mut self, n: usize, wait: Duration) -> Result<Option<Vec<Sampled>>> {
         self.take(n, wait, false).await
     }
 
-    async fn take(
-        &mut self,
-        n: usize,
-        wait: Duration,
-        fill: bool,
-    ) -> Result<Option<Vec<PlannedSample>>> {
+    async fn take(&mut self, n: usize, wait: Duration, fill: bool) -> Result<Option<Vec<Sampled>>> {
         if n == 0 {
             return Err(ClientError::invalid(
                 "a sampler call must ask for >= 1 sample",

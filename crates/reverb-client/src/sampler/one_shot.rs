@@ -8,7 +8,7 @@
 use super::pump::{pump, Window};
 use crate::shards::{draw_weights, ShardWeight};
 use crate::transport::SampleStreamOptions;
-use crate::{connect_wait, Client, ClientError, PlannedSample, Result, Sample};
+use crate::{connect_wait, Client, ClientError, PlannedSample, Result, Sample, Sampled};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use reverb_proto::TableInfo;
@@ -110,7 +110,10 @@ impl Client {
         let mut decoded = Vec::with_capacity(samples.len());
         let mut undecodable = None;
         for sample in samples {
-            match sample.and_then(PlannedSample::assemble) {
+            match sample
+                .and_then(Sampled::plan)
+                .and_then(PlannedSample::assemble)
+            {
                 Ok(sample) => decoded.push(sample),
                 Err(e) => undecodable = undecodable.or(Some(e)),
             }

@@ -5,7 +5,7 @@
 //! for into a vector, as a sampler asked for N.
 
 use crate::transport::SampleStream;
-use crate::{PlannedSample, Result};
+use crate::{Result, Sampled};
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -15,7 +15,7 @@ pub(crate) trait Sink {
     /// Takes the next sample, or the error in its place (a sample that could not be
     /// decoded). `Ok(false)`: the consumer went away, the stream stops; an error stops it
     /// and is the pump's.
-    fn put(&mut self, sample: Result<PlannedSample>) -> impl Future<Output = Result<bool>> + Send;
+    fn put(&mut self, sample: Result<Sampled>) -> impl Future<Output = Result<bool>> + Send;
 
     /// Resolves once the consumer went away (never, for one waiting on the call itself).
     fn gone(&self) -> impl Future<Output = ()> + Send;
@@ -23,8 +23,8 @@ pub(crate) trait Sink {
 
 /// A one-shot call's sink: every sample in order, an undecodable one as its error (the rest
 /// are still taken: they left the table).
-impl Sink for Vec<Result<PlannedSample>> {
-    async fn put(&mut self, sample: Result<PlannedSample>) -> Result<bool> {
+impl Sink for Vec<Result<Sampled>> {
+    async fn put(&mut self, sample: Result<Sampled>) -> Result<bool> {
         self.push(sample);
         Ok(true)
     }

@@ -7,7 +7,7 @@ use super::{SamplerOptions, AUTO_WORKERS};
 use crate::shards;
 use crate::transport::shm;
 use crate::transport::{SampleStreamOptions, Server};
-use crate::{runtime, Client, ClientError, PlannedSample, Result};
+use crate::{runtime, Client, ClientError, Result, Sampled};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use tonic::Code;
 
 /// What the queue carries.
 enum Event {
-    Sample(Box<PlannedSample>),
+    Sample(Box<Sampled>),
     /// Every worker is done (max_samples reached or the rate limiter timed out).
     Done,
     Failed(ClientError),
@@ -29,7 +29,7 @@ pub(crate) struct ServerSampler {
     ended: bool,
     failure: Option<ClientError>,
     /// Samples received but not taken yet (by a call that timed out, or [`Self::fill_held`]).
-    held: Vec<PlannedSample>,
+    held: Vec<Sampled>,
     /// The queue's capacity (also the most samples `fill_held` holds).
     capacity: usize,
     /// Samples not yet requested.
@@ -164,7 +164,7 @@ impl ServerSampler {
         n: usize,
         wait: Duration,
         fill: bool,
-    ) -> Result<Option<Vec<PlannedSample>>> {
+    ) -> Result<Option<Vec<Sampled>>> {
         let deadline = tokio::time::Instant::now() + wait;
         // The oldest `n` held samples (the rest stay held).
         let rest = self.held.split_off(n.min(self.held.len()));
@@ -278,7 +278,7 @@ async fn worker(
 struct Queue<'a>(&'a mpsc::Sender<Event>);
 
 impl Sink for Queue<'_> {
-    async fn put(&mut self, sample: Result<PlannedSample>) -> Result<bool> {
+    async fn put(&mut self, sample: Result<Sampled>) -> Result<bool> {
         Ok(self.0.send(Event::Sample(Box::new(sample?))).await.is_ok())
     }
 

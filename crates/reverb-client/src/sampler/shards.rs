@@ -4,7 +4,7 @@
 use super::server::ServerSampler;
 use super::SamplerOptions;
 use crate::shards::{draw_weights, ShardWeight, MAX_SHARDS};
-use crate::{runtime, Client, ClientError, PlannedSample, Result};
+use crate::{runtime, Client, ClientError, Result, Sampled};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -85,7 +85,7 @@ pub(crate) struct ShardedSampler {
     /// a slow shard is not drawn less often).
     chosen: Option<usize>,
     /// Samples a timed-out call received, returned by the next call.
-    held: Vec<PlannedSample>,
+    held: Vec<Sampled>,
     /// Samples still to return (`max_samples`).
     left: Option<u64>,
     ended: bool,
@@ -165,7 +165,7 @@ impl ShardedSampler {
         n: usize,
         wait: Duration,
         fill: bool,
-    ) -> Result<Option<Vec<PlannedSample>>> {
+    ) -> Result<Option<Vec<Sampled>>> {
         let deadline = Instant::now() + wait;
         let mut out = std::mem::take(&mut self.held);
         while out.len() < n {
@@ -499,7 +499,7 @@ impl ShardedSampler {
     /// Makes a shard's sample info global: its probability times the shard's share of the
     /// draw, and the table size summed over the shards (its own shard, if missing now, as it
     /// was last known).
-    fn globalize(&self, sample: &mut PlannedSample, shard: usize) {
+    fn globalize(&self, sample: &mut Sampled, shard: usize) {
         let mut weights: Vec<Option<ShardWeight>> = self
             .changes
             .borrow()
@@ -514,10 +514,11 @@ impl ShardedSampler {
         }
         let draw = draw_weights(&weights);
         let total: f64 = draw.iter().sum();
+        let mut probability = sample.probability();
         if draw[shard] > 0.0 {
-            sample.info.probability *= draw[shard] / total;
+            probability *= draw[shard] / total;
         }
-        sample.info.table_size = weights.iter().flatten().map(|w| w.size).sum();
+        sample.set_drawn(probability, weights.iter().flatten().map(|w| w.size).sum());
     }
 }
 

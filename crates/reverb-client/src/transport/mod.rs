@@ -18,7 +18,7 @@ pub mod inproc;
 pub mod shm;
 pub mod tls;
 
-use crate::{PlannedSample, Result};
+use crate::{Result, Sampled};
 use reverb_proto::{InsertStreamRequest, TableInfo};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -106,8 +106,9 @@ pub(crate) struct SampleStreamOptions {
     pub fresh: bool,
 }
 
-/// One sample stream: requests for samples go out, samples come back in order, checked and
-/// sized with their columns still compressed ([`PlannedSample`]).
+/// One sample stream: requests for samples go out, samples come back in order ([`Sampled`]):
+/// held in place by a server of this process, or checked and sized with their columns still
+/// compressed.
 pub(crate) trait SampleStream: Send {
     /// Asks for `n` more samples of `table`, each waiting for the table's rate limiter at
     /// most `rate_limiter_timeout` (for ever when `None`; then the stream fails with
@@ -131,5 +132,5 @@ pub(crate) trait SampleStream: Send {
     /// call ends the stream. Cancel-safe, but for the C ABI's (a batch being taken when the
     /// future is dropped is lost: only samplers use it, which drop it once their consumer
     /// has gone).
-    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>>;
+    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<Sampled>>>>;
 }

@@ -1,6 +1,7 @@
 //! The in-process service: a client of this process calls the tables directly through
 //! `reverb_proto::inproc::Service`, with the RPCs' checks and semantics (the same code: the
-//! service's unary calls, `Inserter`, `sample_waiting`) and chunk bytes shared, not copied.
+//! service's unary calls, `Inserter`, `sample_waiting`); sampled items are handed over as the
+//! tables hold them, not copied.
 //! `Server` registers one per server while it serves; once the server stops, every call and
 //! every wait in progress ends with UNAVAILABLE.
 
@@ -9,7 +10,8 @@ use crate::insert_stream::Inserter;
 use crate::sample_stream::{sample_waiting, MAX_BATCH_ITEMS};
 use crate::service::ReverbServiceImpl;
 use crate::tables::Tables;
-use reverb_proto::inproc::{BoxFuture, InsertStream, Sample, Service};
+use reverb_proto::held::HeldSample;
+use reverb_proto::inproc::{BoxFuture, InsertStream, Service};
 use reverb_proto::{InsertStreamRequest, ServerInfoResponse};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -84,7 +86,7 @@ impl Service for InProcServer {
         table: &'a str,
         max_items: usize,
         rate_limiter_timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Vec<Sample>, Status>> {
+    ) -> BoxFuture<'a, Result<Vec<HeldSample>, Status>> {
         Box::pin(async move {
             self.stopped.check()?;
             if max_items == 0 {
@@ -94,14 +96,26 @@ impl Service for InProcServer {
             let max_items = max_items.min(MAX_BATCH_ITEMS);
             let gone = self.stopped.wait();
             let is_gone = || self.stopped.check().is_err();
-            let batch = sample_waiting(&table, max_items, rate_limiter_timeout, gone, is_gone)
-                .await
-                .map_err(|e| e.unwrap_or_else(stopped))?;
+            // (Items are handed over, not copied into messages: no byte limit.)
+            let batch = sample_waiting(
+                &table,
+                max_items,
+                usize::MAX,
+                rate_limiter_timeout,
+                gone,
+                is_gone,
+            )
+            .await
+            .map_err(|e| e.unwrap_or_else(stopped))?;
             Ok(batch
                 .into_iter()
-                .map(|s| Sample {
-                    info: s.info(),
-                    chunks: s.item.chunks().iter().map(|c| c.data()).collect(),
+                .map(|s| HeldSample {
+                    item: s.item,
+                    table: s.table,
+                    priority: s.priority,
+                    times_sampled: s.times_sampled,
+                    probability: s.probability,
+                    table_size: s.table_size,
                 })
                 .collect())
         })

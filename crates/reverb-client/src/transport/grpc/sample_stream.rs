@@ -14,7 +14,7 @@ use crate::sample::{plan, PartialSample};
 use crate::transport::shm::{self, Ring};
 use crate::transport::SampleStream;
 use crate::transport::{BoxFuture, SampleStreamOptions};
-use crate::{Client, ClientError, PlannedSample, Result};
+use crate::{Client, ClientError, Result, Sampled};
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::METADATA_KEY;
 use reverb_proto::{SampleStreamRequest, Timeout};
@@ -148,7 +148,7 @@ impl SampleStream for GrpcSampleStream {
         Ok(())
     }
 
-    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>> {
+    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<Sampled>>>> {
         Box::pin(async move {
             loop {
                 // The entries of the last response come first, each sample handed out as soon
@@ -168,7 +168,7 @@ impl SampleStream for GrpcSampleStream {
                                 return Err(self.fail(e));
                             }
                             self.outstanding -= 1;
-                            return Ok(vec![plan(info, &chunks)]);
+                            return Ok(vec![plan(info, &chunks).map(Sampled::Planned)]);
                         }
                     }
                 }

@@ -5,7 +5,7 @@
 //! registry is always empty: they sample the Python extension's servers through a small C ABI
 //! the extension exports ([`abi`]), borrowing the chunk bytes instead of copying them.
 
-use crate::sample::{plan, PlannedSample};
+use crate::sample::Sampled;
 use crate::{ClientError, Result};
 use std::time::Duration;
 
@@ -28,8 +28,8 @@ use reverb_proto::{InsertStreamRequest, TableInfo};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// A server of this process, called directly: chunk bytes are shared, not copied through
-/// protobuf, HTTP/2 and a socket.
+/// A server of this process, called directly: sampled items are handed over as the server
+/// holds them, not copied through protobuf, HTTP/2 and a socket.
 pub(crate) struct InProc {
     service: Arc<dyn Service>,
     /// Where it was found, and the token the client holds: a stream opened after the server
@@ -208,7 +208,7 @@ trait Batches: Send + 'static {
         table: &'a str,
         n: usize,
         timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Vec<Result<PlannedSample>>>>;
+    ) -> BoxFuture<'a, Result<Vec<Result<Sampled>>>>;
 }
 
 /// A server of this process called directly.
@@ -223,14 +223,14 @@ impl Batches for Direct {
         table: &'a str,
         n: usize,
         timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Vec<Result<PlannedSample>>>> {
+    ) -> BoxFuture<'a, Result<Vec<Result<Sampled>>>> {
         Box::pin(async move {
             let batch = self
                 .service
                 .sample(table, n, timeout)
                 .await
                 .map_err(error(&self.address))?;
-            Ok(batch.into_iter().map(|s| plan(s.info, &s.chunks)).collect())
+            Ok(batch.into_iter().map(|s| Ok(Sampled::Held(s))).collect())
         })
     }
 }
@@ -241,10 +241,10 @@ impl Batches for abi::Exported {
         table: &'a str,
         n: usize,
         timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Vec<Result<PlannedSample>>>> {
+    ) -> BoxFuture<'a, Result<Vec<Result<Sampled>>>> {
         Box::pin(async move {
             let batch = self.sample(table, n, timeout).await?;
-            Ok(batch.into_iter().map(Ok).collect())
+            Ok(batch.into_iter().map(|s| Ok(Sampled::Planned(s))).collect())
         })
     }
 }
@@ -283,7 +283,7 @@ impl<B: Batches> SampleStream for BatchStream<B> {
         Ok(())
     }
 
-    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<PlannedSample>>>> {
+    fn next(&mut self) -> BoxFuture<'_, Result<Vec<Result<Sampled>>>> {
         Box::pin(async move {
             let Some((table, n, timeout)) = self.requests.0.front() else {
                 return std::future::pending().await;

@@ -1,0 +1,481 @@
+//! A batch of samples a server of this process holds in place, gathered column by column
+//! straight from the chunks as stored: each slice's rows are copied from the tensor's stored
+//! bytes (or decompressed into their place; a compressed tensor several samples take rows of
+//! is decoded once per column), with no message, no per-sample allocation and no decoded
+//! copy of chunks stored uncompressed.
+
+use super::Batch;
+use crate::tensor::stored_bytes;
+use crate::{ClientError, Result, Tensor};
+use reverb_proto::held::HeldSample;
+use reverb_proto::payload::{dtype_size, scan_tensor_at, Layout};
+use std::collections::HashMap;
+
+/// One slice of one sample's column: rows of a chunk tensor, read in place.
+struct Part<'a> {
+    /// The sample it belongs to.
+    sample: usize,
+    layout: Layout,
+    /// The tensor's stored bytes (snappy data).
+    content: &'a [u8],
+    /// Its bytes once decompressed.
+    len: usize,
+    /// `(chunk key, tensor position)`: which tensor it is.
+    tensor: (u64, usize),
+    offset: usize,
+    length: usize,
+}
+
+impl Part<'_> {
+    fn rows(&self) -> usize {
+        self.layout.shape().first().map_or(1, |&d| d as usize)
+    }
+}
+
+/// The batch of `samples` gathered from their chunks; `Ok(None)` when one of them holds
+/// what only the message path reads (strings, delta encoding, tensors the scan does not
+/// read): the caller then plans them.
+pub(super) fn gather(samples: &[HeldSample]) -> Result<Option<Batch>> {
+    let n = samples.len();
+    let Some(first) = samples.first() else {
+        return Ok(Some(Batch {
+            info: Vec::new(),
+            columns: Vec::new(),
+        }));
+    };
+    warm(samples);
+    let width = first.item.columns();
+    let mut columns: Vec<Vec<Part<'_>>> = (0..width).map(|_| Vec::with_capacity(n)).collect();
+    let mut squeezed = vec![false; width];
+    for (i, sample) in samples.iter().enumerate() {
+        let item = &*sample.item;
+        if item.columns() != width {
+            return Err(ClientError::invalid(format!(
+                "Sampled items have different numbers of columns ({width} and {}): batch_size must be None",
+                item.columns()
+            )));
+        }
+        let mut readable = true;
+        item.for_each_slice(&mut |s| {
+            let chunk = item.chunk(s.chunk);
+            let scanned = (!chunk.delta_encoded)
+                .then(|| scan_tensor_at(chunk.payload, s.index))
+                .flatten();
+            let Some((layout, content, len)) = scanned else {
+                readable = false;
+                return;
+            };
+            if i == 0 {
+                squeezed[s.column] = s.squeeze;
+            }
+            columns[s.column].push(Part {
+                sample: i,
+                layout,
+                content,
+                len,
+                tensor: (chunk.key, s.index),
+                offset: s.offset,
+                length: s.length,
+            });
+        });
+        if !readable {
+            return Ok(None);
+        }
+    }
+    let mut out = Vec::with_capacity(width);
+    let mut decoder = snap::raw::Decoder::new();
+    for (c, parts) in columns.iter().enumerate() {
+        out.push(gather_column(c, n, parts, squeezed[c], &mut decoder)?);
+    }
+    let info = samples
+        .iter()
+        .map(|s| {
+            (
+                s.item.key(),
+                s.probability,
+                s.table_size,
+                s.priority,
+                s.times_sampled,
+            )
+        })
+        .collect();
+    Ok(Some(Batch { info, columns: out }))
+}
+
+/// Loads what gathering `samples` reads (items' slices, chunk records, payloads), level by
+/// level over the whole batch: the loads of one level do not wait on each other, so the
+/// memory system serves many at once instead of one cache miss after another.
+fn warm(samples: &[HeldSample]) {
+    let mut sum = 0usize;
+    for s in samples {
+        sum = sum.wrapping_add(s.item.columns());
+        for p in 0..s.item.chunk_count() {
+            sum = sum.wrapping_add(s.item.chunk(p).payload.len());
+        }
+    }
+    for s in samples {
+        for p in 0..s.item.chunk_count() {
+            sum = sum.wrapping_add(s.item.chunk(p).payload.first().copied().unwrap_or(0).into());
+        }
+    }
+    std::hint::black_box(sum);
+}
+
+/// Column `c` of `n` samples from its parts (every sample's, in sample order).
+fn gather_column(
+    c: usize,
+    n: usize,
+    parts: &[Part<'_>],
+    squeeze: bool,
+    decoder: &mut snap::raw::Decoder,
+) -> Result<Tensor> {
+    let first = parts
+        .first()
+        .filter(|p| p.sample == 0)
+        .ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
+    let dtype = first.layout.dtype;
+    let row_shape = first.layout.shape().get(1..).unwrap_or(&[]);
+    let row = row_shape
+        .iter()
+        .try_fold(dtype_size(dtype).unwrap_or(0), |b, &d| {
+            b.checked_mul(d as usize)
+        })
+        .ok_or_else(|| ClientError::data_loss(format!("Column {c} has too large rows")))?;
+    // Every sample's column must have the first one's rows (and so its bytes).
+    let rows: usize = parts
+        .iter()
+        .take_while(|p| p.sample == 0)
+        .map(|p| p.length)
+        .sum();
+    if squeeze && rows != 1 {
+        return Err(ClientError::data_loss(format!(
+            "Column {c} is squeezed but has {rows} rows"
+        )));
+    }
+    let size = rows
+        .checked_mul(row)
+        .filter(|&s| s <= isize::MAX as usize)
+        .ok_or_else(|| ClientError::data_loss(format!("Column {c} of {rows} rows is too large")))?;
+    let total = size
+        .checked_mul(n)
+        .filter(|&t| t <= isize::MAX as usize)
+        .ok_or_else(|| {
+            ClientError::invalid(format!("A batch of {n} x {size} bytes is too large"))
+        })?;
+    let mut data = vec![0u8; total];
+    // Rows of compressed tensors taken in part, decoded once for the column.
+    let mut decoded: HashMap<(u64, usize), Vec<u8>> = HashMap::new();
+    let mut sample = 0;
+    let mut at = 0; // where in `data` the next rows go
+    let mut filled = 0; // bytes of the current sample's column written
+    for part in parts {
+        if part.sample != sample {
+            if filled != size || part.sample != sample + 1 {
+                return Err(differ(c, sample));
+            }
+            (sample, filled) = (part.sample, 0);
+        }
+        if part.layout.dtype != dtype
+            || part.layout.shape().get(1..).unwrap_or(&[]) != row_shape
+            || part.layout.shape().is_empty()
+        {
+            return Err(differ(c, part.sample));
+        }
+        if part.offset + part.length > part.rows() {
+            return Err(ClientError::data_loss(format!(
+                "Column {c} slices rows {}..{} of a chunk with {} rows",
+                part.offset,
+                part.offset + part.length,
+                part.rows()
+            )));
+        }
+        let bytes = part.length * row;
+        if filled + bytes > size {
+            return Err(differ(c, part.sample));
+        }
+        let dest = &mut data[at..at + bytes];
+        let rows = part.offset * row..(part.offset + part.length) * row;
+        if let Some(raw) = stored_bytes(part.content, part.len) {
+            dest.copy_from_slice(&raw[rows]);
+        } else if rows.len() == part.len {
+            decompress(decoder, part, dest)?;
+        } else {
+            let whole = match decoded.entry(part.tensor) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let mut whole = vec![0u8; part.len];
+                    decompress(decoder, part, &mut whole)?;
+                    e.insert(whole)
+                }
+            };
+            // Samples sharing a chunk key must share the chunk.
+            if whole.len() != part.len {
+                return Err(ClientError::data_loss(format!(
+                    "Chunk {} arrived twice in one batch with different tensors",
+                    part.tensor.0
+                )));
+            }
+            dest.copy_from_slice(&whole[rows]);
+        }
+        at += bytes;
+        filled += bytes;
+    }
+    if filled != size || sample + 1 != n {
+        return Err(differ(c, sample));
+    }
+    let mut shape = Vec::with_capacity(row_shape.len() + 2);
+    shape.push(n as i64);
+    if !squeeze {
+        shape.push(rows as i64);
+    }
+    shape.extend_from_slice(row_shape);
+    Ok(Tensor { dtype, shape, data })
+}
+
+/// Decompresses all of `part`'s tensor into `out` (its size).
+fn decompress(decoder: &mut snap::raw::Decoder, part: &Part<'_>, out: &mut [u8]) -> Result<()> {
+    match decoder.decompress(part.content, out) {
+        Ok(written) if written == out.len() => Ok(()),
+        Ok(written) => Err(ClientError::data_loss(format!(
+            "Chunk {} decompressed to {written} bytes, not {}",
+            part.tensor.0,
+            out.len()
+        ))),
+        Err(e) => Err(ClientError::data_loss(format!(
+            "Chunk {} cannot be decompressed: {e}",
+            part.tensor.0
+        ))),
+    }
+}
+
+/// The error of samples whose column `c` differs from the first sample's (`sample` is one).
+fn differ(c: usize, sample: usize) -> ClientError {
+    ClientError::invalid(format!(
+        "Sampled items differ in column {c} (sample {sample} and the first): they cannot be batched"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{stack, stack_planned, Batch};
+    use crate::sample::{plan, Sampled};
+    use crate::tensor::{encode_chunk_with, encode_strings, Tensor, DT_STRING};
+    use proptest::prelude::*;
+    use reverb_core::chunk::{Chunk, ItemData};
+    use reverb_proto::flat_trajectory::{ChunkSlice, Column};
+    use reverb_proto::held::HeldSample;
+    use reverb_proto::{FlatTrajectory, SequenceRange};
+    use std::sync::Arc;
+
+    /// Chunk `i` of an episode: `rows` rows from row `start`; tensor 0 is int32 `[rows, 3]`,
+    /// tensor 1 uint8 `[rows, 5]`; `noisy` data does not compress, the rest does.
+    fn chunk(i: usize, start: i32, rows: usize, noisy: bool, delta: bool) -> Chunk {
+        let value = |r: usize, j: usize| {
+            if noisy {
+                ((i * 7919 + r * 104_729 + j * 31) % 251) as i32
+            } else {
+                (start as usize + r) as i32
+            }
+        };
+        let ints = (0..rows)
+            .flat_map(|r| (0..3).map(move |j| value(r, j)))
+            .flat_map(i32::to_le_bytes)
+            .collect();
+        let bytes = (0..rows)
+            .flat_map(|r| (0..5).map(move |j| value(r, j + 3) as u8))
+            .collect();
+        let tensors = [
+            Tensor::new(3, vec![rows as i64, 3], ints).unwrap(),
+            Tensor::new(4, vec![rows as i64, 5], bytes).unwrap(),
+        ];
+        let range = SequenceRange {
+            episode_id: 1,
+            start,
+            end: start + rows as i32 - 1,
+            sparse: false,
+        };
+        Chunk::new(encode_chunk_with(100 + i as u64, range, &tensors, delta))
+    }
+
+    /// An item of `lengths[c]` rows of tensor `c` for each column, from episode row
+    /// `starts[c]`, over `chunks` (consecutive, `rows` each).
+    fn item(
+        key: u64,
+        chunks: &[Arc<Chunk>],
+        rows: &[usize],
+        columns: &[(usize, usize, bool)],
+    ) -> HeldSample {
+        let mut used: Vec<Arc<Chunk>> = Vec::new();
+        let mut trajectory = FlatTrajectory::default();
+        for (index, &(start, length, squeeze)) in columns.iter().enumerate() {
+            let mut slices = Vec::new();
+            let (mut at, mut left) = (start, length);
+            let mut first = 0;
+            for (c, &r) in rows.iter().enumerate() {
+                if left > 0 && at < first + r {
+                    let offset = at - first;
+                    let take = left.min(r - offset);
+                    slices.push(ChunkSlice {
+                        chunk_key: chunks[c].key(),
+                        offset: offset as i32,
+                        length: take as i32,
+                        index: index as i32,
+                    });
+                    if !used.iter().any(|u| Arc::ptr_eq(u, &chunks[c])) {
+                        used.push(chunks[c].clone());
+                    }
+                    at += take;
+                    left -= take;
+                }
+                first += r;
+            }
+            trajectory.columns.push(Column {
+                chunk_slices: slices,
+                squeeze,
+            });
+        }
+        HeldSample {
+            item: Arc::new(ItemData::new(key, &trajectory, used).unwrap()),
+            table: "t".into(),
+            priority: key as f64 / 2.0,
+            times_sampled: key as i32,
+            probability: 1.0 / (key as f64 + 1.0),
+            table_size: 10,
+        }
+    }
+
+    fn planned(samples: &[HeldSample]) -> crate::Result<Batch> {
+        let planned = samples
+            .iter()
+            .map(|s| {
+                let (info, chunks) = s.to_wire();
+                plan(info, &chunks)
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        stack_planned(planned)
+    }
+
+    fn same(a: &Batch, b: &Batch) {
+        assert_eq!(a.info, b.info);
+        assert_eq!(a.columns.len(), b.columns.len());
+        for (x, y) in a.columns.iter().zip(&b.columns) {
+            assert_eq!((x.dtype, &x.shape), (y.dtype, &y.shape));
+            assert_eq!(x.data, y.data);
+        }
+    }
+
+    proptest! {
+        /// A batch gathered from the chunks as stored equals the same samples planned from
+        /// their wire form and stacked: chunks shared between samples, slices across chunk
+        /// boundaries (runs), partial and whole tensors, stored and compressed, delta encoded
+        /// (not gathered), squeezed columns.
+        #[test]
+        fn gathered_batches_equal_planned_ones(
+            chunks in proptest::collection::vec((1usize..5, any::<bool>()), 1..5),
+            delta in any::<bool>(),
+            lengths in (1usize..4, 1usize..4),
+            squeeze in any::<bool>(),
+            starts in proptest::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 1..8),
+        ) {
+            let rows: Vec<usize> = chunks.iter().map(|c| c.0).collect();
+            let total: usize = rows.iter().sum();
+            let (a, b) = (lengths.0.min(total), lengths.1.min(total));
+            let mut start = 0;
+            let stored: Vec<Arc<Chunk>> = chunks
+                .iter()
+                .enumerate()
+                .map(|(i, &(r, noisy))| {
+                    let c = Arc::new(chunk(i, start as i32, r, noisy, delta));
+                    start += r;
+                    c
+                })
+                .collect();
+            let samples: Vec<HeldSample> = starts
+                .iter()
+                .enumerate()
+                .map(|(k, (x, y))| {
+                    let columns = [
+                        (x.index(total - a + 1), a, false),
+                        (y.index(total - b + 1), b, squeeze && b == 1),
+                    ];
+                    item(k as u64 + 1, &stored, &rows, &columns)
+                })
+                .collect();
+            let expected = planned(&samples).unwrap();
+            match super::gather(&samples).unwrap() {
+                Some(batch) => {
+                    prop_assert!(!delta);
+                    same(&batch, &expected);
+                }
+                None => prop_assert!(delta),
+            }
+            let through_stack = stack(samples.iter().cloned().map(Sampled::Held).collect()).unwrap();
+            same(&through_stack, &expected);
+        }
+    }
+
+    /// String columns are not gathered: the batch is planned, with the same result.
+    #[test]
+    fn string_columns_are_planned() {
+        let words = ["a", "bb", "", "dddd"];
+        let t = Tensor::new(
+            DT_STRING,
+            vec![4],
+            encode_strings(words.iter().map(|w| w.as_bytes())),
+        )
+        .unwrap();
+        let range = SequenceRange {
+            episode_id: 1,
+            start: 0,
+            end: 3,
+            sparse: false,
+        };
+        let stored = vec![Arc::new(Chunk::new(encode_chunk_with(
+            9,
+            range,
+            &[t],
+            false,
+        )))];
+        let samples: Vec<HeldSample> = (0..3)
+            .map(|k| item(k + 1, &stored, &[4], &[(k as usize, 2, false)]))
+            .collect();
+        assert!(super::gather(&samples).unwrap().is_none());
+        let batch = stack(samples.iter().cloned().map(Sampled::Held).collect()).unwrap();
+        same(&batch, &planned(&samples).unwrap());
+        assert_eq!(batch.columns[0].shape, vec![3, 2]);
+    }
+
+    /// Samples whose columns differ cannot be batched; a squeezed column of two rows and a
+    /// column without slices are refused, not read.
+    #[test]
+    fn mismatched_and_malformed_batches_are_refused() {
+        let stored: Vec<Arc<Chunk>> = (0..2)
+            .map(|i| Arc::new(chunk(i, 4 * i as i32, 4, true, false)))
+            .collect();
+        let rows = [4, 4];
+        let two = item(1, &stored, &rows, &[(0, 2, false), (0, 1, false)]);
+        let three = item(2, &stored, &rows, &[(1, 3, false), (0, 1, false)]);
+        let e = super::gather(&[two.clone(), three]).unwrap_err();
+        assert!(e.message.contains("differ in column 0"), "{}", e.message);
+        let squeezed = item(3, &stored, &rows, &[(0, 2, true), (0, 1, false)]);
+        let e = super::gather(&[squeezed]).unwrap_err();
+        assert!(
+            e.message.contains("squeezed but has 2 rows"),
+            "{}",
+            e.message
+        );
+        let empty = item(4, &stored, &rows, &[(0, 0, false), (0, 1, false)]);
+        let e = super::gather(&[empty]).unwrap_err();
+        assert!(
+            e.message.contains("Column 0 has no slices"),
+            "{}",
+            e.message
+        );
+        let e = super::gather(&[two, item(5, &stored, &rows, &[(0, 2, false)])]).unwrap_err();
+        assert!(
+            e.message.contains("different numbers of columns"),
+            "{}",
+            e.message
+        );
+    }
+}
