@@ -6,7 +6,7 @@
 use crate::tensorflow::{DataType, TensorProto};
 use crate::{ChunkData, ChunkTensors};
 use bytes::Bytes;
-use prost::encoding::{decode_key, decode_varint, WireType};
+use prost::encoding::{decode_varint, WireType};
 use prost::Message;
 
 /// TensorFlow's `DT_STRING`.
@@ -325,7 +325,14 @@ struct Wire<'a>(&'a [u8]);
 
 impl<'a> Wire<'a> {
     fn varint(&mut self) -> Option<u64> {
-        decode_varint(&mut self.0).ok()
+        // (Most varints of a chunk's headers are one byte: read those here.)
+        match self.0 {
+            [byte, rest @ ..] if *byte < 0x80 => {
+                self.0 = rest;
+                Some(u64::from(*byte))
+            }
+            _ => decode_varint(&mut self.0).ok(),
+        }
     }
 
     /// The next field's number and wire type; `None` at the end.
@@ -333,7 +340,11 @@ impl<'a> Wire<'a> {
         if self.0.is_empty() {
             return Some(None);
         }
-        decode_key(&mut self.0).ok().map(Some)
+        // A key as prost's `decode_key` reads it: a 32-bit varint, a field number >= 1.
+        let key = u32::try_from(self.varint()?).ok()?;
+        let wire = WireType::try_from(u64::from(key & 7)).ok()?;
+        let field = key >> 3;
+        (field >= 1).then_some(Some((field, wire)))
     }
 
     fn bytes(&mut self) -> Option<&'a [u8]> {
