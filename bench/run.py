@@ -36,6 +36,8 @@ WORKLOADS = [
     "prioritized",
     "dataset_small",
     "dataset_frames",
+    "numpy_small",
+    "numpy_frames",
     "actors2",
     "actors4",
     "latency_insert",
@@ -68,12 +70,18 @@ def make_reference_venv(path: str) -> str:
     return python
 
 
-def run_one(python: str, workload: str, mode: str, seconds: float) -> Optional[dict]:
-    """One run of `workload`: its JSON result (`value`, `unit`, maybe `p99`), or None."""
+def run_one(
+    python: str, workload: str, mode: str, seconds: float, reference: bool = False
+) -> Optional[dict]:
+    """One run of `workload`: its JSON result (`value`, `unit`, maybe `p99`), or None. The
+    reference's interpreter does not inherit `PYTHONPATH` (which may point at our package,
+    shadowing the reference's own)."""
     # One BLAS thread for both sides: idle OpenBLAS threads otherwise spin on the 2 cores.
     env = dict(
         os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore", OPENBLAS_NUM_THREADS="1"
     )
+    if reference:
+        env.pop("PYTHONPATH", None)
     try:
         out = subprocess.run(
             [python, os.path.join(HERE, "workloads.py"), workload, mode, str(seconds)],
@@ -132,6 +140,8 @@ def main() -> None:
         "memory_frames": "% of frame bytes",
         "dataset_small": "samples/s",
         "dataset_frames": "MB/s",
+        "numpy_small": "samples/s",
+        "numpy_frames": "samples/s",
         "append_only": "us/append",
         "import_time": "ms",
     }
@@ -150,7 +160,9 @@ def main() -> None:
                 if reference and workload not in OURS_ONLY:
                     sides.append(("reference", reference))
                 for side, python in sides:
-                    result = run_one(python, workload, mode, args.seconds)
+                    result = run_one(
+                        python, workload, mode, args.seconds, reference=side == "reference"
+                    )
                     if result is not None:
                         results[key][side].append(result["value"])
                         if "p99" in result:

@@ -29,6 +29,9 @@ PRIORITIZED = "prioritized"
 SMALL = "small"  # obs float32[2, 8], action int32[2], reward float32[2]
 FRAMES = "frames"  # frame uint8[10, 84, 84]
 STRINGS = "strings"  # obs float32[2, 8], text string[2]
+# The peers' cases (`../shared/notes/anchors.md`), one step per item.
+TRANSITIONS = "transitions"  # obs float32[8], action int32, reward float32, next_obs float32[8]
+FRAME_ITEMS = "frame_items"  # obs uint8[84, 84], reward float32
 EPISODE = 1000  # steps per episode of the writer workloads
 
 
@@ -63,6 +66,8 @@ def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
             STRINGS,
             {"obs": tf.TensorSpec([2, 8], tf.float32), "text": tf.TensorSpec([2], tf.string)},
         ),
+        table(TRANSITIONS, transition_spec(tf)),
+        table(FRAME_ITEMS, frame_item_spec(tf)),
     ]
     return extra + [
         table(TABLE),
@@ -74,6 +79,19 @@ def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
             rate_limiter=reverb.rate_limiters.MinSize(1),
         ),
     ]
+
+
+def transition_spec(tf) -> dict:
+    return {
+        "obs": tf.TensorSpec([8], tf.float32),
+        "action": tf.TensorSpec([], tf.int32),
+        "reward": tf.TensorSpec([], tf.float32),
+        "next_obs": tf.TensorSpec([8], tf.float32),
+    }
+
+
+def frame_item_spec(tf) -> dict:
+    return {"obs": tf.TensorSpec([84, 84], tf.uint8), "reward": tf.TensorSpec([], tf.float32)}
 
 
 def serve(port_file: str, max_size: int, structured: bool) -> None:
@@ -371,6 +389,73 @@ def dataset_frames(setup: Setup, seconds: float) -> dict:
     return {"value": _iterate(dataset, seconds, 32 * 10 * 84 * 84 / 1e6), "unit": "MB/s"}
 
 
+def _fill_steps(address: str, table: str, n: int, step) -> None:
+    """`n` items of one step each, `step(t)` the step, in episodes of EPISODE steps (as an
+    actor writing transitions does: each step's columns are their own chunks)."""
+    client = reverb.Client(address)
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        for t in range(n):
+            writer.append(step(t))
+            writer.create_item(table, 1.0, {k: v[-1] for k, v in writer.history.items()})
+            if t % EPISODE == EPISODE - 1:
+                writer.end_episode()
+        writer.flush()
+
+
+def _numpy_batches(setup: Setup, table: str, spec) -> object:
+    """Batches of 256 sampled items as numpy arrays, the fastest way each package offers:
+    ours `TrajectoryIterator`, the reference's `TrajectoryDataset(...).batch(256)` as a
+    numpy iterator."""
+    if hasattr(reverb, "TrajectoryIterator"):
+        return reverb.TrajectoryIterator(setup.address, table, batch_size=256)
+    import tensorflow as tf
+
+    specs = spec(tf)
+    dataset = reverb.TrajectoryDataset(
+        setup.address,
+        table,
+        dtypes={k: v.dtype for k, v in specs.items()},
+        shapes={k: v.shape for k, v in specs.items()},
+        max_in_flight_samples_per_worker=512,
+    ).batch(256)
+    return dataset.as_numpy_iterator()
+
+
+def numpy_small(setup: Setup, seconds: float) -> dict:
+    """Uniform batches of 256 small transitions as numpy arrays, from 100k items (random
+    floats: the peers' small case)."""
+    rng = np.random.default_rng(0)
+    obs = rng.random((1001, 8), dtype=np.float32)
+    _fill_steps(
+        setup.address,
+        TRANSITIONS,
+        100_000,
+        lambda t: {
+            "obs": obs[t % 1000],
+            "action": np.int32(t),
+            "reward": np.float32(1.0),
+            "next_obs": obs[t % 1000 + 1],
+        },
+    )
+    it = _numpy_batches(setup, TRANSITIONS, transition_spec)
+    return {"value": _iterate(it, seconds, 256), "unit": "samples/s"}
+
+
+def numpy_frames(setup: Setup, seconds: float) -> dict:
+    """Uniform batches of 256 items of one random 84x84 uint8 frame and a reward as numpy
+    arrays, from 20k items (the peers' frame case)."""
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (997, 84, 84), dtype=np.uint8)
+    _fill_steps(
+        setup.address,
+        FRAME_ITEMS,
+        20_000,
+        lambda t: {"obs": frames[t % 997], "reward": np.float32(t)},
+    )
+    it = _numpy_batches(setup, FRAME_ITEMS, frame_item_spec)
+    return {"value": _iterate(it, seconds, 256), "unit": "samples/s"}
+
+
 def prioritized(setup: Setup, seconds: float) -> dict:
     """Learner loop on a prioritized table (exponent 0.6): sample 256, update 256 priorities."""
     client = reverb.Client(setup.address)
@@ -599,6 +684,8 @@ WORKLOADS = {
     "prioritized": prioritized,
     "dataset_small": dataset_small,
     "dataset_frames": dataset_frames,
+    "numpy_small": numpy_small,
+    "numpy_frames": numpy_frames,
     "actors2": actors2,
     "actors4": actors4,
     "memory": memory,
