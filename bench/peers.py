@@ -1,0 +1,306 @@
+"""Side by side with the replay buffers RL researchers also use, on the cases of
+`../shared/notes/anchors.md` (the same data for every system):
+
+- a small transition: obs float32[8], action int32, reward float32, next_obs float32[8]
+  (72 B, random floats); a frame item: obs uint8[84, 84] and a reward (7,060 B);
+- `sample_small` / `sample_frames`: uniform batches of 256 from 100k / 20k items;
+- `prioritized`: a learner round, sample 256 (priority exponent 0.6) and update their 256
+  priorities, from 100k small items;
+- `insert_small_1` / `insert_small_256`: small transitions inserted one per call, or 256 per
+  call (ours: a vectorised writer of 256 environments), timed until stored.
+
+Ours runs with the server in the benchmark's process (its fastest setting; the in-process
+buffers have no other), through the APIs users call: `TrajectoryIterator`,
+`mutate_priorities`, trajectory writers into tables with signatures. Each peer runs in its
+own virtualenv under `~/.cache/reverb-peers/NAME`, made on first use with the pinned
+versions below.
+
+    python bench/peers.py [--peers cpprb] [--cases sample_small,...] [--repeats 3]
+        [--seconds 3] [--markdown FILE]
+
+    python bench/peers.py run SYSTEM CASE SECONDS   (one measurement: prints a JSON line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Each peer's pinned requirements (its virtualenv is made from them once).
+PEERS: Dict[str, List[str]] = {
+    "cpprb": ["cpprb==11.0.0", "numpy==2.4.6"],
+}
+CASES = ["sample_small", "sample_frames", "prioritized", "insert_small_1", "insert_small_256"]
+SMALL_ITEMS = 100_000
+FRAME_ITEMS = 20_000
+BATCH = 256
+
+
+def small_steps(n: int) -> Dict[str, np.ndarray]:
+    """`n` small transitions (random floats)."""
+    rng = np.random.default_rng(0)
+    return {
+        "obs": rng.random((n, 8), dtype=np.float32),
+        "action": np.arange(n, dtype=np.int32),
+        "reward": np.ones(n, np.float32),
+        "next_obs": rng.random((n, 8), dtype=np.float32),
+    }
+
+
+def frame_steps(n: int) -> Dict[str, np.ndarray]:
+    """`n` frame items (random bytes)."""
+    rng = np.random.default_rng(0)
+    return {
+        "obs": rng.integers(0, 255, (n, 84, 84), dtype=np.uint8),
+        "reward": np.arange(n, dtype=np.float32),
+    }
+
+
+def timed(seconds: float, step: Callable[[], int]) -> float:
+    """Calls `step` (returning the items it handled) for `seconds`; items per second."""
+    step()  # warm-up
+    done = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        done += step()
+    return done / (time.perf_counter() - start)
+
+
+# --- ours -------------------------------------------------------------------------------
+
+
+def ours(case: str, seconds: float) -> float:
+    sys.path.insert(0, HERE)
+    import workloads
+
+    import reverb
+
+    setup = workloads.Setup("inproc")
+    try:
+        address = setup.address
+        client = reverb.Client(address)
+        if case in ("sample_small", "sample_frames"):
+            small = case == "sample_small"
+            table = workloads.TRANSITIONS if small else workloads.FRAME_ITEMS
+            steps = small_steps(SMALL_ITEMS) if small else frame_steps(FRAME_ITEMS)
+            _fill(client, table, steps)
+            it = reverb.TrajectoryIterator(address, table, batch_size=BATCH)
+            return timed(seconds, lambda: len(next(it).info.key))
+        if case == "prioritized":
+            _fill(client, workloads.PRIORITIZED, small_steps(SMALL_ITEMS))
+            it = reverb.TrajectoryIterator(address, workloads.PRIORITIZED, batch_size=BATCH)
+            rng = np.random.default_rng(1)
+
+            def round_() -> int:
+                keys = next(it).info.key
+                client.mutate_priorities(
+                    workloads.PRIORITIZED, updates=dict(zip(keys.tolist(), rng.random(len(keys))))
+                )
+                return len(keys)
+
+            return timed(seconds, round_)
+        if case == "insert_small_1":
+            steps = small_steps(1000)
+            with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+
+                def one() -> int:
+                    for t in range(1000):
+                        writer.append({k: v[t] for k, v in steps.items()})
+                        writer.create_item(
+                            workloads.TRANSITIONS,
+                            1.0,
+                            {k: v[-1] for k, v in writer.history.items()},
+                        )
+                    writer.end_episode()
+                    writer.flush()
+                    return 1000
+
+                return timed(seconds, one)
+        if case == "insert_small_256":
+            steps = small_steps(BATCH)
+            with client.vector_trajectory_writer(BATCH, num_keep_alive_refs=1) as writer:
+
+                def many() -> int:
+                    for _ in range(20):
+                        writer.append(steps)
+                        writer.create_item(
+                            workloads.TRANSITIONS,
+                            1.0,
+                            {k: v[-1] for k, v in writer.history.items()},
+                        )
+                    writer.flush()
+                    return 20 * BATCH
+
+                return timed(seconds, many)
+        raise ValueError(f"unknown case {case}")
+    finally:
+        setup.close()
+
+
+def _fill(client, table: str, steps: Dict[str, np.ndarray]) -> None:
+    """One item per step, episodes of 1000 steps, as an actor writing transitions does."""
+    n = len(next(iter(steps.values())))
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        for t in range(n):
+            writer.append({k: v[t] for k, v in steps.items()})
+            writer.create_item(table, 1.0, {k: v[-1] for k, v in writer.history.items()})
+            if t % 1000 == 999:
+                writer.end_episode()
+        writer.flush()
+
+
+# --- cpprb ------------------------------------------------------------------------------
+
+
+def cpprb(case: str, seconds: float) -> float:
+    import cpprb as lib
+
+    small = {
+        "obs": {"shape": 8},
+        "action": {"dtype": np.int32},
+        "reward": {},
+        "next_obs": {"shape": 8},
+    }
+    if case in ("sample_small", "sample_frames"):
+        if case == "sample_small":
+            rb = lib.ReplayBuffer(SMALL_ITEMS, env_dict=small)
+            rb.add(**small_steps(SMALL_ITEMS))
+        else:
+            frames = {"obs": {"shape": (84, 84), "dtype": np.uint8}, "reward": {}}
+            rb = lib.ReplayBuffer(FRAME_ITEMS, env_dict=frames)
+            rb.add(**frame_steps(FRAME_ITEMS))
+        return timed(seconds, lambda: len(rb.sample(BATCH)["reward"]))
+    if case == "prioritized":
+        rb = lib.PrioritizedReplayBuffer(SMALL_ITEMS, env_dict=small, alpha=0.6)
+        rb.add(**small_steps(SMALL_ITEMS))
+        rng = np.random.default_rng(1)
+
+        def round_() -> int:
+            got = rb.sample(BATCH, beta=0.4)
+            rb.update_priorities(got["indexes"], rng.random(BATCH))
+            return BATCH
+
+        return timed(seconds, round_)
+    if case in ("insert_small_1", "insert_small_256"):
+        rb = lib.ReplayBuffer(1_000_000, env_dict=small)
+        if case == "insert_small_1":
+            steps = small_steps(1000)
+            rows = [{k: v[t] for k, v in steps.items()} for t in range(1000)]
+
+            def one() -> int:
+                for row in rows:
+                    rb.add(**row)
+                return 1000
+
+            return timed(seconds, one)
+        steps = small_steps(BATCH)
+
+        def many() -> int:
+            for _ in range(20):
+                rb.add(**steps)
+            return 20 * BATCH
+
+        return timed(seconds, many)
+    raise ValueError(f"unknown case {case}")
+
+
+SYSTEMS = {"ours": ours, "cpprb": cpprb}
+
+
+# --- the runner ---------------------------------------------------------------------------
+
+
+def peer_python(name: str) -> str:
+    """The interpreter of `name`'s virtualenv, made with its pinned requirements if missing."""
+    path = os.path.expanduser(f"~/.cache/reverb-peers/{name}")
+    python = os.path.join(path, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", path], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *PEERS[name]], check=True)
+    return python
+
+
+def run_one(system: str, python: str, case: str, seconds: float) -> Optional[float]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    if system != "ours":
+        env.pop("PYTHONPATH", None)  # (it may point at our package)
+    try:
+        out = subprocess.run(
+            [python, os.path.abspath(__file__), "run", system, case, str(seconds)],
+            capture_output=True,
+            text=True,
+            timeout=seconds * 10 + 300,
+            env=env,
+            cwd="/tmp",
+        )
+    except subprocess.TimeoutExpired:
+        print(f"  {system}/{case} timed out", file=sys.stderr)
+        return None
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            return json.loads(line)["value"]
+    print(f"  {system}/{case} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "run":
+        system, case, seconds = sys.argv[2], sys.argv[3], float(sys.argv[4])
+        value = SYSTEMS[system](case, seconds)
+        print(json.dumps({"system": system, "case": case, "value": value}))
+        sys.stdout.flush()
+        os._exit(0)  # (do not wait for a server's background threads)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--markdown")
+    args = parser.parse_args()
+    peers = [p for p in args.peers.split(",") if p]
+    systems = [("ours", sys.executable)] + [(p, peer_python(p)) for p in peers]
+    results: Dict[str, Dict[str, List[float]]] = {}
+    for case in args.cases.split(","):
+        results[case] = {name: [] for name, _ in systems}
+        for _ in range(args.repeats):
+            for name, python in systems:  # alternating, so all see the same machine
+                value = run_one(name, python, case, args.seconds)
+                if value is not None:
+                    results[case][name].append(value)
+        print(f"{case}: {results[case]}", file=sys.stderr)
+    names = [name for name, _ in systems]
+    lines = [
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}; {args.repeats} runs of "
+        f"{args.seconds:g} s each, medians (items/s; ratio = ours / peer).",
+        "",
+        "| case | " + " | ".join(names) + " | " + " | ".join(f"ours / {p}" for p in peers) + " |",
+        "|---" * (1 + len(names) + len(peers)) + "|",
+    ]
+    for case, by in results.items():
+        med = {n: statistics.median(v) if v else None for n, v in by.items()}
+        cells = [f"{med[n]:,.0f}" if med[n] else "n/a" for n in names]
+        ratios = [
+            f"{med['ours'] / med[p]:.2f}x" if med["ours"] and med[p] else "n/a" for p in peers
+        ]
+        lines.append(f"| {case} | " + " | ".join(cells + ratios) + " |")
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
