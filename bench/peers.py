@@ -6,8 +6,9 @@
 - `sample_small` / `sample_frames`: uniform batches of 256 from 100k / 20k items;
 - `prioritized`: a learner round, sample 256 (priority exponent 0.6) and update their 256
   priorities, from 100k small items;
-- `insert_small_1` / `insert_small_256`: small transitions inserted one per call, or 256 per
-  call (ours: a vectorised writer of 256 environments), timed until stored.
+- `insert_small_1` / `insert_small_256`: small transitions inserted one per call (ours: a
+  trajectory writer, an item per step), or 256 per call (ours: `Client.insert_steps`),
+  timed until stored.
 
 Ours runs with the server in the benchmark's process (its fastest setting; the in-process
 buffers have no other), through the APIs users call: `TrajectoryIterator`,
@@ -128,20 +129,13 @@ def ours(case: str, seconds: float) -> float:
                 return timed(seconds, one)
         if case == "insert_small_256":
             steps = small_steps(BATCH)
-            with client.vector_trajectory_writer(BATCH, num_keep_alive_refs=1) as writer:
 
-                def many() -> int:
-                    for _ in range(20):
-                        writer.append(steps)
-                        writer.create_item(
-                            workloads.TRANSITIONS,
-                            1.0,
-                            {k: v[-1] for k, v in writer.history.items()},
-                        )
-                    writer.flush()
-                    return 20 * BATCH
+            def many() -> int:
+                for _ in range(20):
+                    client.insert_steps(steps, {workloads.TRANSITIONS: 1.0})
+                return 20 * BATCH
 
-                return timed(seconds, many)
+            return timed(seconds, many)
         raise ValueError(f"unknown case {case}")
     finally:
         setup.close()

@@ -154,6 +154,12 @@ class Client:
         priorities: Sequence[Tuple[str, float]],
         timeout_ms: Optional[int] = None,
     ) -> None: ...
+    def insert_steps(
+        self,
+        values: Sequence[object],
+        priorities: Sequence[Tuple[str, Sequence[float]]],
+        timeout_ms: Optional[int] = None,
+    ) -> None: ...
     def sample(
         self,
         table: str,

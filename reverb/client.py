@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
-from typing import Any, Dict, Generator, List, Optional, Union
+from typing import Any, Dict, Generator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -27,6 +27,11 @@ Writer = legacy_writer.Writer
 
 # A file's path (the TLS settings).
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _step_of(i: int, value: Any) -> Any:
+    """Step `i` of a value with a leading step dimension."""
+    return np.asarray(value)[i]
 
 
 class Client:
@@ -127,6 +132,69 @@ class Client:
         # Natively, as TFClient.insert: each insert a one-step episode of a writer kept
         # between inserts (one insert stream), as with the reference's legacy writer.
         self._client.insert(arrays, pairs, timeout_ms)
+
+    def insert_steps(
+        self,
+        data: Any,
+        priorities: Dict[str, Union[float, Sequence[float]]],
+        *,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Inserts N steps at once as N items in each table named in `priorities` (beyond the
+        reference; for transition buffers): every leaf of `data` has a leading dimension N,
+        and item `i` holds step `i`, as `insert` of that step would. A table's priority is
+        one number for all N items or N numbers. One native call; returns once the server
+        stored every item. On an error or a timeout, the items stored before it stay and the
+        others are never stored later."""
+        if not priorities:
+            raise ValueError("priorities must contain at least one item")
+        leaves = _nest.flatten(data)
+        if not leaves:
+            raise ValueError("data must contain at least one value")
+        arrays = [np.asarray(leaf) for leaf in leaves]
+        if any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
+            shapes = [list(a.shape) for a in arrays]
+            raise ValueError(
+                "insert_steps needs every value to have the same leading (step) dimension; "
+                f"got shapes {shapes}"
+            )
+        n = arrays[0].shape[0]
+        if n == 0:
+            return
+        pairs = []
+        for table, priority in priorities.items():
+            values = np.asarray(priority, np.float64)
+            if values.ndim == 0:
+                values = np.full(n, float(values))
+            if values.shape != (n,):
+                raise ValueError(
+                    f"table '{table}' needs one priority or {n} (one per step); got "
+                    f"{np.shape(priority)}"
+                )
+            pairs.append((str(table), values.tolist()))
+        if any(a.dtype.kind in "OSU" for a in arrays):
+            # (Strings go one step at a time.)
+            for i in range(n):
+                step = _nest.map_structure(functools.partial(_step_of, i), data)
+                self.insert(step, {t: p[i] for t, p in pairs}, timeout=timeout)
+            return
+        missing = [t for t, _ in pairs if t not in self._tables]
+        if missing:
+            self._table_infos(timeout)
+            missing = [t for t, _ in pairs if t not in self._tables]
+            if missing:
+                tables = sorted(self._tables)
+                raise ValueError(
+                    f"Unable to find signatures for table '{missing[0]}' in signature cache.  "
+                    f"Available tables: {tables}. (The server at {self._server_address} has no "
+                    "such table.)"
+                )
+        # (ValueError for unsupported dtypes.)
+        step = [(_dtypes.tf_enum(a.dtype), a.shape[1:], (1, *a.shape[1:])) for a in arrays]
+        for table, _ in pairs:
+            self._check_signature(table, step)
+        timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
+        self._client.insert_steps(arrays, pairs, timeout_ms)
 
     def _check_signature(self, table: str, step: List[tuple]) -> None:
         """ValueError (nothing is inserted) when one `step` (per leaf: TF dtype, shape, shape

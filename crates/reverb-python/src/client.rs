@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyList;
 use reverb_client::sampler::sample_shards as sample_shards_of;
+use reverb_client::tensor::TensorView;
 use reverb_client::transport::tls::Tls;
 use reverb_client::writer::Inserter;
 use reverb_client::{Client, ClientError, Sample};
@@ -40,6 +41,58 @@ pub(crate) struct PyClient {
 }
 
 impl PyClient {
+    /// An insert: `start` queues it (on the leaves of `values`), then the wait for the server
+    /// to store it runs in GIL-free slices that check for signals; a timeout or a signal
+    /// aborts it, and an insert on a stream that died since the last one is tried once more.
+    fn insert_with(
+        &self,
+        py: Python<'_>,
+        values: Vec<Bound<'_, PyAny>>,
+        timeout_ms: Option<i64>,
+        start: impl for<'a> Fn(&mut Inserter, &[TensorView<'a>]) -> reverb_client::Result<Vec<u64>>,
+    ) -> PyResult<()> {
+        let deadline = deadline_ms(timeout_ms)?;
+        let arrays = values
+            .iter()
+            .map(|v| to_array(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        // Held for the whole insert (inserts in flight at once would share, and abort, one
+        // another's stream: see `Inserter`).
+        let mut inserter = lock_with_gil(py, &self.inserter);
+        let inserter = &mut *inserter;
+        loop {
+            let started = on_views(py, inserter, &arrays, |i, views| start(i, views));
+            let inserted = match started {
+                Err(e) => Err(e),
+                Ok(_) => {
+                    let waited = slices(py, deadline, |until| match inserter.wait(Some(until)) {
+                        Ok(false) => None,
+                        done => Some(done),
+                    });
+                    match waited {
+                        Ok(Some(done)) => done.map(|_| ()),
+                        Ok(None) => {
+                            inserter.abort();
+                            Err(ClientError::deadline(
+                                "Timeout exceeded: insert did not complete in time",
+                            ))
+                        }
+                        // (A signal, e.g. KeyboardInterrupt.)
+                        Err(e) => {
+                            inserter.abort();
+                            return Err(e);
+                        }
+                    }
+                }
+            };
+            match inserted {
+                Ok(()) => return Ok(()),
+                Err(e) if inserter.retry_after(&e) => {}
+                Err(e) => return Err(client_error(e)),
+            }
+        }
+    }
+
     /// Runs a call of the client: on this thread when it reaches a server of this process,
     /// else on the client runtime (see `blocking`).
     fn call<T: Send + 'static>(
@@ -326,46 +379,23 @@ impl PyClient {
         priorities: Vec<(String, f64)>,
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
-        let deadline = deadline_ms(timeout_ms)?;
-        let arrays = values
-            .iter()
-            .map(|v| to_array(py, v))
-            .collect::<PyResult<Vec<_>>>()?;
-        // Held for the whole insert (inserts in flight at once would share, and abort, one
-        // another's stream: see `Inserter`).
-        let mut inserter = lock_with_gil(py, &self.inserter);
-        let inserter = &mut *inserter;
-        loop {
-            let started = on_views(py, inserter, &arrays, |i, step| i.start(step, &priorities));
-            let inserted = match started {
-                Err(e) => Err(e),
-                Ok(_) => {
-                    let waited = slices(py, deadline, |until| match inserter.wait(Some(until)) {
-                        Ok(false) => None,
-                        done => Some(done),
-                    });
-                    match waited {
-                        Ok(Some(done)) => done.map(|_| ()),
-                        Ok(None) => {
-                            inserter.abort();
-                            Err(ClientError::deadline(
-                                "Timeout exceeded: insert did not complete in time",
-                            ))
-                        }
-                        // (A signal, e.g. KeyboardInterrupt.)
-                        Err(e) => {
-                            inserter.abort();
-                            return Err(e);
-                        }
-                    }
-                }
-            };
-            match inserted {
-                Ok(()) => return Ok(()),
-                Err(e) if inserter.retry_after(&e) => {}
-                Err(e) => return Err(client_error(e)),
-            }
-        }
+        self.insert_with(py, values, timeout_ms, |i, step| i.start(step, &priorities))
+    }
+
+    /// Inserts N steps (`values`: leaves with a leading dimension N) as N items per
+    /// `(table, priorities)` (N priorities each), item `i` holding step `i`, all in one
+    /// episode's chunks; returns as `insert` does.
+    #[pyo3(signature = (values, priorities, timeout_ms=None))]
+    fn insert_steps(
+        &self,
+        py: Python<'_>,
+        values: Vec<Bound<'_, PyAny>>,
+        priorities: Vec<(String, Vec<f64>)>,
+        timeout_ms: Option<i64>,
+    ) -> PyResult<()> {
+        self.insert_with(py, values, timeout_ms, |i, steps| {
+            i.start_steps(steps, &priorities)
+        })
     }
 
     /// Asks the server to checkpoint; returns the path.

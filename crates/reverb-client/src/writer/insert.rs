@@ -1,8 +1,9 @@
-//! One-step inserts (`Client.insert`, `TFClient.insert`): each step is a one-step episode of a
-//! trajectory writer kept between inserts (one insert stream for all of them), its items
-//! sharing the step's chunks, as the reference's legacy writer writes them. A failed or
-//! abandoned insert is aborted (the server never stores it later) and the next one starts a
-//! fresh stream.
+//! Inserts of steps as items (`Client.insert`, `TFClient.insert`: one step; `Client.insert_steps`:
+//! N steps, N items per table): each insert is an episode of a trajectory writer kept between
+//! inserts (one insert stream for all of them), each item holding one step, its items sharing
+//! the insert's chunks (one per column: N rows for N steps), as the reference's legacy writer
+//! writes one step. A failed or abandoned insert is aborted (the server never stores it
+//! later) and the next one starts a fresh stream.
 
 use super::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
 use crate::tensor::{AsView, TensorView};
@@ -17,6 +18,9 @@ use tonic::Code;
 pub struct Inserter {
     client: Client,
     writer: Option<TrajectoryWriter>,
+    /// The most steps one insert of the kept writer may hold (its chunk length and the
+    /// steps it keeps referenceable).
+    capacity: usize,
     /// One writer column per (position, dtype, shape): inserts may change structure.
     columns: HashMap<(usize, i32, Vec<i64>), usize>,
     /// The insert in flight went out on a writer kept from an earlier insert.
@@ -29,9 +33,38 @@ impl Inserter {
         Self {
             client,
             writer: None,
+            capacity: 0,
             columns: HashMap::new(),
             reused: false,
         }
+    }
+
+    /// The kept writer, made afresh when there is none, its stream died, or it holds fewer
+    /// than `steps` steps per insert.
+    fn writer_for(&mut self, steps: usize) -> Result<&mut TrajectoryWriter> {
+        // (A kept writer, even one whose stream died between inserts, e.g. the server
+        // restarted: this insert's connection may be the dead one too.)
+        self.reused = self.writer.is_some();
+        let fits = self
+            .writer
+            .as_ref()
+            .is_some_and(|w| !w.failed() && self.capacity >= steps);
+        if !fits {
+            // Its stream died between inserts (or it is too short): start afresh.
+            self.writer = None;
+            self.columns.clear();
+            let capacity = steps.max(self.capacity).max(1);
+            let options = WriterOptions {
+                num_keep_alive_refs: capacity,
+                max_chunk_length: Some(capacity),
+                // No reconnect loop: a dead server fails the insert at once.
+                reconnect_timeout: Duration::ZERO,
+                ..WriterOptions::default()
+            };
+            self.writer = Some(TrajectoryWriter::new(self.client.clone(), options)?);
+            self.capacity = capacity;
+        }
+        Ok(self.writer.as_mut().expect("made above"))
     }
 
     /// Queues `step` (its leaves, without a batch dimension) as one item per
@@ -50,31 +83,8 @@ impl Inserter {
                 "data must contain at least one tensor",
             ));
         }
-        // (A kept writer, even one whose stream died between inserts, e.g. the server
-        // restarted: this insert's connection may be the dead one too.)
-        self.reused = self.writer.is_some();
-        if self.writer.as_ref().is_some_and(TrajectoryWriter::failed) {
-            // Its stream died between inserts: start afresh.
-            self.writer = None;
-        }
-        if self.writer.is_none() {
-            self.columns.clear();
-        }
-        let writer = match &mut self.writer {
-            Some(writer) => writer,
-            None => {
-                let options = WriterOptions {
-                    num_keep_alive_refs: 1,
-                    max_chunk_length: Some(1),
-                    // No reconnect loop: a dead server fails the insert at once.
-                    reconnect_timeout: Duration::ZERO,
-                    ..WriterOptions::default()
-                };
-                self.columns.clear();
-                self.writer
-                    .insert(TrajectoryWriter::new(self.client.clone(), options)?)
-            }
-        };
+        self.writer_for(1)?;
+        let writer = self.writer.as_mut().expect("made above");
         let views: Vec<TensorView<'_>> = step.iter().map(AsView::view).collect();
         let columns = column_of(&mut self.columns, &views);
         let values: Vec<(usize, TensorView<'_>)> = columns.into_iter().zip(views).collect();
@@ -99,6 +109,88 @@ impl Inserter {
             let now = Some(Instant::now());
             for (table, priority) in priorities {
                 keys.push(writer.create_item(table, *priority, &cells, now)?.0);
+            }
+            writer.end_episode(true);
+            Ok(keys)
+        })();
+        if queued.is_err() {
+            self.abort();
+        }
+        queued
+    }
+
+    /// Queues `steps` (its leaves, each with a leading dimension of N >= 1 steps) as N items
+    /// per `(table, priorities)` (one priority per step), item `i` holding step `i` as
+    /// [`Inserter::start`] would; returns the items' keys, table by table.
+    /// [`Inserter::wait`] then waits for the server to store them. An error aborts the insert.
+    pub fn start_steps<V: AsView>(
+        &mut self,
+        steps: &[V],
+        priorities: &[(String, Vec<f64>)],
+    ) -> Result<Vec<u64>> {
+        if priorities.is_empty() {
+            return Err(ClientError::invalid("priorities must not be empty"));
+        }
+        let views: Vec<TensorView<'_>> = steps.iter().map(AsView::view).collect();
+        let n = match views.first() {
+            None => {
+                return Err(ClientError::invalid(
+                    "data must contain at least one tensor",
+                ))
+            }
+            Some(v) => v.shape.first().copied().unwrap_or(0),
+        };
+        if n < 1 || views.iter().any(|v| v.shape.first() != Some(&n)) {
+            return Err(ClientError::invalid(
+                "insert_steps needs every value to have the same leading (step) dimension, >= 1",
+            ));
+        }
+        let n = n as usize;
+        if let Some((table, p)) = priorities.iter().find(|(_, p)| p.len() != n) {
+            return Err(ClientError::invalid(format!(
+                "table '{table}' has {} priorities for {n} steps",
+                p.len()
+            )));
+        }
+        self.writer_for(n)?;
+        let writer = self.writer.as_mut().expect("made above");
+        let rows: Vec<TensorView<'_>> = views
+            .iter()
+            .map(|v| TensorView {
+                shape: &v.shape[1..],
+                ..*v
+            })
+            .collect();
+        let columns = column_of(&mut self.columns, &rows);
+        let at = writer.episode_start();
+        let queued = (|| {
+            let values: Vec<(usize, TensorView<'_>)> =
+                columns.iter().copied().zip(views.iter().copied()).collect();
+            writer.append_steps(values).map_err(|e| match e {
+                AppendError::Other(e) => e,
+                other => ClientError::new(
+                    Code::Internal,
+                    format!("internal error: insert columns collided ({other:?})"),
+                ),
+            })?;
+            let mut keys = Vec::with_capacity(n * priorities.len());
+            let mut cells: Vec<ItemColumn> = columns
+                .iter()
+                .map(|&column| ItemColumn {
+                    refs: vec![(column, at)],
+                    squeeze: false,
+                })
+                .collect();
+            // Queued only: `wait` sends them all (sending as they are created would work out
+            // the chunks to keep once per item).
+            writer.check_error()?;
+            for (table, priorities) in priorities {
+                for (i, priority) in priorities.iter().enumerate() {
+                    for (cell, &column) in cells.iter_mut().zip(&columns) {
+                        cell.refs[0] = (column, at + i as u64);
+                    }
+                    keys.push(writer.queue_item(table, *priority, &cells)?);
+                }
             }
             writer.end_episode(true);
             Ok(keys)
