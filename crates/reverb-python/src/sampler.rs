@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use reverb_client::runtime;
 use reverb_client::sampler::ShardWatch;
-use reverb_client::sampler::{stack, Sampler, SamplerOptions};
+use reverb_client::sampler::{stack, DecodedCache, Sampler, SamplerOptions};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 #[pyclass(name = "Sampler", module = "reverb._native", frozen)]
 pub(crate) struct PySampler {
     inner: Mutex<Option<Sampler>>,
+    /// Compressed chunk tensors decoded for earlier batches.
+    cache: Mutex<DecodedCache>,
     /// Which shards are missing (a sampler of several servers).
     shards: Option<ShardWatch>,
 }
@@ -53,6 +55,7 @@ impl PySampler {
         Ok(Self {
             shards: sampler.watch(),
             inner: Mutex::new(Some(sampler)),
+            cache: Mutex::default(),
         })
     }
 
@@ -92,7 +95,9 @@ impl PySampler {
                 .py()?;
             return Ok(Some(samples_out(py, samples)?.into_any()));
         }
-        let batch = py.detach(|| stack(samples)).py()?;
+        let batch = py
+            .detach(|| stack(samples, &mut self.cache.lock().unwrap()))
+            .py()?;
         let field = |f: fn(&(u64, f64, i64, f64, i32)) -> f64| {
             PyArray1::from_vec(py, batch.info.iter().map(f).collect())
         };

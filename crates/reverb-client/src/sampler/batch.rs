@@ -2,7 +2,7 @@
 //! chunks stored uncompressed) or decompressed straight into its place. Samples a server of
 //! this process holds are gathered from its chunks (`gather`); others are planned first.
 
-use super::gather::gather;
+use super::gather::{gather, DecodedCache};
 use crate::sample::Decoded;
 use crate::tensor::encode_strings;
 use crate::{ClientError, PlannedSample, Result, Sampled, Tensor};
@@ -16,8 +16,9 @@ pub struct Batch {
     pub columns: Vec<Tensor>,
 }
 /// Stacks samples into a batch: every sample must have the same column dtypes and shapes.
-/// Each column is copied or decompressed straight into its place in the batch.
-pub fn stack(samples: Vec<Sampled>) -> Result<Batch> {
+/// Each column is copied or decompressed straight into its place in the batch; `cache`
+/// keeps compressed chunk tensors decoded for rows of them for the next batches.
+pub fn stack(samples: Vec<Sampled>, cache: &mut DecodedCache) -> Result<Batch> {
     if samples.iter().all(|s| matches!(s, Sampled::Held(_))) {
         let held: Vec<_> = samples
             .iter()
@@ -26,7 +27,7 @@ pub fn stack(samples: Vec<Sampled>) -> Result<Batch> {
                 Sampled::Planned(_) => unreachable!("all held"),
             })
             .collect();
-        if let Some(batch) = gather(&held)? {
+        if let Some(batch) = gather(&held, cache)? {
             return Ok(batch);
         }
     }

@@ -1,8 +1,8 @@
 //! A batch of samples a server of this process holds in place, gathered column by column
 //! straight from the chunks as stored: each slice's rows are copied from the tensor's stored
-//! bytes (or decompressed into their place; a compressed tensor several samples take rows of
-//! is decoded once per column), with no message, no per-sample allocation and no decoded
-//! copy of chunks stored uncompressed.
+//! bytes (or decompressed into their place; a compressed tensor taken in part is decoded
+//! whole once and kept for later batches in a [`DecodedCache`]), with no message, no
+//! per-sample allocation and no decoded copy of chunks stored uncompressed.
 
 use super::Batch;
 use crate::tensor::stored_bytes;
@@ -30,12 +30,22 @@ impl Part<'_> {
     fn rows(&self) -> usize {
         self.layout.shape().first().map_or(1, |&d| d as usize)
     }
+
+    /// Bytes of one row of its tensor (`None` if that overflows).
+    fn row_bytes(&self) -> Option<usize> {
+        let row_shape = self.layout.shape().get(1..).unwrap_or(&[]);
+        row_shape
+            .iter()
+            .try_fold(dtype_size(self.layout.dtype).unwrap_or(0), |b, &d| {
+                b.checked_mul(d as usize)
+            })
+    }
 }
 
 /// The batch of `samples` gathered from their chunks; `Ok(None)` when one of them holds
 /// what only the message path reads (strings, delta encoding, tensors the scan does not
 /// read): the caller then plans them.
-pub(super) fn gather(samples: &[HeldSample]) -> Result<Option<Batch>> {
+pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result<Option<Batch>> {
     let n = samples.len();
     let Some(first) = samples.first() else {
         return Ok(Some(Batch {
@@ -82,11 +92,20 @@ pub(super) fn gather(samples: &[HeldSample]) -> Result<Option<Batch>> {
             return Ok(None);
         }
     }
+    warm_rows(&columns);
     let mut out = Vec::with_capacity(width);
     let mut decoder = snap::raw::Decoder::new();
     for (c, parts) in columns.iter().enumerate() {
-        out.push(gather_column(c, n, parts, squeezed[c], &mut decoder)?);
+        out.push(gather_column(
+            c,
+            n,
+            parts,
+            squeezed[c],
+            &mut decoder,
+            cache,
+        )?);
     }
+    cache.trim();
     let info = samples
         .iter()
         .map(|s| {
@@ -121,6 +140,18 @@ fn warm(samples: &[HeldSample]) {
     std::hint::black_box(sum);
 }
 
+/// Loads the first row each part copies (as [`warm`] loads the chunks): rows of large chunks
+/// lie far from their headers.
+fn warm_rows(columns: &[Vec<Part<'_>>]) {
+    let mut sum = 0u8;
+    for part in columns.iter().flatten() {
+        // (Stored bytes follow a few bytes of snappy header: near enough.)
+        let at = part.offset.saturating_mul(part.row_bytes().unwrap_or(0));
+        sum ^= part.content.get(at).copied().unwrap_or(0);
+    }
+    std::hint::black_box(sum);
+}
+
 /// Column `c` of `n` samples from its parts (every sample's, in sample order).
 fn gather_column(
     c: usize,
@@ -128,6 +159,7 @@ fn gather_column(
     parts: &[Part<'_>],
     squeeze: bool,
     decoder: &mut snap::raw::Decoder,
+    cache: &mut DecodedCache,
 ) -> Result<Tensor> {
     let first = parts
         .first()
@@ -135,11 +167,8 @@ fn gather_column(
         .ok_or_else(|| ClientError::data_loss(format!("Column {c} has no slices")))?;
     let dtype = first.layout.dtype;
     let row_shape = first.layout.shape().get(1..).unwrap_or(&[]);
-    let row = row_shape
-        .iter()
-        .try_fold(dtype_size(dtype).unwrap_or(0), |b, &d| {
-            b.checked_mul(d as usize)
-        })
+    let row = first
+        .row_bytes()
         .ok_or_else(|| ClientError::data_loss(format!("Column {c} has too large rows")))?;
     // Every sample's column must have the first one's rows (and so its bytes).
     let rows: usize = parts
@@ -163,8 +192,6 @@ fn gather_column(
             ClientError::invalid(format!("A batch of {n} x {size} bytes is too large"))
         })?;
     let mut data = vec![0u8; total];
-    // Rows of compressed tensors taken in part, decoded once for the column.
-    let mut decoded: HashMap<(u64, usize), Vec<u8>> = HashMap::new();
     let mut sample = 0;
     let mut at = 0; // where in `data` the next rows go
     let mut filled = 0; // bytes of the current sample's column written
@@ -200,21 +227,7 @@ fn gather_column(
         } else if rows.len() == part.len {
             decompress(decoder, part, dest)?;
         } else {
-            let whole = match decoded.entry(part.tensor) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    let mut whole = vec![0u8; part.len];
-                    decompress(decoder, part, &mut whole)?;
-                    e.insert(whole)
-                }
-            };
-            // Samples sharing a chunk key must share the chunk.
-            if whole.len() != part.len {
-                return Err(ClientError::data_loss(format!(
-                    "Chunk {} arrived twice in one batch with different tensors",
-                    part.tensor.0
-                )));
-            }
+            let whole = cache.get(part, decoder)?;
             dest.copy_from_slice(&whole[rows]);
         }
         at += bytes;
@@ -230,6 +243,91 @@ fn gather_column(
     }
     shape.extend_from_slice(row_shape);
     Ok(Tensor { dtype, shape, data })
+}
+
+/// Compressed chunk tensors decoded whole for some of their rows, kept for later batches of
+/// one sampler (up to [`DecodedCache::BUDGET`] bytes by default; the least recently used go
+/// first):
+/// uniform sampling takes single rows of many chunks, and each would otherwise be decoded
+/// again for every row a batch takes of it. Chunks never change once stored, and their
+/// keys are unique, so a kept tensor stays right.
+pub struct DecodedCache {
+    /// `(chunk key, tensor position)` -> its bytes and when it was last used.
+    tensors: HashMap<(u64, usize), (Vec<u8>, u64)>,
+    bytes: usize,
+    uses: u64,
+    budget: usize,
+}
+
+impl Default for DecodedCache {
+    fn default() -> Self {
+        Self::with_budget(Self::BUDGET)
+    }
+}
+
+impl DecodedCache {
+    /// Bytes of decoded tensors kept at most between batches, by default.
+    pub const BUDGET: usize = 64 << 20;
+
+    /// A cache keeping at most `budget` bytes between batches.
+    pub fn with_budget(budget: usize) -> Self {
+        Self {
+            tensors: HashMap::new(),
+            bytes: 0,
+            uses: 0,
+            budget,
+        }
+    }
+
+    /// Bytes of the tensors it keeps.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// `part`'s whole tensor decoded.
+    fn get(&mut self, part: &Part<'_>, decoder: &mut snap::raw::Decoder) -> Result<&[u8]> {
+        self.uses += 1;
+        let uses = self.uses;
+        let entry = match self.tensors.entry(part.tensor) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let mut whole = vec![0u8; part.len];
+                decompress(decoder, part, &mut whole)?;
+                self.bytes += whole.len();
+                e.insert((whole, uses))
+            }
+        };
+        entry.1 = uses;
+        // One chunk key must name one chunk (a peer could send otherwise).
+        if entry.0.len() != part.len {
+            return Err(ClientError::data_loss(format!(
+                "Chunk {} arrived with different tensors under one key",
+                part.tensor.0
+            )));
+        }
+        Ok(&entry.0)
+    }
+
+    /// Drops the least recently used tensors until at most half the budget is kept, once
+    /// over it (a batch may go over it while it is gathered).
+    fn trim(&mut self) {
+        if self.bytes <= self.budget {
+            return;
+        }
+        let mut by_use: Vec<(u64, (u64, usize), usize)> = self
+            .tensors
+            .iter()
+            .map(|(key, (bytes, used))| (*used, *key, bytes.len()))
+            .collect();
+        by_use.sort_unstable();
+        for (_, key, len) in by_use {
+            if self.bytes <= self.budget / 2 {
+                break;
+            }
+            self.tensors.remove(&key);
+            self.bytes -= len;
+        }
+    }
 }
 
 /// Decompresses all of `part`'s tensor into `out` (its size).
@@ -258,6 +356,7 @@ fn differ(c: usize, sample: usize) -> ClientError {
 #[cfg(test)]
 mod tests {
     use super::super::{stack, stack_planned, Batch};
+    use super::DecodedCache;
     use crate::sample::{plan, Sampled};
     use crate::tensor::{encode_chunk_with, encode_strings, Tensor, DT_STRING};
     use proptest::prelude::*;
@@ -402,14 +501,21 @@ mod tests {
                 })
                 .collect();
             let expected = planned(&samples).unwrap();
-            match super::gather(&samples).unwrap() {
-                Some(batch) => {
-                    prop_assert!(!delta);
-                    same(&batch, &expected);
+            // (A small cache: trimmed between the batches; the second batch reads what the
+            // first kept.)
+            let mut cache = DecodedCache::with_budget(64);
+            for _ in 0..2 {
+                match super::gather(&samples, &mut cache).unwrap() {
+                    Some(batch) => {
+                        prop_assert!(!delta);
+                        same(&batch, &expected);
+                    }
+                    None => prop_assert!(delta),
                 }
-                None => prop_assert!(delta),
+                prop_assert!(cache.bytes() <= 64);
             }
-            let through_stack = stack(samples.iter().cloned().map(Sampled::Held).collect()).unwrap();
+            let through_stack =
+                stack(samples.iter().cloned().map(Sampled::Held).collect(), &mut cache).unwrap();
             same(&through_stack, &expected);
         }
     }
@@ -439,8 +545,9 @@ mod tests {
         let samples: Vec<HeldSample> = (0..3)
             .map(|k| item(k + 1, &stored, &[4], &[(k as usize, 2, false)]))
             .collect();
-        assert!(super::gather(&samples).unwrap().is_none());
-        let batch = stack(samples.iter().cloned().map(Sampled::Held).collect()).unwrap();
+        let cache = &mut DecodedCache::default();
+        assert!(super::gather(&samples, cache).unwrap().is_none());
+        let batch = stack(samples.iter().cloned().map(Sampled::Held).collect(), cache).unwrap();
         same(&batch, &planned(&samples).unwrap());
         assert_eq!(batch.columns[0].shape, vec![3, 2]);
     }
@@ -455,27 +562,50 @@ mod tests {
         let rows = [4, 4];
         let two = item(1, &stored, &rows, &[(0, 2, false), (0, 1, false)]);
         let three = item(2, &stored, &rows, &[(1, 3, false), (0, 1, false)]);
-        let e = super::gather(&[two.clone(), three]).unwrap_err();
+        let cache = &mut DecodedCache::default();
+        let e = super::gather(&[two.clone(), three], cache).unwrap_err();
         assert!(e.message.contains("differ in column 0"), "{}", e.message);
         let squeezed = item(3, &stored, &rows, &[(0, 2, true), (0, 1, false)]);
-        let e = super::gather(&[squeezed]).unwrap_err();
+        let e = super::gather(&[squeezed], cache).unwrap_err();
         assert!(
             e.message.contains("squeezed but has 2 rows"),
             "{}",
             e.message
         );
         let empty = item(4, &stored, &rows, &[(0, 0, false), (0, 1, false)]);
-        let e = super::gather(&[empty]).unwrap_err();
+        let e = super::gather(&[empty], cache).unwrap_err();
         assert!(
             e.message.contains("Column 0 has no slices"),
             "{}",
             e.message
         );
-        let e = super::gather(&[two, item(5, &stored, &rows, &[(0, 2, false)])]).unwrap_err();
+        let e =
+            super::gather(&[two, item(5, &stored, &rows, &[(0, 2, false)])], cache).unwrap_err();
         assert!(
             e.message.contains("different numbers of columns"),
             "{}",
             e.message
         );
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::DecodedCache;
+
+    /// Over its budget, the cache keeps the most recently used tensors (down to half of it).
+    #[test]
+    fn the_least_recently_used_tensors_go_first() {
+        let mut cache = DecodedCache::with_budget(100);
+        for key in 0..8u64 {
+            cache.tensors.insert((key, 0), (vec![0; 20], key));
+            cache.bytes += 20;
+        }
+        cache.tensors.get_mut(&(1, 0)).unwrap().1 = 99; // used last
+        cache.trim();
+        assert_eq!(cache.bytes(), 40);
+        let mut kept: Vec<u64> = cache.tensors.keys().map(|k| k.0).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, vec![1, 7]);
     }
 }

@@ -17,6 +17,7 @@ mod server;
 mod shards;
 
 pub use batch::{stack, stack_planned, Batch};
+pub use gather::DecodedCache;
 pub use one_shot::{sample_shards, ShardSamples};
 pub use shards::ShardWatch;
 
