@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+import time
 from typing import Any, Dict, Generator, List, Optional, Sequence, Union
 
 import numpy as np
@@ -173,10 +174,12 @@ class Client:
                 )
             pairs.append((str(table), values.tolist()))
         if any(a.dtype.kind in "OSU" for a in arrays):
-            # (Strings go one step at a time.)
+            # (Strings go one step at a time, within the call's one timeout.)
+            deadline = None if timeout is None else time.monotonic() + timeout
             for i in range(n):
                 step = _nest.map_structure(functools.partial(_step_of, i), data)
-                self.insert(step, {t: p[i] for t, p in pairs}, timeout=timeout)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self.insert(step, {t: p[i] for t, p in pairs}, timeout=left)
             return
         missing = [t for t, _ in pairs if t not in self._tables]
         if missing:

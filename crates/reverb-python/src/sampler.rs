@@ -11,7 +11,7 @@ use pyo3::types::{PyList, PyTuple};
 use reverb_client::runtime;
 use reverb_client::sampler::ShardWatch;
 use reverb_client::sampler::{stack, DecodedCache, Sampler, SamplerOptions};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Native half of `reverb.TrajectoryIterator`: a prefetching sampler.
@@ -96,7 +96,11 @@ impl PySampler {
             return Ok(Some(samples_out(py, samples)?.into_any()));
         }
         let batch = py
-            .detach(|| stack(samples, &mut self.cache.lock().unwrap()))
+            .detach(|| {
+                // (A batch that failed part-way leaves the cache consistent: take it as is.)
+                let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+                stack(samples, &mut cache)
+            })
             .py()?;
         let field = |f: fn(&(u64, f64, i64, f64, i32)) -> f64| {
             PyArray1::from_vec(py, batch.info.iter().map(f).collect())

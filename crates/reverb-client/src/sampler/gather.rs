@@ -7,9 +7,10 @@
 use super::Batch;
 use crate::tensor::stored_bytes;
 use crate::{ClientError, Result, Tensor};
-use reverb_proto::held::HeldSample;
-use reverb_proto::payload::{dtype_size, scan_tensor_at, Layout};
+use reverb_proto::held::{HeldSample, StoredItem};
+use reverb_proto::payload::{dtype_name, dtype_size, scan_tensor_at, Layout};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One slice of one sample's column: rows of a chunk tensor, read in place.
 struct Part<'a> {
@@ -22,6 +23,8 @@ struct Part<'a> {
     len: usize,
     /// `(chunk key, tensor position)`: which tensor it is.
     tensor: (u64, usize),
+    /// Where its chunk's payload is (while the sample holds the chunk, no other has it).
+    payload: usize,
     offset: usize,
     length: usize,
 }
@@ -57,6 +60,8 @@ pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result
     let width = first.item.columns();
     let mut columns: Vec<Vec<Part<'_>>> = (0..width).map(|_| Vec::with_capacity(n)).collect();
     let mut squeezed = vec![false; width];
+    // A column squeezed in one sample and not in another (the first such).
+    let mut squeeze_differs = None;
     for (i, sample) in samples.iter().enumerate() {
         let item = &*sample.item;
         if item.columns() != width {
@@ -77,6 +82,8 @@ pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result
             };
             if i == 0 {
                 squeezed[s.column] = s.squeeze;
+            } else if squeezed[s.column] != s.squeeze {
+                squeeze_differs.get_or_insert((s.column, i));
             }
             columns[s.column].push(Part {
                 sample: i,
@@ -84,6 +91,7 @@ pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result
                 content,
                 len,
                 tensor: (chunk.key, s.index),
+                payload: chunk.payload.as_ptr() as usize,
                 offset: s.offset,
                 length: s.length,
             });
@@ -92,20 +100,25 @@ pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result
             return Ok(None);
         }
     }
+    if let Some((c, i)) = squeeze_differs {
+        return Err(ClientError::invalid(format!(
+            "Sampled items differ in column {c} (squeezed in the first, not in sample {i} or \
+             the other way round): they cannot be batched"
+        )));
+    }
     warm_rows(&columns);
     let mut out = Vec::with_capacity(width);
     let mut decoder = snap::raw::Decoder::new();
     for (c, parts) in columns.iter().enumerate() {
         out.push(gather_column(
             c,
-            n,
+            samples,
             parts,
             squeezed[c],
             &mut decoder,
             cache,
         )?);
     }
-    cache.trim();
     let info = samples
         .iter()
         .map(|s| {
@@ -155,12 +168,13 @@ fn warm_rows(columns: &[Vec<Part<'_>>]) {
 /// Column `c` of `n` samples from its parts (every sample's, in sample order).
 fn gather_column(
     c: usize,
-    n: usize,
+    samples: &[HeldSample],
     parts: &[Part<'_>],
     squeeze: bool,
     decoder: &mut snap::raw::Decoder,
     cache: &mut DecodedCache,
 ) -> Result<Tensor> {
+    let n = samples.len();
     let first = parts
         .first()
         .filter(|p| p.sample == 0)
@@ -193,48 +207,62 @@ fn gather_column(
         })?;
     let mut data = vec![0u8; total];
     let mut sample = 0;
+    let mut own = first; // the current sample's first part
     let mut at = 0; // where in `data` the next rows go
     let mut filled = 0; // bytes of the current sample's column written
+    let differ = |k: usize| differ(c, parts, k, (dtype, row_shape, rows));
     for part in parts {
         if part.sample != sample {
             if filled != size || part.sample != sample + 1 {
-                return Err(differ(c, sample));
+                return Err(differ(if filled != size { sample } else { sample + 1 }));
             }
-            (sample, filled) = (part.sample, 0);
+            (sample, filled, own) = (part.sample, 0, part);
+            if part.layout.dtype != dtype
+                || part.layout.shape().get(1..) != first.layout.shape().get(1..)
+            {
+                return Err(differ(sample));
+            }
         }
-        if part.layout.dtype != dtype
-            || part.layout.shape().get(1..).unwrap_or(&[]) != row_shape
-            || part.layout.shape().is_empty()
+        if part.layout.shape().is_empty()
+            || part.layout.dtype != own.layout.dtype
+            || part.layout.shape().get(1..) != own.layout.shape().get(1..)
         {
-            return Err(differ(c, part.sample));
-        }
-        if part.offset + part.length > part.rows() {
             return Err(ClientError::data_loss(format!(
-                "Column {c} slices rows {}..{} of a chunk with {} rows",
-                part.offset,
-                part.offset + part.length,
-                part.rows()
+                "Column {c} mixes chunks of different dtypes or shapes"
             )));
         }
+        // (Offsets and lengths of items read from a checkpoint were not checked by a
+        // server: nothing here may overflow.)
+        let end = part.offset.checked_add(part.length);
+        let Some(end) = end.filter(|&end| end <= part.rows()) else {
+            return Err(ClientError::data_loss(format!(
+                "Column {c} slices rows {}..{} of a chunk with {} rows",
+                part.offset as i64,
+                end.map_or(-1, |e| e as i64),
+                part.rows()
+            )));
+        };
         let bytes = part.length * row;
         if filled + bytes > size {
-            return Err(differ(c, part.sample));
+            return Err(differ(sample));
         }
-        let dest = &mut data[at..at + bytes];
-        let rows = part.offset * row..(part.offset + part.length) * row;
-        if let Some(raw) = stored_bytes(part.content, part.len) {
-            dest.copy_from_slice(&raw[rows]);
-        } else if rows.len() == part.len {
-            decompress(decoder, part, dest)?;
-        } else {
-            let whole = cache.get(part, decoder)?;
-            dest.copy_from_slice(&whole[rows]);
+        if bytes > 0 {
+            let dest = &mut data[at..at + bytes];
+            let rows = part.offset * row..end * row;
+            if let Some(raw) = stored_bytes(part.content, part.len) {
+                dest.copy_from_slice(&raw[rows]);
+            } else if rows.len() == part.len {
+                decompress(decoder, part, dest)?;
+            } else {
+                let whole = cache.get(part, &samples[part.sample], decoder)?;
+                dest.copy_from_slice(&whole[rows]);
+            }
         }
         at += bytes;
         filled += bytes;
     }
     if filled != size || sample + 1 != n {
-        return Err(differ(c, sample));
+        return Err(differ(if filled != size { sample } else { sample + 1 }));
     }
     let mut shape = Vec::with_capacity(row_shape.len() + 2);
     shape.push(n as i64);
@@ -246,17 +274,23 @@ fn gather_column(
 }
 
 /// Compressed chunk tensors decoded whole for some of their rows, kept for later batches of
-/// one sampler (up to [`DecodedCache::BUDGET`] bytes by default; the least recently used go
-/// first):
-/// uniform sampling takes single rows of many chunks, and each would otherwise be decoded
-/// again for every row a batch takes of it. Chunks never change once stored, and their
-/// keys are unique, so a kept tensor stays right.
+/// one sampler (up to [`DecodedCache::BUDGET`] bytes by default, the least recently used
+/// dropped first): uniform sampling takes single rows of many chunks, and each would
+/// otherwise be decoded again for every row a batch takes of it. An entry keeps the item
+/// whose chunk it decoded, so the chunk (and the address it is known by) stays the same.
 pub struct DecodedCache {
-    /// `(chunk key, tensor position)` -> its bytes and when it was last used.
-    tensors: HashMap<(u64, usize), (Vec<u8>, u64)>,
+    /// `(payload address, tensor position)` -> its bytes, when it was last used, and the
+    /// item holding the chunk.
+    tensors: HashMap<(usize, usize), Entry>,
     bytes: usize,
     uses: u64,
     budget: usize,
+}
+
+struct Entry {
+    bytes: Vec<u8>,
+    used: u64,
+    _holder: Arc<dyn StoredItem>,
 }
 
 impl Default for DecodedCache {
@@ -266,10 +300,10 @@ impl Default for DecodedCache {
 }
 
 impl DecodedCache {
-    /// Bytes of decoded tensors kept at most between batches, by default.
+    /// Bytes of decoded tensors kept at most, by default.
     pub const BUDGET: usize = 64 << 20;
 
-    /// A cache keeping at most `budget` bytes between batches.
+    /// A cache keeping at most `budget` bytes (and one tensor being used).
     pub fn with_budget(budget: usize) -> Self {
         Self {
             tensors: HashMap::new(),
@@ -284,44 +318,47 @@ impl DecodedCache {
         self.bytes
     }
 
-    /// `part`'s whole tensor decoded.
-    fn get(&mut self, part: &Part<'_>, decoder: &mut snap::raw::Decoder) -> Result<&[u8]> {
+    /// `part`'s whole tensor decoded (`sample` holds its chunk); room is made for it first.
+    fn get(
+        &mut self,
+        part: &Part<'_>,
+        sample: &HeldSample,
+        decoder: &mut snap::raw::Decoder,
+    ) -> Result<&[u8]> {
         self.uses += 1;
-        let uses = self.uses;
-        let entry = match self.tensors.entry(part.tensor) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let mut whole = vec![0u8; part.len];
-                decompress(decoder, part, &mut whole)?;
-                self.bytes += whole.len();
-                e.insert((whole, uses))
-            }
-        };
-        entry.1 = uses;
-        // One chunk key must name one chunk (a peer could send otherwise).
-        if entry.0.len() != part.len {
-            return Err(ClientError::data_loss(format!(
-                "Chunk {} arrived with different tensors under one key",
-                part.tensor.0
-            )));
+        let key = (part.payload, part.tensor.1);
+        if !self.tensors.contains_key(&key) {
+            let mut whole = vec![0u8; part.len];
+            decompress(decoder, part, &mut whole)?;
+            // Room first: what `get` returns is copied at once, so anything may go.
+            self.trim(self.budget.saturating_sub(whole.len()));
+            self.bytes += whole.len();
+            let entry = Entry {
+                bytes: whole,
+                used: 0,
+                _holder: sample.item.clone(),
+            };
+            self.tensors.insert(key, entry);
         }
-        Ok(&entry.0)
+        let entry = self.tensors.get_mut(&key).expect("inserted above");
+        entry.used = self.uses;
+        Ok(&entry.bytes)
     }
 
-    /// Drops the least recently used tensors until at most half the budget is kept, once
-    /// over it (a batch may go over it while it is gathered).
-    fn trim(&mut self) {
-        if self.bytes <= self.budget {
+    /// Drops the least recently used tensors until at most half of `limit` is kept, once
+    /// over `limit`.
+    fn trim(&mut self, limit: usize) {
+        if self.bytes <= limit {
             return;
         }
-        let mut by_use: Vec<(u64, (u64, usize), usize)> = self
+        let mut by_use: Vec<(u64, (usize, usize), usize)> = self
             .tensors
             .iter()
-            .map(|(key, (bytes, used))| (*used, *key, bytes.len()))
+            .map(|(key, e)| (e.used, *key, e.bytes.len()))
             .collect();
         by_use.sort_unstable();
         for (_, key, len) in by_use {
-            if self.bytes <= self.budget / 2 {
+            if self.bytes <= limit / 2 {
                 break;
             }
             self.tensors.remove(&key);
@@ -346,10 +383,31 @@ fn decompress(decoder: &mut snap::raw::Decoder, part: &Part<'_>, out: &mut [u8])
     }
 }
 
-/// The error of samples whose column `c` differs from the first sample's (`sample` is one).
-fn differ(c: usize, sample: usize) -> ClientError {
+/// The error of samples whose column `c` differs from the first sample's (`first`: its
+/// dtype, row shape and rows); sample `k` is one.
+fn differ(c: usize, parts: &[Part<'_>], k: usize, first: (i32, &[i64], usize)) -> ClientError {
+    let (dtype, row_shape, rows) = first;
+    let theirs: Vec<&Part<'_>> = parts.iter().filter(|p| p.sample == k).collect();
+    let their_rows: usize = theirs.iter().map(|p| p.length).sum();
+    let shape = |rows: usize, row: &[i64]| {
+        std::iter::once(rows as i64)
+            .chain(row.iter().copied())
+            .collect::<Vec<_>>()
+    };
+    let (their_dtype, their_shape) = match theirs.first() {
+        Some(p) => (
+            p.layout.dtype,
+            shape(their_rows, p.layout.shape().get(1..).unwrap_or(&[])),
+        ),
+        None => (dtype, Vec::new()),
+    };
     ClientError::invalid(format!(
-        "Sampled items differ in column {c} (sample {sample} and the first): they cannot be batched"
+        "Sampled items differ in column {c} (dtypes {} and {}, shapes {:?} and {:?}): they \
+         cannot be batched",
+        dtype_name(dtype),
+        dtype_name(their_dtype),
+        shape(rows, row_shape),
+        their_shape
     ))
 }
 
@@ -564,7 +622,8 @@ mod tests {
         let three = item(2, &stored, &rows, &[(1, 3, false), (0, 1, false)]);
         let cache = &mut DecodedCache::default();
         let e = super::gather(&[two.clone(), three], cache).unwrap_err();
-        assert!(e.message.contains("differ in column 0"), "{}", e.message);
+        let want = "differ in column 0 (dtypes int32 and int32, shapes [2, 3] and [3, 3])";
+        assert!(e.message.contains(want), "{}", e.message);
         let squeezed = item(3, &stored, &rows, &[(0, 2, true), (0, 1, false)]);
         let e = super::gather(&[squeezed], cache).unwrap_err();
         assert!(
@@ -579,32 +638,71 @@ mod tests {
             "{}",
             e.message
         );
-        let e =
-            super::gather(&[two, item(5, &stored, &rows, &[(0, 2, false)])], cache).unwrap_err();
+        let e = super::gather(
+            &[two.clone(), item(5, &stored, &rows, &[(0, 2, false)])],
+            cache,
+        )
+        .unwrap_err();
         assert!(
             e.message.contains("different numbers of columns"),
             "{}",
             e.message
         );
+        // One row squeezed in one sample, not in the other.
+        let plain = item(6, &stored, &rows, &[(0, 2, false), (0, 1, false)]);
+        let squeezed = item(7, &stored, &rows, &[(0, 2, false), (0, 1, true)]);
+        let e = super::gather(&[plain, squeezed], cache).unwrap_err();
+        assert!(
+            e.message.contains("differ in column 1 (squeezed"),
+            "{}",
+            e.message
+        );
+        // Rows out of the chunk (a negative offset, as a checkpoint could hold): refused.
+        let mut bad = FlatTrajectory::default();
+        bad.columns.push(Column {
+            chunk_slices: vec![ChunkSlice {
+                chunk_key: stored[0].key(),
+                offset: -1,
+                length: 2,
+                index: 0,
+            }],
+            squeeze: false,
+        });
+        let data = ItemData::new(8, &bad, vec![stored[0].clone()]).unwrap();
+        let held = HeldSample {
+            item: Arc::new(data),
+            ..two
+        };
+        let e = super::gather(&[held], cache).unwrap_err();
+        assert!(e.message.contains("slices rows"), "{}", e.message);
     }
 }
 
 #[cfg(test)]
 mod cache_tests {
-    use super::DecodedCache;
+    use super::{DecodedCache, Entry};
+    use reverb_core::chunk::ItemData;
+    use reverb_proto::FlatTrajectory;
+    use std::sync::Arc;
 
-    /// Over its budget, the cache keeps the most recently used tensors (down to half of it).
+    /// Over its limit, the cache keeps the most recently used tensors (down to half of it).
     #[test]
     fn the_least_recently_used_tensors_go_first() {
+        let holder = Arc::new(ItemData::new(1, &FlatTrajectory::default(), Vec::new()).unwrap());
         let mut cache = DecodedCache::with_budget(100);
-        for key in 0..8u64 {
-            cache.tensors.insert((key, 0), (vec![0; 20], key));
+        for key in 0..8usize {
+            let entry = Entry {
+                bytes: vec![0; 20],
+                used: key as u64,
+                _holder: holder.clone(),
+            };
+            cache.tensors.insert((key, 0), entry);
             cache.bytes += 20;
         }
-        cache.tensors.get_mut(&(1, 0)).unwrap().1 = 99; // used last
-        cache.trim();
+        cache.tensors.get_mut(&(1, 0)).unwrap().used = 99; // used last
+        cache.trim(100);
         assert_eq!(cache.bytes(), 40);
-        let mut kept: Vec<u64> = cache.tensors.keys().map(|k| k.0).collect();
+        let mut kept: Vec<usize> = cache.tensors.keys().map(|k| k.0).collect();
         kept.sort_unstable();
         assert_eq!(kept, vec![1, 7]);
     }

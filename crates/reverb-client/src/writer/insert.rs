@@ -25,6 +25,11 @@ pub struct Inserter {
     columns: HashMap<(usize, i32, Vec<i64>), usize>,
     /// The insert in flight went out on a writer kept from an earlier insert.
     reused: bool,
+    /// Items the kept writer had confirmed when the insert in flight started.
+    confirmed_before: u64,
+    /// The insert that failed last had items confirmed (it is not tried again: they
+    /// would be stored twice).
+    partly_stored: bool,
 }
 
 impl Inserter {
@@ -36,27 +41,32 @@ impl Inserter {
             capacity: 0,
             columns: HashMap::new(),
             reused: false,
+            confirmed_before: 0,
+            partly_stored: false,
         }
     }
 
-    /// The kept writer, made afresh when there is none, its stream died, or it holds fewer
-    /// than `steps` steps per insert.
+    /// The kept writer, made afresh when there is none, its stream died, or it keeps fewer
+    /// than `steps` steps referenceable. Its chunks are sized automatically, as a trajectory
+    /// writer's (about 16 KB per column, a single insert's one step): the steps of one
+    /// insert share them (a learner sampling over gRPC receives a sampled item's chunks
+    /// whole, as with any writer's).
     fn writer_for(&mut self, steps: usize) -> Result<&mut TrajectoryWriter> {
-        // (A kept writer, even one whose stream died between inserts, e.g. the server
-        // restarted: this insert's connection may be the dead one too.)
-        self.reused = self.writer.is_some();
         let fits = self
             .writer
             .as_ref()
             .is_some_and(|w| !w.failed() && self.capacity >= steps);
+        // (A kept writer, even one whose stream died between inserts, e.g. the server
+        // restarted: this insert's connection may be the dead one too.)
+        self.reused = fits;
         if !fits {
-            // Its stream died between inserts (or it is too short): start afresh.
+            // Its stream died between inserts (or it keeps too few steps): start afresh.
             self.writer = None;
             self.columns.clear();
             let capacity = steps.max(self.capacity).max(1);
             let options = WriterOptions {
                 num_keep_alive_refs: capacity,
-                max_chunk_length: Some(capacity),
+                max_chunk_length: None,
                 // No reconnect loop: a dead server fails the insert at once.
                 reconnect_timeout: Duration::ZERO,
                 ..WriterOptions::default()
@@ -64,7 +74,10 @@ impl Inserter {
             self.writer = Some(TrajectoryWriter::new(self.client.clone(), options)?);
             self.capacity = capacity;
         }
-        Ok(self.writer.as_mut().expect("made above"))
+        let writer = self.writer.as_mut().expect("made above");
+        self.confirmed_before = writer.confirmed();
+        self.partly_stored = false;
+        Ok(writer)
     }
 
     /// Queues `step` (its leaves, without a batch dimension) as one item per
@@ -210,6 +223,7 @@ impl Inserter {
         };
         let done = writer.flush(0, until);
         if done.is_err() {
+            self.partly_stored = writer.confirmed() > self.confirmed_before;
             self.abort();
         }
         done
@@ -225,9 +239,9 @@ impl Inserter {
 
     /// Whether a failed insert is tried once more, on a connection of its own: the server
     /// was unavailable to an insert on a stream kept from an earlier one (which may have
-    /// died without knowing yet, e.g. the server restarted since).
+    /// died without knowing yet, e.g. the server restarted since), and stored none of it.
     pub fn retry_after(&mut self, error: &ClientError) -> bool {
-        if !(self.reused && error.code == Code::Unavailable) {
+        if !(self.reused && error.code == Code::Unavailable) || self.partly_stored {
             return false;
         }
         self.reused = false;

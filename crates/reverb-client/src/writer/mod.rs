@@ -563,6 +563,11 @@ impl TrajectoryWriter {
         }
     }
 
+    /// Items the server confirmed since the writer was made.
+    pub fn confirmed(&self) -> u64 {
+        self.shared.progress.lock().unwrap().confirmed
+    }
+
     /// Items created but not yet confirmed by the server.
     pub fn unconfirmed(&self) -> u64 {
         self.sent + self.pending.len() as u64 - self.shared.progress.lock().unwrap().settled()
