@@ -4,10 +4,12 @@
 //!
 //! Record: `kind: u8 | len: u32 LE | crc32(payload): u32 LE | payload`.
 
+use crate::chunk::ItemError;
 use crate::selectors::SelectorKind;
 use crate::{invalid_arg, Chunk, CoreError, ItemData, Result, Table, TableSnapshot};
 use bytes::Bytes;
 use prost::Message;
+use reverb_proto::payload::{chunk_layouts, Layouts};
 use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint, RateLimiterCheckpoint};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -160,7 +162,8 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
         return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
     }
     let mut tables: BTreeMap<String, SavedTable> = BTreeMap::new();
-    let mut chunks: HashMap<u64, Arc<Chunk>> = HashMap::new();
+    // Each chunk with its tensors' layouts, which items are checked against.
+    let mut chunks: HashMap<u64, (Arc<Chunk>, Layouts)> = HashMap::new();
     let mut n_items = 0u64;
     loop {
         let mut head = [0u8; 9];
@@ -192,31 +195,25 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
             }
             CHUNK => {
                 let chunk = ChunkData::decode(payload).map_err(corrupt)?;
-                chunks.insert(chunk.chunk_key, Arc::new(Chunk::new(chunk)));
+                let layouts = chunk_layouts(&chunk)
+                    .map_err(|e| corrupt(format!("chunk {}: {}", chunk.chunk_key, e.message)))?;
+                chunks.insert(chunk.chunk_key, (Arc::new(Chunk::new(chunk)), layouts));
             }
             ITEM => {
                 let item = PrioritizedItem::decode(payload).map_err(corrupt)?;
                 let (priority, times_sampled) = (item.priority, item.times_sampled);
-                let mut used: Vec<Arc<Chunk>> = Vec::new();
-                for column in item.flat_trajectory.iter().flat_map(|t| &t.columns) {
-                    for slice in &column.chunk_slices {
-                        let chunk = chunks.get(&slice.chunk_key).ok_or_else(|| {
-                            corrupt(format!(
-                                "item {} references missing chunk {}",
-                                item.key, slice.chunk_key
-                            ))
-                        })?;
-                        if !used.iter().any(|c| c.key() == slice.chunk_key) {
-                            used.push(chunk.clone());
-                        }
+                let key = item.key;
+                // Checked as an inserted item is: a restored table serves what it holds.
+                let data = ItemData::checked(&item, |k| chunks.get(&k).map(|(c, l)| (c, &l[..])))
+                    .map_err(|e| match e {
+                    ItemError::MissingChunk(chunk) => {
+                        corrupt(format!("item {key} references missing chunk {chunk}"))
                     }
-                }
+                    ItemError::Invalid(what) => corrupt(what),
+                })?;
                 let saved = tables.get_mut(&item.table).ok_or_else(|| {
                     corrupt(format!("item {} of unknown table {}", item.key, item.table))
                 })?;
-                let key = item.key;
-                let data = ItemData::from_proto(&item, used)
-                    .map_err(|e| corrupt(format!("item {key} {e}")))?;
                 saved
                     .snapshot
                     .items
@@ -298,6 +295,29 @@ mod tests {
         )
     }
 
+    /// The snappy data of a chunk's tensor: 100 bytes naming `key`, stored as one literal.
+    fn content(key: u64) -> Vec<u8> {
+        let mut out = vec![100, 60 << 2, 99];
+        out.extend((0..100u64).map(|i| (key * 31 + i * 17) as u8));
+        out
+    }
+
+    /// A chunk of one uint8 tensor of one row of 100 bytes.
+    fn payload(key: u64, rows: i64) -> Bytes {
+        use reverb_proto::tensorflow::{TensorProto, TensorShapeProto};
+        let tensor = TensorProto {
+            dtype: 4,
+            tensor_shape: Some(TensorShapeProto::of(&[rows, 100 / rows])),
+            tensor_content: content(key).into(),
+            ..Default::default()
+        };
+        reverb_proto::ChunkTensors {
+            tensors: vec![tensor],
+        }
+        .encode_to_vec()
+        .into()
+    }
+
     fn chunk(key: u64) -> Arc<Chunk> {
         Arc::new(Chunk::new(ChunkData {
             chunk_key: key,
@@ -307,7 +327,8 @@ mod tests {
                 end: 0,
                 sparse: false,
             }),
-            data: Bytes::from(vec![key as u8; 100]),
+            data: payload(key, 1),
+            data_tensors_len: 1,
             ..Default::default()
         }))
     }
@@ -350,11 +371,9 @@ mod tests {
     #[test]
     fn round_trip_shares_chunks_and_keeps_order_and_counters() {
         let (a, b, bytes) = filled();
-        // The shared chunk is written once: its 100 bytes of 7s appear in one record only.
-        let sevens = bytes
-            .windows(100)
-            .filter(|w| w.iter().all(|&b| b == 7))
-            .count();
+        // The shared chunk is written once: its bytes appear in one record only.
+        let seven = content(7);
+        let sevens = bytes.windows(seven.len()).filter(|w| *w == seven).count();
         assert_eq!(sevens, 1);
         let saved = read(&mut bytes.as_slice()).unwrap();
         assert_eq!(saved.len(), 2);
@@ -382,6 +401,50 @@ mod tests {
         assert_eq!(b2.try_sample(1, usize::MAX)[0].item.key, 11);
         assert_eq!(a2.can_sample(1), a.can_sample(1));
         assert_eq!(a2.can_insert(1), a.can_insert(1));
+    }
+
+    /// Records that pass their checksums but hold an item its chunks cannot serve (written
+    /// by another program, or a bug) are refused when read, saying what is wrong.
+    #[test]
+    fn items_that_do_not_fit_their_chunks_are_refused() {
+        for (offset, length, what) in [
+            (
+                0,
+                5,
+                "references rows 0..5 of chunk 9, whose tensor 0 has 1 rows",
+            ),
+            (
+                -1,
+                1,
+                "has an invalid chunk slice (offset -1, length 1, index 0)",
+            ),
+        ] {
+            let t = table("a", SelectorKind::Fifo, 10);
+            let trajectory = FlatTrajectory {
+                columns: vec![flat_trajectory::Column {
+                    chunk_slices: vec![flat_trajectory::ChunkSlice {
+                        chunk_key: 9,
+                        offset,
+                        length,
+                        index: 0,
+                    }],
+                    squeeze: false,
+                }],
+            };
+            let data = ItemData::new(3, &trajectory, vec![chunk(9)]).unwrap();
+            t.try_insert(data, 1.0).unwrap();
+            let mut out = Vec::new();
+            write(&mut out, &[(&t, &t.snapshot())]).unwrap();
+            let Err(e) = read(&mut out.as_slice()) else {
+                panic!(
+                    "read an item that slices {offset}..{} of a 1-row chunk",
+                    offset + length
+                );
+            };
+            let e = e.to_string();
+            assert!(e.contains("corrupt checkpoint: Column 0 of item 3"), "{e}");
+            assert!(e.contains(what), "{e}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use reverb_proto::held::{ChunkView, SliceView, StoredItem};
+use reverb_proto::payload::{dtype_name, Layout};
 use reverb_proto::{flat_trajectory, ChunkData, FlatTrajectory, PrioritizedItem, SequenceRange};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -412,6 +413,99 @@ impl ItemData {
             deprecated_chunk_keys: Vec::new(),
             deprecated_sequence_range: None,
         }
+    }
+}
+
+/// Why an item cannot be made of the chunks it references.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemError {
+    /// It references a chunk that is not there (its key).
+    MissingChunk(u64),
+    /// Its trajectory does not fit its chunks (the message says how).
+    Invalid(String),
+}
+
+impl ItemData {
+    /// The item `item` describes, checked against the tensors of the chunks it references
+    /// (`chunk(key)`: a chunk and its tensors' layouts): every column has slices, every
+    /// slice lies within its tensor's rows, a column joins rows of one dtype and row shape,
+    /// a squeezed column is one row. What a server stores (and restores) can be served.
+    pub fn checked<'a>(
+        item: &PrioritizedItem,
+        chunk: impl Fn(u64) -> Option<(&'a Arc<Chunk>, &'a [Layout])>,
+    ) -> Result<Self, ItemError> {
+        let key = item.key;
+        let invalid = |what: String| ItemError::Invalid(what);
+        let trajectory = item
+            .flat_trajectory
+            .as_ref()
+            .ok_or_else(|| invalid(format!("Item {key} has no flat_trajectory")))?;
+        if trajectory.columns.is_empty() {
+            return Err(invalid(format!("Item {key} has no columns")));
+        }
+        let mut used: Vec<Arc<Chunk>> = Vec::new();
+        for (i, column) in trajectory.columns.iter().enumerate() {
+            let bad = |what: String| invalid(format!("Column {i} of item {key} {what}"));
+            if column.chunk_slices.is_empty() {
+                return Err(bad("has no chunk slices".into()));
+            }
+            if column.squeeze
+                && (column.chunk_slices.len() != 1 || column.chunk_slices[0].length != 1)
+            {
+                return Err(bad(
+                    "is squeezed but does not reference exactly one row".into()
+                ));
+            }
+            let mut first: Option<&Layout> = None;
+            for slice in &column.chunk_slices {
+                if slice.offset < 0 || slice.length < 1 || slice.index < 0 {
+                    return Err(bad(format!(
+                        "has an invalid chunk slice (offset {}, length {}, index {})",
+                        slice.offset, slice.length, slice.index
+                    )));
+                }
+                let (stored, tensors) =
+                    chunk(slice.chunk_key).ok_or(ItemError::MissingChunk(slice.chunk_key))?;
+                let tensor = tensors.get(slice.index as usize).ok_or_else(|| {
+                    bad(format!(
+                        "references tensor {} of chunk {}, which holds {}",
+                        slice.index,
+                        slice.chunk_key,
+                        tensors.len()
+                    ))
+                })?;
+                let end = i64::from(slice.offset) + i64::from(slice.length);
+                let shape = tensor.shape();
+                let rows = shape.first().copied();
+                if rows.is_none_or(|rows| end > rows) {
+                    return Err(bad(format!(
+                        "references rows {}..{end} of chunk {}, whose tensor {} has {} rows",
+                        slice.offset,
+                        slice.chunk_key,
+                        slice.index,
+                        rows.unwrap_or(0)
+                    )));
+                }
+                match first {
+                    None => first = Some(tensor),
+                    Some(f) if f.dtype != tensor.dtype || f.shape()[1..] != shape[1..] => {
+                        return Err(bad(format!(
+                            "joins rows of {} {:?} and {} {:?} from chunk {}",
+                            dtype_name(f.dtype),
+                            &f.shape()[1..],
+                            dtype_name(tensor.dtype),
+                            &shape[1..],
+                            slice.chunk_key
+                        )));
+                    }
+                    Some(_) => {}
+                }
+                if !used.iter().any(|c| c.key() == slice.chunk_key) {
+                    used.push(stored.clone());
+                }
+            }
+        }
+        Self::from_proto(item, used).map_err(|e| invalid(format!("Item {key} {e}")))
     }
 }
 

@@ -9,8 +9,9 @@
 
 use crate::status::from_core;
 use crate::tables::Tables;
+use reverb_core::chunk::ItemError;
 use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
-use reverb_proto::payload::{chunk_layouts, dtype_name, Layout, Layouts};
+use reverb_proto::payload::{chunk_layouts, Layouts};
 use reverb_proto::{
     decode_item, ChunkData, InsertStreamRequest, InsertStreamResponse, KeyHashMap, KeySet,
     PrioritizedItem,
@@ -129,84 +130,16 @@ fn check_chunk(data: ChunkData) -> Result<Received, Status> {
 /// Checks an item's trajectory against the chunks it references (every slice within its
 /// tensor's rows, every column of one dtype and row shape) and attaches those chunks.
 fn resolve(item: &PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<ItemData, Status> {
-    let key = item.key;
-    let trajectory = item
-        .flat_trajectory
-        .as_ref()
-        .ok_or_else(|| Status::invalid_argument(format!("Item {key} has no flat_trajectory")))?;
-    if trajectory.columns.is_empty() {
-        return Err(Status::invalid_argument(format!(
-            "Item {key} has no columns"
-        )));
-    }
-    let mut used: Vec<Arc<Chunk>> = Vec::new();
-    for (i, column) in trajectory.columns.iter().enumerate() {
-        let bad =
-            |what: String| Status::invalid_argument(format!("Column {i} of item {key} {what}"));
-        if column.chunk_slices.is_empty() {
-            return Err(bad("has no chunk slices".into()));
-        }
-        if column.squeeze && (column.chunk_slices.len() != 1 || column.chunk_slices[0].length != 1)
-        {
-            return Err(bad(
-                "is squeezed but does not reference exactly one row".into()
-            ));
-        }
-        let mut first: Option<&Layout> = None;
-        for slice in &column.chunk_slices {
-            if slice.offset < 0 || slice.length < 1 || slice.index < 0 {
-                return Err(bad(format!(
-                    "has an invalid chunk slice (offset {}, length {}, index {})",
-                    slice.offset, slice.length, slice.index
-                )));
-            }
-            let received = chunks.get(&slice.chunk_key).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "Could not find sequence chunk {} referenced by item {key}",
-                    slice.chunk_key
-                ))
-            })?;
-            let tensor = received.tensors.get(slice.index as usize).ok_or_else(|| {
-                bad(format!(
-                    "references tensor {} of chunk {}, which holds {}",
-                    slice.index,
-                    slice.chunk_key,
-                    received.tensors.len()
-                ))
-            })?;
-            let end = i64::from(slice.offset) + i64::from(slice.length);
-            let shape = tensor.shape();
-            let rows = shape.first().copied();
-            if rows.is_none_or(|rows| end > rows) {
-                return Err(bad(format!(
-                    "references rows {}..{end} of chunk {}, whose tensor {} has {} rows",
-                    slice.offset,
-                    slice.chunk_key,
-                    slice.index,
-                    rows.unwrap_or(0)
-                )));
-            }
-            match first {
-                None => first = Some(tensor),
-                Some(f) if f.dtype != tensor.dtype || f.shape()[1..] != shape[1..] => {
-                    return Err(bad(format!(
-                        "joins rows of {} {:?} and {} {:?} from chunk {}",
-                        dtype_name(f.dtype),
-                        &f.shape()[1..],
-                        dtype_name(tensor.dtype),
-                        &shape[1..],
-                        slice.chunk_key
-                    )));
-                }
-                Some(_) => {}
-            }
-            if !used.iter().any(|c| c.key() == slice.chunk_key) {
-                used.push(received.chunk.clone());
-            }
-        }
-    }
-    ItemData::from_proto(item, used)
-        .map_err(|e| Status::invalid_argument(format!("Item {key} {e}")))
+    ItemData::checked(item, |key| {
+        chunks.get(&key).map(|r| (&r.chunk, &r.tensors[..]))
+    })
+    .map_err(|e| match e {
+        ItemError::MissingChunk(chunk) => Status::invalid_argument(format!(
+            "Could not find sequence chunk {chunk} referenced by item {}",
+            item.key
+        )),
+        ItemError::Invalid(what) => Status::invalid_argument(what),
+    })
 }
 
 /// Inserts, waiting while the rate limiter blocks.
