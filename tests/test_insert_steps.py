@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _metrics import waited, waiting
+from _wait import wait_for
 
 import reverb
 from reverb import rate_limiters, selectors
@@ -118,11 +120,19 @@ def test_strings_and_an_empty_batch(make_server) -> None:
 
 def test_a_full_queue_times_out_and_stores_nothing_later(make_server) -> None:
     """Items stored before the timeout stay; the rest are never stored later."""
-    server = make_server([reverb.Table.queue("q", 5)])
+    server = make_server([reverb.Table.queue("q", 5)], metrics_port=0)
     client = server.localhost_client()
     client.insert_steps({"v": np.arange(4)}, {"q": 1.0}, timeout=T)
     with pytest.raises(reverb.errors.DeadlineExceededError):
         client.insert_steps({"v": np.arange(10, 13)}, {"q": 1.0}, timeout=0.3)
+    # Over gRPC the cancellation travels as a stream reset: wait until it reached the
+    # server, whose wait for the insert has ended, before making room.
+    port = server.metrics_port
+    wait_for(
+        lambda: waiting(port, "q", "insert") == 0 and waited(port, "q", "insert") > 0,
+        T,
+        "the server to drop the abandoned insert",
+    )
     # The first of the three fitted; the others went with the insert.
     got = [int(d[0]) for _, d in _queue_contents(client, "q", 5)]
     assert got == [0, 1, 2, 3, 10]
