@@ -225,27 +225,13 @@ def peer_python(name: str) -> str:
 
 
 def run_one(system: str, python: str, case: str, seconds: float) -> Optional[float]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
-    env["OPENBLAS_NUM_THREADS"] = "1"
-    if system != "ours":
-        env.pop("PYTHONPATH", None)  # (it may point at our package)
-    try:
-        out = subprocess.run(
-            [python, os.path.abspath(__file__), "run", system, case, str(seconds)],
-            capture_output=True,
-            text=True,
-            timeout=seconds * 10 + 300,
-            env=env,
-            cwd="/tmp",
-        )
-    except subprocess.TimeoutExpired:
-        print(f"  {system}/{case} timed out", file=sys.stderr)
-        return None
-    for line in out.stdout.splitlines():
-        if line.startswith("{"):
-            return json.loads(line)["value"]
-    print(f"  {system}/{case} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
-    return None
+    """One measurement of `system` on `case` in its interpreter (items/s), or None."""
+    sys.path.insert(0, HERE)
+    from run import run_script
+
+    args = [os.path.abspath(__file__), "run", system, case, str(seconds)]
+    result = run_script(python, args, seconds * 10 + 300, f"{system}/{case}", system != "ours")
+    return None if result is None else result["value"]
 
 
 def main() -> None:

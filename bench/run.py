@@ -73,31 +73,34 @@ def make_reference_venv(path: str) -> str:
 def run_one(
     python: str, workload: str, mode: str, seconds: float, reference: bool = False
 ) -> Optional[dict]:
-    """One run of `workload`: its JSON result (`value`, `unit`, maybe `p99`), or None. The
-    reference's interpreter does not inherit `PYTHONPATH` (which may point at our package,
-    shadowing the reference's own)."""
-    # One BLAS thread for both sides: idle OpenBLAS threads otherwise spin on the 2 cores.
+    """One run of `workload`: its JSON result (`value`, `unit`, maybe `p99`), or None."""
+    args = [os.path.join(HERE, "workloads.py"), workload, mode, str(seconds)]
+    return run_script(python, args, seconds * 10 + 120, f"{workload}/{mode}", reference)
+
+
+def run_script(
+    python: str, args: List[str], timeout: float, name: str, foreign: bool
+) -> Optional[dict]:
+    """Runs `python args` in /tmp and returns the JSON line it prints, or None (saying why
+    on stderr, as `name`). A `foreign` interpreter (the reference's, a peer's) does not
+    inherit `PYTHONPATH`, which may point at our package and shadow its own."""
+    # One BLAS thread for every side: idle OpenBLAS threads otherwise spin on the 2 cores.
     env = dict(
         os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore", OPENBLAS_NUM_THREADS="1"
     )
-    if reference:
+    if foreign:
         env.pop("PYTHONPATH", None)
     try:
         out = subprocess.run(
-            [python, os.path.join(HERE, "workloads.py"), workload, mode, str(seconds)],
-            capture_output=True,
-            text=True,
-            timeout=seconds * 10 + 120,
-            env=env,
-            cwd="/tmp",
+            [python, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd="/tmp"
         )
     except subprocess.TimeoutExpired:
-        print(f"  {workload}/{mode} timed out", file=sys.stderr)
+        print(f"  {name} timed out", file=sys.stderr)
         return None
     for line in out.stdout.splitlines():
         if line.startswith("{"):
             return json.loads(line)
-    print(f"  {workload}/{mode} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+    print(f"  {name} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
     return None
 
 

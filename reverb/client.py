@@ -6,7 +6,7 @@ import functools
 import numbers
 import os
 import time
-from typing import Any, Dict, Generator, List, Optional, Sequence, Union
+from typing import Any, Dict, Generator, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -109,17 +109,7 @@ class Client:
         if not priorities:
             raise ValueError("priorities must contain at least one item")
         # Like the reference, check the tables first: a bad name stores nothing anywhere.
-        missing = [t for t in priorities if t not in self._tables]
-        if missing:
-            self._table_infos(timeout)
-            missing = [t for t in priorities if t not in self._tables]
-            if missing:
-                tables = sorted(self._tables)
-                raise ValueError(
-                    f"Unable to find signatures for table '{missing[0]}' in signature cache.  "
-                    f"Available tables: {tables}. (The server at {self._server_address} has no "
-                    "such table.)"
-                )
+        self._check_tables(priorities, timeout)
         leaves = _nest.flatten(data)
         if not leaves:
             raise ValueError("data must contain at least one value")
@@ -181,23 +171,28 @@ class Client:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 self.insert(step, {t: p[i] for t, p in pairs}, timeout=left)
             return
-        missing = [t for t, _ in pairs if t not in self._tables]
-        if missing:
-            self._table_infos(timeout)
-            missing = [t for t, _ in pairs if t not in self._tables]
-            if missing:
-                tables = sorted(self._tables)
-                raise ValueError(
-                    f"Unable to find signatures for table '{missing[0]}' in signature cache.  "
-                    f"Available tables: {tables}. (The server at {self._server_address} has no "
-                    "such table.)"
-                )
+        self._check_tables([t for t, _ in pairs], timeout)
         # (ValueError for unsupported dtypes.)
         step = [(_dtypes.tf_enum(a.dtype), a.shape[1:], (1, *a.shape[1:])) for a in arrays]
         for table, _ in pairs:
             self._check_signature(table, step)
         timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
         self._client.insert_steps(arrays, pairs, timeout_ms)
+
+    def _check_tables(self, tables: Iterable[str], timeout: Optional[float]) -> None:
+        """ValueError, as the reference's, when the server has no table of one of `tables`
+        (the server is asked again before that is said)."""
+        missing = [t for t in tables if t not in self._tables]
+        if missing:
+            self._table_infos(timeout)
+            missing = [t for t in tables if t not in self._tables]
+            if missing:
+                known = sorted(self._tables)
+                raise ValueError(
+                    f"Unable to find signatures for table '{missing[0]}' in signature cache.  "
+                    f"Available tables: {known}. (The server at {self._server_address} has no "
+                    "such table.)"
+                )
 
     def _check_signature(self, table: str, step: List[tuple]) -> None:
         """ValueError (nothing is inserted) when one `step` (per leaf: TF dtype, shape, shape

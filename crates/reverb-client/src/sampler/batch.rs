@@ -19,23 +19,33 @@ pub struct Batch {
 /// Each column is copied or decompressed straight into its place in the batch; `cache`
 /// keeps compressed chunk tensors decoded for rows of them for the next batches.
 pub fn stack(samples: Vec<Sampled>, cache: &mut DecodedCache) -> Result<Batch> {
-    if samples.iter().all(|s| matches!(s, Sampled::Held(_))) {
+    let samples = if samples.iter().all(|s| matches!(s, Sampled::Held(_))) {
         let held: Vec<_> = samples
-            .iter()
+            .into_iter()
             .map(|s| match s {
-                Sampled::Held(held) => held.clone(),
+                Sampled::Held(held) => held,
                 Sampled::Planned(_) => unreachable!("all held"),
             })
             .collect();
         if let Some(batch) = gather(&held, cache)? {
             return Ok(batch);
         }
-    }
+        held.into_iter().map(Sampled::Held).collect()
+    } else {
+        samples
+    };
     let planned = samples
         .into_iter()
         .map(Sampled::plan)
         .collect::<Result<Vec<_>>>()?;
     stack_planned(planned)
+}
+
+/// Bytes of a batch of `n` samples of `size` bytes (an error when that cannot be held).
+pub(super) fn batch_bytes(n: usize, size: usize) -> Result<usize> {
+    size.checked_mul(n)
+        .filter(|&t| t <= isize::MAX as usize)
+        .ok_or_else(|| ClientError::invalid(format!("A batch of {n} x {size} bytes is too large")))
 }
 
 /// Stacks planned samples (see [`stack`]).
@@ -91,12 +101,7 @@ pub fn stack_planned(samples: Vec<PlannedSample>) -> Result<Batch> {
             continue;
         }
         let size = column.byte_len();
-        let total = size
-            .checked_mul(n)
-            .filter(|&t| t <= isize::MAX as usize)
-            .ok_or_else(|| {
-                ClientError::invalid(format!("A batch of {n} x {size} bytes is too large"))
-            })?;
+        let total = batch_bytes(n, size)?;
         let mut data = vec![0u8; total];
         decoded.expect(samples.iter().map(|s| &s.columns[c]));
         for (sample, out) in samples.iter().zip(data.chunks_exact_mut(size.max(1))) {

@@ -4,6 +4,7 @@
 //! whole once and kept for later batches in a [`DecodedCache`]), with no message, no
 //! per-sample allocation and no decoded copy of chunks stored uncompressed.
 
+use super::batch::batch_bytes;
 use super::Batch;
 use crate::tensor::stored_bytes;
 use crate::{ClientError, Result, Tensor};
@@ -199,12 +200,7 @@ fn gather_column(
         .checked_mul(row)
         .filter(|&s| s <= isize::MAX as usize)
         .ok_or_else(|| ClientError::data_loss(format!("Column {c} of {rows} rows is too large")))?;
-    let total = size
-        .checked_mul(n)
-        .filter(|&t| t <= isize::MAX as usize)
-        .ok_or_else(|| {
-            ClientError::invalid(format!("A batch of {n} x {size} bytes is too large"))
-        })?;
+    let total = batch_bytes(n, size)?;
     let mut data = vec![0u8; total];
     let mut sample = 0;
     let mut own = first; // the current sample's first part

@@ -1,8 +1,8 @@
 //! Inserts of steps as items (`Client.insert`, `TFClient.insert`: one step; `Client.insert_steps`:
 //! N steps, N items per table): each insert is an episode of a trajectory writer kept between
 //! inserts (one insert stream for all of them), each item holding one step, its items sharing
-//! the insert's chunks (one per column: N rows for N steps), as the reference's legacy writer
-//! writes one step. A failed or abandoned insert is aborted (the server never stores it
+//! the insert's chunks (sized automatically: one step's for a single insert, as the
+//! reference's legacy writer writes it). A failed or abandoned insert is aborted (the server never stores it
 //! later) and the next one starts a fresh stream.
 
 use super::{AppendError, ItemColumn, TrajectoryWriter, WriterOptions};
@@ -18,8 +18,8 @@ use tonic::Code;
 pub struct Inserter {
     client: Client,
     writer: Option<TrajectoryWriter>,
-    /// The most steps one insert of the kept writer may hold (its chunk length and the
-    /// steps it keeps referenceable).
+    /// The most steps one insert of the kept writer may hold (the steps it keeps
+    /// referenceable).
     capacity: usize,
     /// One writer column per (position, dtype, shape): inserts may change structure.
     columns: HashMap<(usize, i32, Vec<i64>), usize>,
@@ -51,7 +51,7 @@ impl Inserter {
     /// writer's (about 16 KB per column, a single insert's one step): the steps of one
     /// insert share them (a learner sampling over gRPC receives a sampled item's chunks
     /// whole, as with any writer's).
-    fn writer_for(&mut self, steps: usize) -> Result<&mut TrajectoryWriter> {
+    fn writer_for(&mut self, steps: usize) -> Result<()> {
         let fits = self
             .writer
             .as_ref()
@@ -74,10 +74,9 @@ impl Inserter {
             self.writer = Some(TrajectoryWriter::new(self.client.clone(), options)?);
             self.capacity = capacity;
         }
-        let writer = self.writer.as_mut().expect("made above");
-        self.confirmed_before = writer.confirmed();
+        self.confirmed_before = self.writer.as_ref().expect("made above").confirmed();
         self.partly_stored = false;
-        Ok(writer)
+        Ok(())
     }
 
     /// Queues `step` (its leaves, without a batch dimension) as one item per
@@ -110,13 +109,7 @@ impl Inserter {
             })
             .collect();
         let queued = (|| {
-            writer.append(values, false).map_err(|e| match e {
-                AppendError::Other(e) => e,
-                other => ClientError::new(
-                    Code::Internal,
-                    format!("internal error: insert columns collided ({other:?})"),
-                ),
-            })?;
+            writer.append(values, false).map_err(append_error)?;
             let mut keys = Vec::with_capacity(priorities.len());
             // (Queued without waiting for room in the in-flight window: `wait` does.)
             let now = Some(Instant::now());
@@ -179,13 +172,7 @@ impl Inserter {
         let queued = (|| {
             let values: Vec<(usize, TensorView<'_>)> =
                 columns.iter().copied().zip(views.iter().copied()).collect();
-            writer.append_steps(values).map_err(|e| match e {
-                AppendError::Other(e) => e,
-                other => ClientError::new(
-                    Code::Internal,
-                    format!("internal error: insert columns collided ({other:?})"),
-                ),
-            })?;
+            writer.append_steps(values).map_err(append_error)?;
             let mut keys = Vec::with_capacity(n * priorities.len());
             let mut cells: Vec<ItemColumn> = columns
                 .iter()
@@ -278,6 +265,18 @@ impl Inserter {
                 inserted => return inserted,
             }
         }
+    }
+}
+
+/// An append's error as an insert reports it (each leaf has a column of its own, so only a
+/// bug makes two collide).
+fn append_error(e: AppendError) -> ClientError {
+    match e {
+        AppendError::Other(e) => e,
+        other => ClientError::new(
+            Code::Internal,
+            format!("internal error: insert columns collided ({other:?})"),
+        ),
     }
 }
 
