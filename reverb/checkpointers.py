@@ -5,6 +5,8 @@ written under a temporary name and renamed when complete, so an interrupted save
 replaces the previous checkpoint. On start, a server restores the latest checkpoint under its
 checkpointer's path (or `fallback_checkpoint_path` when there is none, or when the latest is
 corrupt). Table names must match; the configured settings win over the saved ones.
+Checkpoints dm-reverb 0.14 wrote (its TFRecord directories) are restored the same way, from
+the path or as the fallback; new checkpoints are written in our format.
 """
 
 from __future__ import annotations

@@ -147,8 +147,85 @@ impl<W: Write> Write for Counting<'_, W> {
     }
 }
 
-fn corrupt(what: impl std::fmt::Display) -> CoreError {
+/// The error for a checkpoint that cannot be loaded as it is.
+pub fn corrupt(what: impl std::fmt::Display) -> CoreError {
     CoreError::FailedPrecondition(format!("corrupt checkpoint: {what}"))
+}
+
+/// Builds saved tables from decoded checkpoint records: tables first, then chunks, then items
+/// (in insertion order per table). Both checkpoint formats (ours and dm-reverb's TFRecord
+/// files) feed it, so restored items are checked the same way.
+#[derive(Default)]
+pub struct Assembler {
+    tables: BTreeMap<String, SavedTable>,
+    // Each chunk with its tensors' layouts, which items are checked against.
+    chunks: HashMap<u64, (Arc<Chunk>, Layouts)>,
+    items: u64,
+}
+
+impl Assembler {
+    /// Adds a table's settings and counters.
+    pub fn table(&mut self, header: PriorityTableCheckpoint) {
+        let snapshot = TableSnapshot {
+            items: Vec::new(),
+            counters: header.rate_limiter.as_ref().map_or((0, 0, 0), |r| {
+                (r.insert_count, r.sample_count, r.delete_count)
+            }),
+            num_deleted_episodes: header.num_deleted_episodes,
+            num_unique_samples: header.num_unique_samples,
+        };
+        self.tables
+            .insert(header.table_name.clone(), SavedTable { header, snapshot });
+    }
+
+    /// Adds a chunk (items that follow may reference it).
+    pub fn chunk(&mut self, chunk: ChunkData) -> Result<()> {
+        let layouts = chunk_layouts(&chunk)
+            .map_err(|e| corrupt(format!("chunk {}: {}", chunk.chunk_key, e.message)))?;
+        self.chunks
+            .insert(chunk.chunk_key, (Arc::new(Chunk::new(chunk)), layouts));
+        Ok(())
+    }
+
+    /// Adds an item to the end of its table, checked against its chunks as an inserted item is:
+    /// a restored table serves what it holds.
+    pub fn item(&mut self, item: &PrioritizedItem) -> Result<()> {
+        let key = item.key;
+        let chunks = &self.chunks;
+        let data =
+            ItemData::checked(item, |k| chunks.get(&k).map(|(c, l)| (c, &l[..]))).map_err(|e| {
+                match e {
+                    ItemError::MissingChunk(chunk) => {
+                        corrupt(format!("item {key} references missing chunk {chunk}"))
+                    }
+                    ItemError::Invalid(what) => corrupt(what),
+                }
+            })?;
+        let saved = self
+            .tables
+            .get_mut(&item.table)
+            .ok_or_else(|| corrupt(format!("item {key} of unknown table {}", item.table)))?;
+        saved
+            .snapshot
+            .items
+            .push((Arc::new(data), item.priority, item.times_sampled));
+        self.items += 1;
+        Ok(())
+    }
+
+    /// Numbers of tables, chunks and items added.
+    pub fn counts(&self) -> [u64; 3] {
+        [
+            self.tables.len() as u64,
+            self.chunks.len() as u64,
+            self.items,
+        ]
+    }
+
+    /// The saved tables.
+    pub fn finish(self) -> BTreeMap<String, SavedTable> {
+        self.tables
+    }
 }
 
 /// Reads a whole checkpoint, verifying every record. Chunks are shared between the items (and
@@ -161,10 +238,7 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
     if &magic != MAGIC {
         return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
     }
-    let mut tables: BTreeMap<String, SavedTable> = BTreeMap::new();
-    // Each chunk with its tensors' layouts, which items are checked against.
-    let mut chunks: HashMap<u64, (Arc<Chunk>, Layouts)> = HashMap::new();
-    let mut n_items = 0u64;
+    let mut saved = Assembler::default();
     loop {
         let mut head = [0u8; 9];
         input
@@ -181,58 +255,19 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
         }
         let payload = Bytes::from(payload);
         match head[0] {
-            TABLE => {
-                let header = PriorityTableCheckpoint::decode(payload).map_err(corrupt)?;
-                let snapshot = TableSnapshot {
-                    items: Vec::new(),
-                    counters: header.rate_limiter.as_ref().map_or((0, 0, 0), |r| {
-                        (r.insert_count, r.sample_count, r.delete_count)
-                    }),
-                    num_deleted_episodes: header.num_deleted_episodes,
-                    num_unique_samples: header.num_unique_samples,
-                };
-                tables.insert(header.table_name.clone(), SavedTable { header, snapshot });
-            }
-            CHUNK => {
-                let chunk = ChunkData::decode(payload).map_err(corrupt)?;
-                let layouts = chunk_layouts(&chunk)
-                    .map_err(|e| corrupt(format!("chunk {}: {}", chunk.chunk_key, e.message)))?;
-                chunks.insert(chunk.chunk_key, (Arc::new(Chunk::new(chunk)), layouts));
-            }
-            ITEM => {
-                let item = PrioritizedItem::decode(payload).map_err(corrupt)?;
-                let (priority, times_sampled) = (item.priority, item.times_sampled);
-                let key = item.key;
-                // Checked as an inserted item is: a restored table serves what it holds.
-                let data = ItemData::checked(&item, |k| chunks.get(&k).map(|(c, l)| (c, &l[..])))
-                    .map_err(|e| match e {
-                    ItemError::MissingChunk(chunk) => {
-                        corrupt(format!("item {key} references missing chunk {chunk}"))
-                    }
-                    ItemError::Invalid(what) => corrupt(what),
-                })?;
-                let saved = tables.get_mut(&item.table).ok_or_else(|| {
-                    corrupt(format!("item {} of unknown table {}", item.key, item.table))
-                })?;
-                saved
-                    .snapshot
-                    .items
-                    .push((Arc::new(data), priority, times_sampled));
-                n_items += 1;
-            }
+            TABLE => saved.table(PriorityTableCheckpoint::decode(payload).map_err(corrupt)?),
+            CHUNK => saved.chunk(ChunkData::decode(payload).map_err(corrupt)?)?,
+            ITEM => saved.item(&PrioritizedItem::decode(payload).map_err(corrupt)?)?,
             END => {
                 if payload.len() != 24 {
                     return Err(corrupt("bad end record"));
                 }
                 let count =
                     |i: usize| u64::from_le_bytes(payload[i * 8..i * 8 + 8].try_into().unwrap());
-                if count(0) != tables.len() as u64
-                    || count(1) != chunks.len() as u64
-                    || count(2) != n_items
-                {
+                if [count(0), count(1), count(2)] != saved.counts() {
                     return Err(corrupt("record counts do not match the end record"));
                 }
-                return Ok(tables);
+                return Ok(saved.finish());
             }
             other => return Err(corrupt(format!("unknown record kind {other}"))),
         }

@@ -1,7 +1,9 @@
 //! Checkpoints on disk: `<root>/<UTC timestamp>/checkpoint.rvb`, written under a temporary
 //! name (`<root>/.tmp-…`), synced, then published with an atomic rename. A crash mid-write
 //! leaves only an ignored temporary directory; the previous checkpoint stays loadable.
+//! Checkpoints dm-reverb wrote (see [`crate::dm_checkpoint`]) are restored too.
 
+use crate::dm_checkpoint;
 use reverb_core::checkpoint;
 use reverb_core::Table;
 use std::fs;
@@ -138,12 +140,31 @@ impl Checkpointer {
         }
     }
 
+    /// The checkpoint to restore: the latest by the time in its name, ours or a complete one
+    /// dm-reverb wrote (a user moving an experiment over points us at dm-reverb's root).
+    fn latest(&self) -> Option<PathBuf> {
+        let entries = fs::read_dir(&self.root).ok()?;
+        entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_str()?.to_owned();
+                let path = e.path();
+                let ours = is_checkpoint_name(&name) && path.join(FILE).is_file();
+                if !ours && !dm_checkpoint::is_complete(&path) {
+                    return None;
+                }
+                Some((dm_checkpoint::checkpoint_time(&name)?, path))
+            })
+            .max()
+            .map(|(_, path)| path)
+    }
+
     /// Restores the latest checkpoint under the root (or the fallback when there is none)
     /// into `tables`. Returns the path loaded, or None when there was nothing to load.
     /// A corrupt latest checkpoint falls back to the fallback path when one is set; otherwise
     /// it is an error, and no table is changed.
     pub fn load_latest(&self, tables: &[Arc<Table>]) -> Result<Option<PathBuf>, String> {
-        let latest = self.list().pop();
+        let latest = self.latest();
         match (latest, &self.fallback) {
             (None, None) => Ok(None),
             (None, Some(fallback)) => load(fallback, tables).map(Some),
@@ -207,8 +228,19 @@ impl Write for EarlyWriteback {
     }
 }
 
-/// Loads one checkpoint directory (or file) into `tables`.
+/// Loads one checkpoint directory (or file) into `tables`: ours, or one dm-reverb wrote.
 pub fn load(path: &Path, tables: &[Arc<Table>]) -> Result<PathBuf, String> {
+    if path.is_dir() && !path.join(FILE).exists() && dm_checkpoint::is_dm_checkpoint(path) {
+        let failed = |e| {
+            format!(
+                "Could not load dm-reverb checkpoint {}: {e}",
+                path.display()
+            )
+        };
+        let saved = dm_checkpoint::read(path).map_err(failed)?;
+        checkpoint::restore(tables, saved).map_err(failed)?;
+        return Ok(path.to_path_buf());
+    }
     let file_path = if path.is_dir() {
         path.join(FILE)
     } else {

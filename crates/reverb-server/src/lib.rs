@@ -12,6 +12,7 @@ pub mod alloc;
 mod auth;
 mod budget;
 pub mod checkpointer;
+pub mod dm_checkpoint;
 mod insert_stream;
 pub mod metrics;
 mod sample_stream;

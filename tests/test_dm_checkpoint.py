@@ -1,0 +1,188 @@
+"""Migration: a checkpoint dm-reverb 0.14 wrote is restored by our server, item by item (keys,
+priorities, times sampled, insertion order, data, chunks shared across tables, counters), and a
+truncated or corrupt one is refused whole. Runs when REVERB_REFERENCE_PYTHON names a Python with
+dm-reverb 0.14.0 (as tests/test_interop.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import reverb
+
+REFERENCE = os.environ.get("REVERB_REFERENCE_PYTHON")
+pytestmark = pytest.mark.skipif(not REFERENCE, reason="REVERB_REFERENCE_PYTHON is not set")
+QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+NAMES = ["prio", "uniform", "fifo", "queue"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict:
+    """A checkpoint dm-reverb wrote, and what its tables held (tests/_dm_checkpoint_maker.py)."""
+    root = tmp_path_factory.mktemp("dm-reverb")
+    script = pathlib.Path(__file__).with_name("_dm_checkpoint_maker.py")
+    out = subprocess.run(
+        [REFERENCE, str(script), str(root)], capture_output=True, text=True, timeout=300, env=QUIET
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
+    results = json.loads(line[len("RESULTS") :])
+    results["root"] = str(root)
+    return results
+
+
+def _drain_tables() -> list[reverb.Table]:
+    """Tables of the checkpoint's names that hand out each item once, oldest first."""
+    return [
+        reverb.Table(
+            name,
+            reverb.selectors.Fifo(),
+            reverb.selectors.Fifo(),
+            1000,
+            reverb.rate_limiters.MinSize(1),
+            max_times_sampled=1,
+        )
+        for name in NAMES
+    ]
+
+
+def _plain(x):
+    if isinstance(x, bytes):
+        return x.decode()
+    if isinstance(x, np.ndarray):
+        return _plain(x.tolist()) if x.dtype == object else x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, dict):
+        return [_plain(x[k]) for k in sorted(x)]
+    return x.item() if hasattr(x, "item") else x
+
+
+def _data(table: str, data) -> object:
+    """A sample's data as the maker wrote it down."""
+    data = _plain(data)
+    if table == "fifo":
+        return data[0]
+    return data
+
+
+@pytest.mark.parametrize("how", ["root", "fallback"])
+def test_every_item_comes_back_in_insertion_order(made, how) -> None:
+    """Pointed at dm-reverb's checkpoint root (its latest checkpoint) or at the checkpoint
+    itself as the fallback, our server restores every item: key, priority, times sampled,
+    data, in insertion order."""
+    if how == "root":
+        checkpointer = reverb.checkpointers.DefaultCheckpointer(path=made["root"])
+    else:
+        checkpointer = reverb.checkpointers.DefaultCheckpointer(
+            path=made["root"] + "-ours", fallback_checkpoint_path=made["path"]
+        )
+    server = reverb.Server(_drain_tables(), checkpointer=checkpointer)
+    try:
+        client = server.localhost_client()
+        for name in NAMES:
+            expected = made["items"][name]
+            assert client.server_info()[name].current_size == len(expected), name
+            got = list(client.sample(name, len(expected), emit_timesteps=False, timeout=10))
+            for want, sample in zip(expected, got):
+                assert _data(name, sample.data) == want["data"], name
+                assert sample.info.priority == want["priority"], (name, want)
+                # Sampling once more counted the draw.
+                assert sample.info.times_sampled == want["times_sampled"] + 1, (name, want)
+                if want["key"] is not None:
+                    assert int(sample.info.key) == want["key"], (name, want)
+            assert client.server_info()[name].current_size == 0
+    finally:
+        server.stop()
+
+
+def test_tables_serve_as_the_reference_would(made) -> None:
+    """Restored into tables configured as dm-reverb's were: the counters, episodes and
+    sampling probabilities the reference reported."""
+    tables = [
+        reverb.Table(
+            "prio",
+            reverb.selectors.Prioritized(0.8),
+            reverb.selectors.Fifo(),
+            100,
+            reverb.rate_limiters.MinSize(1),
+        ),
+        reverb.Table(
+            "uniform",
+            reverb.selectors.Uniform(),
+            reverb.selectors.Fifo(),
+            100,
+            reverb.rate_limiters.SampleToInsertRatio(2.0, 1, 1000.0),
+            max_times_sampled=50,
+        ),
+        reverb.Table(
+            "fifo",
+            reverb.selectors.Fifo(),
+            reverb.selectors.Fifo(),
+            3,
+            reverb.rate_limiters.MinSize(1),
+        ),
+        reverb.Table.queue("queue", 10),
+    ]
+    server = reverb.Server(
+        tables, checkpointer=reverb.checkpointers.DefaultCheckpointer(made["root"])
+    )
+    try:
+        client = server.localhost_client()
+        info = client.server_info()
+        for name, want in made["info"].items():
+            t = info[name]
+            got = {
+                "size": t.current_size,
+                "episodes": t.num_episodes,
+                "deleted_episodes": t.num_deleted_episodes,
+                "inserts": t.rate_limiter_info.insert_stats.completed,
+                "samples": t.rate_limiter_info.sample_stats.completed,
+            }
+            assert got == want, name
+        priorities = {i["key"]: i["priority"] for i in made["items"]["prio"]}
+        total = sum(p**0.8 for p in priorities.values())
+        for sample in client.sample("prio", 20, emit_timesteps=False, timeout=10):
+            key = int(sample.info.key)
+            assert sample.info.probability == pytest.approx(priorities[key] ** 0.8 / total)
+        # A queue hands its items out in insertion order, once.
+        first = next(client.sample("queue", 1, emit_timesteps=False, timeout=10))
+        assert _plain(first.data) == made["items"]["queue"][0]["data"]
+        assert client.server_info()["queue"].current_size == len(made["items"]["queue"]) - 1
+    finally:
+        server.stop()
+
+
+def _broken_copy(made, tmp_path, how: str) -> str:
+    copy = tmp_path / pathlib.Path(made["path"]).name
+    shutil.copytree(made["path"], copy)
+    if how == "no DONE":
+        (copy / "DONE").unlink()
+    elif how == "truncated":
+        chunks = copy / "chunks.tfrecord"
+        chunks.write_bytes(chunks.read_bytes()[:-7])
+    elif how == "flipped byte":
+        items = copy / "items.tfrecord"
+        raw = bytearray(items.read_bytes())
+        raw[len(raw) // 2] ^= 0x40
+        items.write_bytes(bytes(raw))
+    elif how == "missing chunks":
+        (copy / "chunks.tfrecord").write_bytes(b"")
+    return str(copy)
+
+
+@pytest.mark.parametrize("how", ["no DONE", "truncated", "flipped byte", "missing chunks"])
+def test_a_broken_checkpoint_is_refused_whole(made, tmp_path, how) -> None:
+    path = _broken_copy(made, tmp_path, how)
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(
+        path=str(tmp_path / "ours"), fallback_checkpoint_path=path
+    )
+    with pytest.raises(ValueError, match="dm-reverb checkpoint") as raised:
+        reverb.Server(_drain_tables(), checkpointer=checkpointer)
+    assert path in str(raised.value)
