@@ -105,16 +105,9 @@ class TFClient:
     ) -> Any:
         """Sets `priorities[i]` on item `keys[i]` of `table`; unknown keys are ignored. Fails
         with DEADLINE_EXCEEDED after `timeout_ms` if >= 0."""
+        # Shapes are checked when the op runs (InvalidArgumentError), as the reference does.
         keys = tf.convert_to_tensor(keys, tf.uint64)
         priorities = tf.convert_to_tensor(priorities, tf.float64)
-        if not keys.shape.is_compatible_with(priorities.shape):
-            # The reference's kernel error (raised here, before the op runs).
-            raise tf.errors.InvalidArgumentError(
-                None,
-                None,
-                f"Tensors `keys` and `priorities` do not match in shape "
-                f"({keys.shape.as_list()} vs. {priorities.shape.as_list()})",
-            )
         with tf.name_scope(name or f"{self._name}_update_priorities"):
             return self._ops.reverb_rs_client_update_priorities(
                 table,

@@ -260,17 +260,62 @@ def test_destroying_an_iterator_stops_its_sampler(server) -> None:
 
 
 def test_dtype_mismatch_names_the_column(server) -> None:
+    """The reference's message for a table without a signature, with our column names."""
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(_address(server), dtypes={"obs": tf.float64, "action": tf.int32})
-    with pytest.raises(tf.errors.InvalidArgumentError, match="'obs'.*float32.*float64"):
+    expected = (
+        r"Received incompatible tensor at flattened index 1 from table 'q'.  Specification has "
+        r"\(dtype, shape\): \(double, \[2,3\]\).  Tensor has \(dtype, shape\): \(float, \[2,3\]\)."
+        r"\nTable signature: 0: Tensor<name: 'action', dtype: int32, shape: \[\]>, "
+        r"1: Tensor<name: 'obs', dtype: double, shape: \[2,3\]>"
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
         next(iter(ds))
 
 
 def test_shape_mismatch_names_the_column(server) -> None:
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(_address(server), shapes={"obs": [2, 4], "action": []})
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'obs'.*\[2, 3\].*\[2, 4\]"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"(?s)\(float, \[2,4\]\).*\(float, \[2,3\]\).*name: 'obs'"
+    ):
         next(iter(ds))
+
+
+@pytest.mark.parametrize("cls", ["TrajectoryDataset", "TimestepDataset"])
+def test_requests_that_do_not_fit_the_signature_are_refused_before_sampling(server, cls) -> None:
+    """Against a table with a signature the declared columns are checked before any item is
+    sampled (nothing is taken from the queue), with the reference's messages."""
+    _write(server.localhost_client(), "sig", 3)
+    make = getattr(reverb, cls)
+    common = dict(max_in_flight_samples_per_worker=4, rate_limiter_timeout_ms=300)
+    table_signature = (
+        r"Table signature: 0: Tensor<name: 'action', dtype: int32, shape: \[\]>, "
+        r"1: Tensor<name: 'obs', dtype: float, shape: \[2,3\]>"
+    )
+    wrong_dtype = make(
+        _address(server), "sig", dtypes=(tf.int64, tf.float32), shapes=([], [2, 3]), **common
+    )
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Requested incompatible tensor at flattened index 0 from table 'sig'.  Requested "
+        r"\(dtype, shape\): \(int64, \[\]\).  Signature \(dtype, shape\): \(int32, \[\]\).  "
+        + table_signature,
+    ):
+        next(iter(wrong_dtype))
+    wrong_shape = make(
+        _address(server), "sig", dtypes=(tf.int32, tf.float32), shapes=([], [3]), **common
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index 1 .*\(float, \[3\]\)"):
+        next(iter(wrong_shape))
+    too_many = make(_address(server), "sig", dtypes=(tf.int32,) * 3, shapes=([], [], []), **common)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Inconsistent number of tensors requested from table 'sig'.  Requested 3 tensors, "
+        r"but table signature shows 2 tensors.  " + table_signature,
+    ):
+        next(iter(too_many))
+    assert server.localhost_client().server_info()["sig"].current_size == 2
 
 
 def test_unknown_dims_are_accepted(server) -> None:

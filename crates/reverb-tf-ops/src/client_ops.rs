@@ -2,7 +2,7 @@
 //! priorities. Each kernel holds a client for its `server_address` (connected lazily).
 
 use crate::kernel::{Construction, Context, Error, Kernel, Result};
-use crate::samples::{write_column, write_info, Spec, INFO_OUTPUTS};
+use crate::samples::{tf_shape, write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::signature::{check_step, decode_signature, Spec as SignatureSpec};
 use reverb_client::tensor::{dtype_name, dtype_size, encode_strings, DT_STRING};
@@ -248,9 +248,9 @@ impl Kernel for ClientUpdatePriorities {
         let priorities = ctx.input(2)?;
         if keys.shape() != priorities.shape() {
             return Err(Error::invalid(format!(
-                "keys and priorities must have the same shape, got {:?} and {:?}",
-                keys.shape(),
-                priorities.shape()
+                "Tensors `keys` and `priorities` do not match in shape ({} vs. {})",
+                tf_shape(Some(&keys.shape())),
+                tf_shape(Some(&priorities.shape()))
             )));
         }
         let updates: Vec<(u64, f64)> = keys

@@ -13,7 +13,9 @@ use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{same_shapes, steps, write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::sampler::{Sampler, SamplerOptions};
+use reverb_client::signature::decode_signature;
 use reverb_client::{runtime, Client, PlannedSample};
+use reverb_proto::TableInfo;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -74,7 +76,25 @@ struct State {
     sampler: Option<Sampler>,
     pending: VecDeque<PlannedSample>,
     ended: bool,
+    /// The table's signature, fetched before the first sampler starts.
+    signature: Signature,
 }
+
+/// Where the check of the declared columns against the table's signature stands.
+#[derive(Default)]
+enum Signature {
+    #[default]
+    Unchecked,
+    Fetching(tokio::task::JoinHandle<reverb_client::Result<Vec<TableInfo>>>),
+    Checked,
+    /// The declared columns do not fit: every later call fails the same way (tf.data may call
+    /// again after an error, and must not sample then).
+    Refused(String),
+}
+
+/// The longest the first call of an iterator waits in all for the table's signature before
+/// sampling without the check (samples are still checked one by one).
+const SIGNATURE_WAIT: Duration = Duration::from_secs(10);
 
 impl Kernel for DatasetSample {
     fn create(c: &Construction) -> Result<Self> {
@@ -228,8 +248,45 @@ impl DatasetSample {
         Ok(take)
     }
 
+    /// Before the first sampler: checks the declared columns against the table's signature
+    /// (the reference's errors when they do not fit), waiting at most `wait` in this call.
+    /// Returns whether the check is done. A server that cannot say (unreachable, no such
+    /// table, no signature) leaves the check to each sample.
+    fn check_signature(&self, st: &mut State, wait: Duration) -> Result<bool> {
+        if let Signature::Unchecked = st.signature {
+            let client = self.clients[0].clone();
+            st.signature = Signature::Fetching(
+                runtime().spawn(async move { client.server_info(Some(SIGNATURE_WAIT)).await }),
+            );
+        }
+        let fetch = match &mut st.signature {
+            Signature::Fetching(fetch) => fetch,
+            Signature::Refused(why) => return Err(Error::invalid(why.clone())),
+            _ => return Ok(true),
+        };
+        let Ok(fetched) = runtime().block_on(async { tokio::time::timeout(wait, fetch).await })
+        else {
+            return Ok(false);
+        };
+        st.signature = Signature::Checked;
+        let Ok(Ok(infos)) = fetched else {
+            return Ok(true);
+        };
+        let info = infos.iter().find(|t| t.name == self.spec.table);
+        if let Some(Ok(Some(signature))) = info.map(|t| decode_signature(&t.signature)) {
+            if let Err(refused) = self.spec.check_signature(&signature) {
+                st.signature = Signature::Refused(refused.message.clone());
+                return Err(refused);
+            }
+        }
+        Ok(true)
+    }
+
     /// Waits at most `wait` for up to `n` samples or the end of the stream, and queues them.
     fn refill(&self, st: &mut State, n: usize, wait: Duration) -> Result<()> {
+        if st.sampler.is_none() && !self.check_signature(st, wait)? {
+            return Ok(());
+        }
         if st.sampler.is_none() {
             let clients = self.clients.iter().map(Client::reconnected);
             st.sampler = Some(Sampler::sharded(

@@ -2,6 +2,7 @@
 //! and writing them (info and data) into the kernel's outputs.
 
 use crate::kernel::{Context, Error, Result};
+use reverb_client::signature::{tf_name, Spec as SignatureSpec};
 use reverb_client::tensor::{dtype_name, dtype_size, DT_STRING};
 use reverb_client::{PlannedSample, Sample};
 use reverb_proto::SampleInfo;
@@ -128,53 +129,139 @@ impl Spec {
         })
     }
 
-    /// Checks one sample; with `timestep`, the declared shapes are those of one step.
-    pub fn check(&self, s: &impl Item, timestep: bool) -> Result<()> {
-        if s.num_columns() != self.dtypes.len() {
+    /// The declared columns as the reference prints a table signature (named by their paths
+    /// in the declared structure, where the reference prints `?`).
+    fn declared(&self) -> String {
+        let columns = self.names.iter().zip(&self.dtypes).zip(&self.shapes);
+        signature_string(columns.map(|((n, &d), s)| (n.as_str(), d, s.as_deref())))
+    }
+
+    /// Checks the declared columns against the table's signature, as the reference does when
+    /// a dataset's iterator is made, with its messages.
+    pub fn check_signature(&self, signature: &[SignatureSpec]) -> Result<()> {
+        let table = &self.table;
+        let described = signature_string(
+            signature
+                .iter()
+                .map(|s| (s.name.as_str(), s.dtype, s.shape.as_deref())),
+        );
+        if signature.len() != self.dtypes.len() {
             return Err(Error::invalid(format!(
-                "Items sampled from table '{}' have {} columns but {} dtypes were given",
-                self.table,
+                "Inconsistent number of tensors requested from table '{table}'.  Requested {} \
+                 tensors, but table signature shows {} tensors.  Table signature: {described}",
+                self.dtypes.len(),
+                signature.len()
+            )));
+        }
+        for (i, spec) in signature.iter().enumerate() {
+            let (dtype, shape) = (self.dtypes[i], self.shapes[i].as_deref());
+            if spec.dtype != dtype || !compatible(spec.shape.as_deref(), shape) {
+                return Err(Error::invalid(format!(
+                    "Requested incompatible tensor at flattened index {i} from table '{table}'.  \
+                     Requested (dtype, shape): ({}, {}).  Signature (dtype, shape): ({}, {}).  \
+                     Table signature: {described}",
+                    tf_name(dtype),
+                    tf_shape(shape),
+                    tf_name(spec.dtype),
+                    tf_shape(spec.shape.as_deref()),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks one sample; with `timestep`, the declared shapes are those of one step. The
+    /// messages are the reference's for a table without a signature.
+    pub fn check(&self, s: &impl Item, timestep: bool) -> Result<()> {
+        let table = &self.table;
+        if s.num_columns() != self.dtypes.len() {
+            let incoming = (0..s.num_columns()).map(|c| ("?", s.dtype(c), Some(s.shape(c))));
+            return Err(Error::invalid(format!(
+                "Inconsistent number of tensors received from table '{table}'.  Specification \
+                 has {} tensors, but data coming from the table shows {} tensors.\nTable \
+                 signature: {}.\nIncoming tensor signature: {}",
+                self.dtypes.len(),
                 s.num_columns(),
-                self.dtypes.len()
+                self.declared(),
+                signature_string(incoming)
             )));
         }
         if timestep {
             steps(s)?;
         }
         for c in 0..s.num_columns() {
-            let (dtype, shape) = (s.dtype(c), s.shape(c));
-            let name = &self.names[c];
-            if dtype != self.dtypes[c] {
+            let dtype = s.dtype(c);
+            let shape = if timestep {
+                &s.shape(c)[1..]
+            } else {
+                s.shape(c)
+            };
+            if dtype != self.dtypes[c] || !compatible(self.shapes[c].as_deref(), Some(shape)) {
                 return Err(Error::invalid(format!(
-                    "Column '{name}' of an item sampled from table '{}' has dtype {} but the \
-                     declared dtype is {}",
-                    self.table,
-                    dtype_name(dtype),
-                    dtype_name(self.dtypes[c])
+                    "Received incompatible tensor at flattened index {c} from table '{table}'.  \
+                     Specification has (dtype, shape): ({}, {}).  Tensor has (dtype, shape): \
+                     ({}, {}).\nTable signature: {}",
+                    tf_name(self.dtypes[c]),
+                    tf_shape(self.shapes[c].as_deref()),
+                    tf_name(dtype),
+                    tf_shape(Some(shape)),
+                    self.declared()
                 )));
             }
             if dtype_size(dtype).is_none() && dtype != DT_STRING {
                 return Err(Error::invalid(format!(
-                    "Column '{name}' has dtype {}, which the TensorFlow ops do not support yet",
+                    "Column '{}' has dtype {}, which the TensorFlow ops do not support yet",
+                    self.names[c],
                     dtype_name(dtype)
                 )));
-            }
-            let shape = if timestep { &shape[1..] } else { shape };
-            if let Some(expected) = &self.shapes[c] {
-                let ok = expected.len() == shape.len()
-                    && expected.iter().zip(shape).all(|(&e, &a)| e < 0 || e == a);
-                if !ok {
-                    let what = if timestep { "step shape" } else { "shape" };
-                    return Err(Error::invalid(format!(
-                        "Column '{name}' of an item sampled from table '{}' has {what} {shape:?} \
-                         but the declared shape is {expected:?}",
-                        self.table
-                    )));
-                }
             }
         }
         Ok(())
     }
+}
+
+/// Whether shapes are compatible as TensorFlow's `TensorShape::IsCompatibleWith` says: an
+/// unknown rank fits any shape; otherwise the ranks agree and each size is unknown (-1) on
+/// one side or the same.
+fn compatible(a: Option<&[i64]>, b: Option<&[i64]>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x < 0 || y < 0 || x == y)
+        }
+        _ => true,
+    }
+}
+
+/// A shape as TensorFlow prints one: `[2,?]`, `[]`, `<unknown>` for an unknown rank.
+pub fn tf_shape(shape: Option<&[i64]>) -> String {
+    match shape {
+        None => "<unknown>".into(),
+        Some(dims) => {
+            let dims: Vec<String> = dims
+                .iter()
+                .map(|&d| if d < 0 { "?".into() } else { d.to_string() })
+                .collect();
+            format!("[{}]", dims.join(","))
+        }
+    }
+}
+
+/// Columns (name, dtype, shape) as the reference prints a signature:
+/// `0: Tensor<name: 'x', dtype: float, shape: [2,3]>, 1: ...`.
+fn signature_string<'a>(
+    columns: impl Iterator<Item = (&'a str, i32, Option<&'a [i64]>)>,
+) -> String {
+    let columns: Vec<String> = columns
+        .enumerate()
+        .map(|(i, (name, dtype, shape))| {
+            format!(
+                "{i}: Tensor<name: '{name}', dtype: {}, shape: {}>",
+                tf_name(dtype),
+                tf_shape(shape)
+            )
+        })
+        .collect();
+    columns.join(", ")
 }
 
 /// The number of steps of a sample whose columns all have the same leading dimension.
