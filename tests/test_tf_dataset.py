@@ -276,9 +276,8 @@ def test_dtype_mismatch_names_the_column(server) -> None:
 def test_shape_mismatch_names_the_column(server) -> None:
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(_address(server), shapes={"obs": [2, 4], "action": []})
-    with pytest.raises(
-        tf.errors.InvalidArgumentError, match=r"(?s)\(float, \[2,4\]\).*\(float, \[2,3\]\).*name: 'obs'"
-    ):
+    message = r"(?s)\(float, \[2,4\]\).*\(float, \[2,3\]\).*name: 'obs'"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         next(iter(ds))
 
 
