@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 # TensorFlow DataType values (tensorflow/core/framework/types.proto).
@@ -62,3 +64,9 @@ def from_column(column: tuple) -> np.ndarray:
         out[:] = data
         return out.reshape(shape)
     return data.view(numpy_dtype(dtype)).reshape(shape)
+
+
+def shape_string(shape: Any) -> str:
+    """A shape as the reference's messages print one: `[1,2]`, `?` for an unknown size.
+    (Beside dtypes: both name what a column holds in error messages.)"""
+    return "[" + ",".join("?" if d is None or d < 0 else str(d) for d in shape) + "]"

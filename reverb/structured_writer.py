@@ -79,16 +79,17 @@ class StructuredWriter:
                 f"A value for column {error.column} (path={path}) has already been set in the "
                 "active step by a previous (partial) append call."
             )
-        want = (_dtypes.numpy_dtype(error.expected[0]), list(error.expected[1]))
-        got = (_dtypes.numpy_dtype(error.got[0]), list(error.got[1]))
-        if want[0] != got[0]:
+        (want_dtype, want_shape), (got_dtype, got_shape) = error.expected, error.got
+        if want_dtype != got_dtype:
             raise ValueError(
                 f"Tensor of wrong dtype provided for column {error.column} (path={path}). Got "
-                f"{got[0]} but expected {want[0]}."
+                f"{_native.tf_dtype_name(got_dtype)} but expected "
+                f"{_native.tf_dtype_name(want_dtype)}."
             )
         raise ValueError(
             f"Tensor of incompatible shape provided for column {error.column} (path={path}). "
-            f"Got {got[1]} but expected {want[1]}."
+            f"Got {_dtypes.shape_string(got_shape)} which is incompatible with "
+            f"{_dtypes.shape_string(want_shape)}."
         )
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:

@@ -9,9 +9,10 @@ cells, and `create_item` builds an item from slices of that history.
 from __future__ import annotations
 
 import collections.abc
+import operator
 from typing import Any, List, Optional, Tuple
 
-from reverb import _native, _nest, errors
+from reverb import _dtypes, _native, _nest, errors
 
 Path = Tuple[Any, ...]
 # How long leaving a `with` block because of an exception waits for unconfirmed items.
@@ -115,8 +116,9 @@ class TrajectoryWriter:
                 f"{_native.tf_dtype_name(want_dtype)}."
             )
         raise ValueError(
-            f"Tensor of incompatible shape provided for column {path}. Got {list(got_shape)} "
-            f"which is incompatible with {list(want_shape)}."
+            f"Tensor of incompatible shape provided for column {path}. Got "
+            f"{_dtypes.shape_string(got_shape)} which is incompatible with "
+            f"{_dtypes.shape_string(want_shape)}."
         )
 
     # Writing.
@@ -196,6 +198,16 @@ class TrajectoryWriter:
         self, path: Path, *, num_keep_alive_refs: int, max_chunk_length: Optional[int]
     ) -> None:
         """Overrides chunking for the column at `path` (`None` chunk length: automatic)."""
+        try:
+            positive = not isinstance(num_keep_alive_refs, bool) and (
+                operator.index(num_keep_alive_refs) >= 1
+            )
+        except TypeError:
+            positive = False
+        if not positive:
+            raise ValueError(
+                f"num_keep_alive_refs ({num_keep_alive_refs}) must be a positive integer"
+            )
         if max_chunk_length is not None and not 1 <= max_chunk_length <= num_keep_alive_refs:
             raise ValueError(
                 f"max_chunk_length ({max_chunk_length}) must be None or a positive integer <= "

@@ -36,12 +36,15 @@ def T(name, f):
         kind = type(e).__name__ if kind is tf.errors.OpError else kind.__name__
         text = str(e).splitlines()[0] if str(e) else ""
     text = re.sub(r"^\{\{function_node [^}]*\}\} ", "", text)
+    # Our dataset errors arise inside a tf.data function, which TensorFlow prefixes.
+    text = re.sub(r"^Error in user-defined function passed to .*?Map: ", "", text)
     text = re.sub(r" \[Op:.*$", "", text).replace(addr, "ADDR")
     RESULTS[name] = f"{kind}: {text.split('. ')[0]}"
 
 
 dt = (tf.float32,)
 sh = (tf.TensorShape([]),)
+one = dict(max_in_flight_samples_per_worker=1, rate_limiter_timeout_ms=1000)
 for cls in ["TrajectoryDataset", "TimestepDataset"]:
     C = getattr(reverb, cls)
     for kw in [
@@ -61,6 +64,21 @@ for cls in ["TrajectoryDataset", "TimestepDataset"]:
     T(
         f"{cls}.from_table_signature nosig",
         lambda C=C: C.from_table_signature(addr, "q", max_in_flight_samples_per_worker=1),
+    )
+    T(
+        f"{cls} dtype incompatible with the signature",
+        lambda C=C: next(iter(C(addr, "sig", (tf.int64,), (tf.TensorShape([3, 3]),), **one))),
+    )
+    T(
+        f"{cls} more dtypes than the signature",
+        lambda C=C: next(iter(C(addr, "sig", dt * 2, (tf.TensorShape([2]),) * 2, **one))),
+    )
+    T(
+        f"{cls} shape received without a signature",
+        lambda C=C: (
+            c.insert([np.zeros((2, 2), np.float32)], {"q": 1.0}),
+            next(iter(C(addr, "q", dt, (tf.TensorShape([3]),), **one))),
+        ),
     )
 T("trajectory_writer(0)", lambda: c.trajectory_writer(0))
 T("writer(0)", lambda: c.writer(0))
@@ -84,6 +102,16 @@ def conf():
 
 
 T("configure(max_chunk_length=3)", conf)
+
+
+def conf_refs(n):
+    w = c.trajectory_writer(2)
+    w.append({"x": np.zeros(1)})
+    w.configure(("x",), num_keep_alive_refs=n, max_chunk_length=None)
+
+
+T("configure(num_keep_alive_refs=0)", lambda: conf_refs(0))
+T("configure(num_keep_alive_refs=-1)", lambda: conf_refs(-1))
 
 
 def wrong_dtype():

@@ -143,6 +143,14 @@ SCENARIOS: Dict[str, Tuple[List[Any], List[Any]]] = {
         ],
         steps(9),
     ),
+    # Python bools (not numpy's) in a data condition's leaf, as `{'b': True}` steps give.
+    "data_condition_on_python_bools": (
+        [sw.create_config(R["a"][-1], "q", conditions=[C.data(STEP)["c"] == 1])],
+        [
+            ("append", {"a": np.int32(i), "b": np.float32(i), "c": i % 2 == 1}, False)
+            for i in range(5)
+        ],
+    ),
     "comparisons": (
         [
             sw.create_config(R["a"][-1], "q", conditions=[C.step_index() > 1, C.step_index() < 4]),

@@ -283,6 +283,8 @@ def test_append_errors_name_the_column_and_change_nothing(served) -> None:
         match=r"incompatible shape.*\('y', 'z'\)\. Got \[3\] which is incompatible with \[2\]",
     ):
         writer.append({"x": np.float32(1), "y": {"z": np.zeros(3)}})
+    with pytest.raises(ValueError, match=r"Got \[2,2\] which is incompatible with \[2\]\."):
+        writer.append({"x": np.float32(1), "y": {"z": np.zeros((2, 2))}})
     assert writer.episode_steps == 1
     writer.append({"x": np.float32(2)}, partial_step=True)
     with pytest.raises(ValueError, match=r"\('x',\) has already been set.*set to None but got: 3"):
@@ -303,12 +305,16 @@ def test_structure_can_grow(served) -> None:
     writer.append({"a": 1})
     writer.append({"a": 2, "b": 20})
     assert set(writer.history) == {"a", "b"}
-    with pytest.raises(ValueError):  # no value for "b" at step 0
+    writer.append({"a": 3})
+    # No value for "b" at step 0 (it did not exist yet) nor at step 2 (not set).
+    with pytest.raises(ValueError):
         writer.create_item("a", 1.0, writer.history["b"][:])
-    writer.create_item("a", 1.0, {"a": writer.history["a"][:], "b": writer.history["b"][-1:]})
+    with pytest.raises(ValueError, match="cannot contain any None data references"):
+        writer.create_item("a", 1.0, writer.history["b"][1:])
+    writer.create_item("a", 1.0, {"a": writer.history["a"][-2:], "b": writer.history["b"][1:2]})
     writer.flush(timeout_ms=TMS)
     (sample,) = _drain(client, "a")
-    assert sample.data[0].tolist() == [1, 2] and sample.data[1].tolist() == [20]
+    assert sample.data[0].tolist() == [2, 3] and sample.data[1].tolist() == [20]
 
 
 def test_create_item_argument_errors(served) -> None:
@@ -329,6 +335,9 @@ def test_create_item_argument_errors(served) -> None:
         client.trajectory_writer(0)
     with pytest.raises(ValueError):
         writer.configure(("x",), num_keep_alive_refs=2, max_chunk_length=3)
+    for refs in (0, -1, 1.5, None):
+        with pytest.raises(ValueError, match=rf"num_keep_alive_refs \({refs}\) must be a positive"):
+            writer.configure(("x",), num_keep_alive_refs=refs, max_chunk_length=None)
 
 
 def test_configure_and_chunk_lengths(served) -> None:

@@ -83,6 +83,12 @@ impl Column {
         wanted.min(by_bytes)
     }
 
+    /// Whether `step` has no cell although later and earlier steps are still kept: the step
+    /// was appended without this column (the reference's history holds `None` there).
+    pub fn skipped(&self, step: u64) -> bool {
+        self.cells.front().is_some_and(|first| first.step < step) && self.cell(step).is_none()
+    }
+
     /// The cell of `step`, if still kept.
     pub fn cell(&self, step: u64) -> Option<&Cell> {
         // Cells are in step order and usually one per step: look where that puts `step`

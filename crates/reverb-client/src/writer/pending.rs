@@ -157,6 +157,13 @@ pub(super) fn build_item(
             for &(c, step) in &column.refs {
                 let col = columns.get(c);
                 let cell = col.and_then(|col| col.cell(step)).ok_or_else(|| {
+                    if col.is_some_and(|col| col.skipped(step)) {
+                        return ClientError::invalid(format!(
+                            "TrajectoryColumns cannot contain any None data references: column \
+                             {i} of the item references step {step} of writer column {c}, which \
+                             that step did not set"
+                        ));
+                    }
                     ClientError::invalid(format!(
                         "Column {i} of the item references step {step} of writer column {c}, \
                          which has expired (increase num_keep_alive_refs) or was never written"
