@@ -68,6 +68,8 @@ EXPECTED: Dict[str, Dict[str, list]] = {
         "q": [[1.0, [[0, 1, 10]]], [1.0, [[1, 10, 11]]], [1.0, [[10, 11, 12]]]],
         "r": [],
     },
+    # Steps 1 and 3 have c == True.
+    "data_condition_on_python_bools": {"q": [[1.0, [1]], [1.0, [3]]], "r": []},
     "data_conditions": {
         "q": [[1.0, [0]], [1.0, [3]], [1.0, [6]]],
         "r": [[1.0, [i]] for i in (2, 3, 5, 6, 8)],
