@@ -43,6 +43,8 @@ WORKLOADS = [
     "latency_insert",
     "latency_sample",
     "memory",
+    "dataset_setup",
+    "tfclient_trace",
 ]
 # Lower is better for these: their ratio is reference / ours.
 LOWER_IS_BETTER = {
@@ -53,9 +55,11 @@ LOWER_IS_BETTER = {
     "memory_frames",
     "append_only",
     "import_time",
+    "dataset_setup",
+    "tfclient_trace",
 }
 # Measured in the benchmark's own process, whatever the mode: run once.
-ONE_MODE = {"import_time"}
+ONE_MODE = {"import_time", "dataset_setup", "tfclient_trace"}
 OURS_ONLY = {"writer_batched", "writer_vector"}
 
 
@@ -147,6 +151,8 @@ def main() -> None:
         "numpy_frames": "samples/s",
         "append_only": "us/append",
         "import_time": "ms",
+        "dataset_setup": "ms",
+        "tfclient_trace": "ms",
     }
     results: Dict[tuple, Dict[str, List[float]]] = {}
     for workload in workloads:

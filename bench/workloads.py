@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -671,6 +672,56 @@ def import_time(setup: Setup, seconds: float) -> dict:
     return {"value": taken * 1e3, "unit": "ms", "rss_mb": rss / 1024}
 
 
+def dataset_setup(setup: Setup, seconds: float) -> dict:
+    """Wall time, in a fresh interpreter (median of a few), to build an Acme-style dataset:
+    `from_table_signature` and `.batch` inside a `tf.data` interleave, whose function
+    TensorFlow's autograph converts."""
+    built, _ = _setup_times(setup, seconds)
+    return {"value": built * 1e3, "unit": "ms"}
+
+
+def tfclient_trace(setup: Setup, seconds: float) -> dict:
+    """Wall time, in a fresh interpreter (median of a few), of the first trace of a
+    `tf.function` that samples with `TFClient`."""
+    _, traced = _setup_times(setup, seconds)
+    return {"value": traced * 1e3, "unit": "ms"}
+
+
+def _setup_times(setup: Setup, seconds: float) -> tuple:
+    code = f"""
+import time, tensorflow as tf, reverb
+addr, table = {setup.address!r}, {SMALL!r}
+t = time.perf_counter()
+def make(_):
+    ds = reverb.TrajectoryDataset.from_table_signature(addr, table, 10)
+    return ds.batch(32, drop_remainder=True)
+ds = tf.data.Dataset.range(2).interleave(make, cycle_length=2, num_parallel_calls=2)
+built = time.perf_counter() - t
+client = reverb.TFClient(addr)
+@tf.function
+def sample():
+    return client.sample(table, [tf.float32, tf.int32, tf.float32])
+t = time.perf_counter()
+sample.get_concrete_function()
+print(built, time.perf_counter() - t)
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    runs = []
+    deadline = time.perf_counter() + seconds
+    while len(runs) < 3 or time.perf_counter() < deadline and len(runs) < 7:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+        )
+        if out.returncode != 0:
+            raise SystemExit(out.stderr[-2000:])
+        built, traced = out.stdout.split()[-2:]
+        runs.append((float(built), float(traced)))
+    return (
+        statistics.median(r[0] for r in runs),
+        statistics.median(r[1] for r in runs),
+    )
+
+
 WORKLOADS = {
     "writer_small": writer_small,
     "writer_small_nosig": writer_small_nosig,
@@ -695,6 +746,8 @@ WORKLOADS = {
     "latency_sample": latency_sample,
     "append_only": append_only,
     "import_time": import_time,
+    "dataset_setup": dataset_setup,
+    "tfclient_trace": tfclient_trace,
 }
 OURS_ONLY = {"writer_batched", "writer_vector"}
 # In bench/structured_workloads.py (imported only for them: it needs TensorFlow).

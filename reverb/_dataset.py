@@ -22,6 +22,8 @@ from reverb import _native, _nest, _tf_ops, replay_sample
 from reverb import client as client_lib
 from reverb.trajectory_iterator import check_sampler_arguments
 
+_tf_ops.keep_out_of_autograph()
+
 _instances = itertools.count(1)
 
 
@@ -190,22 +192,25 @@ def build(
             t.set_shape(tf.TensorShape([None]).concatenate(shape))
         return end, replay_sample.ReplaySample(info, tf.nest.pack_sequence_as(structure, data))
 
+    plain = tf.autograph.experimental.do_not_convert  # tf.data would convert them each time
+
     ds = tf.data.Dataset.from_tensors(0).repeat()
     ds = ds.map(sample)
-    ds = ds.take_while(lambda end, _: tf.logical_not(end))
+    ds = ds.take_while(plain(lambda end, _: tf.logical_not(end)))
     if batch_size:
         # Calls that timed out waiting return zero rows: skip them.
-        ds = ds.filter(lambda _, batch: tf.size(batch.info.key) > 0)
+        ds = ds.filter(plain(lambda _, batch: tf.size(batch.info.key) > 0))
         if not drop_remainder:
-            return ds.map(lambda _, batch: batch)
+            return ds.map(plain(lambda _, batch: batch))
 
+        @plain
         def static_batch(_: Any, batch: Any) -> Any:
             for t in tf.nest.flatten(batch):
                 t.set_shape(tf.TensorShape([batch_size]).concatenate(t.shape[1:]))
             return batch
 
         return ds.map(static_batch)
-    return ds.map(lambda _, batch: batch).unbatch()
+    return ds.map(plain(lambda _, batch: batch)).unbatch()
 
 
 def _path(path: Optional[client_lib.PathLike]) -> str:

@@ -36,3 +36,19 @@ def ops() -> Any:
 
             _module = tf.load_op_library(library_path())
         return _module
+
+
+def keep_out_of_autograph() -> None:
+    """Tells TensorFlow's autograph not to convert this package's functions. Users build
+    datasets inside `tf.data` functions (Acme's `make_reverb_dataset` in an interleave), which
+    autograph converts along with everything they call: our dataset-building Python (plain
+    Python that makes ops, no tensor-dependent control flow) took seconds to convert. The rule
+    sits where TensorFlow keeps its own (numpy, keras, ... are not converted either); without
+    it (a TensorFlow that moved it), functions are still converted, only slower."""
+    try:
+        from tensorflow.python.autograph.core import config
+    except ImportError:
+        return
+    rules = tuple(getattr(config, "CONVERSION_RULES", ()))
+    if not any(str(r) == "DoNotConvert rule for reverb" for r in rules):
+        config.CONVERSION_RULES = (config.DoNotConvert("reverb"),) + rules

@@ -11,6 +11,8 @@ import tensorflow as tf
 from reverb import _tf_ops, replay_sample
 from reverb import client as client_lib
 
+_tf_ops.keep_out_of_autograph()
+
 
 class TFClient:
     """Calls a Reverb server from TensorFlow ops. Each op holds its own connection. Not in
