@@ -39,6 +39,10 @@ def _has_tensorflow() -> bool:
             marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
         ),
         pytest.param(
+            "dataset_setup",
+            marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
+        ),
+        pytest.param(
             "structured_small",
             marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
         ),

@@ -317,6 +317,29 @@ def test_requests_that_do_not_fit_the_signature_are_refused_before_sampling(serv
     assert server.localhost_client().server_info()["sig"].current_size == 2
 
 
+def test_autograph_leaves_our_dataset_code_alone(server) -> None:
+    """Built inside a tf.data function (as Acme's make_reverb_dataset does), whose code
+    autograph converts, our dataset code is called as it is: converting it cost seconds."""
+    from tensorflow.python.autograph.impl import conversion
+
+    from reverb import _dataset
+
+    assert conversion.is_allowlisted(_dataset.build)
+    assert conversion.is_allowlisted(reverb.TrajectoryDataset.from_table_signature)
+    assert conversion.is_allowlisted(reverb.TFClient.sample)
+    _write(server.localhost_client(), "sig", 3)
+
+    def make(_):
+        ds = reverb.TrajectoryDataset.from_table_signature(
+            _address(server), "sig", 4, rate_limiter_timeout_ms=300
+        )
+        return ds.batch(2, drop_remainder=True)
+
+    ds = tf.data.Dataset.range(1).interleave(make, cycle_length=1)
+    (batch,) = list(ds)
+    assert batch.data["obs"].shape == (2, 2, 3)
+
+
 def test_unknown_dims_are_accepted(server) -> None:
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(_address(server), shapes={"obs": [None, 3], "action": None})
