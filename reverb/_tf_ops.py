@@ -38,17 +38,41 @@ def ops() -> Any:
         return _module
 
 
+# Our modules autograph need not convert: plain Python that makes ops, with no control flow on
+# tensors and no user functions called. (`reverb.pattern_dataset` is not among them: it calls
+# the user's `is_end_of_episode`, which autograph must convert, as the reference's does.)
+_PLAIN_MODULES = (
+    "reverb._dataset",
+    "reverb._dtypes",
+    "reverb._nest",
+    "reverb._signature",
+    "reverb._structure",
+    "reverb._tf_ops",
+    "reverb.client",
+    "reverb.errors",
+    "reverb.replay_sample",
+    "reverb.tf_client",
+    "reverb.timestep_dataset",
+    "reverb.trajectory_dataset",
+    "reverb.trajectory_iterator",
+)
+
+
 def keep_out_of_autograph() -> None:
-    """Tells TensorFlow's autograph not to convert this package's functions. Users build
-    datasets inside `tf.data` functions (Acme's `make_reverb_dataset` in an interleave), which
-    autograph converts along with everything they call: our dataset-building Python (plain
-    Python that makes ops, no tensor-dependent control flow) took seconds to convert. The rule
-    sits where TensorFlow keeps its own (numpy, keras, ... are not converted either); without
-    it (a TensorFlow that moved it), functions are still converted, only slower."""
+    """Tells TensorFlow's autograph not to convert our dataset and `TFClient` code. Users
+    build datasets inside `tf.data` functions (Acme's `make_reverb_dataset` in an interleave),
+    which autograph converts along with everything they call: converting ours more than
+    doubled the construction time. The rules sit where TensorFlow keeps its own (numpy,
+    keras, ... are not converted either); without them (a TensorFlow that moved them),
+    functions are still converted, only slower."""
     try:
         from tensorflow.python.autograph.core import config
     except ImportError:
         return
     rules = tuple(getattr(config, "CONVERSION_RULES", ()))
-    if not any(str(r) == "DoNotConvert rule for reverb" for r in rules):
-        config.CONVERSION_RULES = (config.DoNotConvert("reverb"),) + rules
+    known = {str(r) for r in rules}
+    ours = tuple(
+        config.DoNotConvert(m) for m in _PLAIN_MODULES if f"DoNotConvert rule for {m}" not in known
+    )
+    if ours:
+        config.CONVERSION_RULES = ours + rules

@@ -17,8 +17,6 @@ import tensorflow as tf
 from reverb import _native, _tf_ops, replay_sample, structured_writer
 from reverb.cc import patterns_pb2
 
-_tf_ops.keep_out_of_autograph()
-
 
 def _lists_to_tuples(structure: Any) -> Any:
     if isinstance(structure, list):

@@ -119,6 +119,21 @@ def test_pattern_dataset_with_info_adds_zero_infos() -> None:
     assert int(sample.data["o"]) == 0
 
 
+def test_is_end_of_episode_may_use_python_control_flow() -> None:
+    """Autograph converts the user's `is_end_of_episode` (with a Python `if` on a tensor), as
+    it does under the reference; our own dataset code is kept out of autograph, not this."""
+
+    def is_end(step):
+        if step["a"] % 6 == 5:
+            return True
+        return False
+
+    tf.autograph.set_verbosity(0)
+    with_if = reverb.PatternDataset(steps(14), _transitions(), True, is_end)
+    plain = reverb.PatternDataset(steps(14), _transitions(), True, _is_end)
+    assert [x["o"].numpy().tolist() for x in with_if] == [x["o"].numpy().tolist() for x in plain]
+
+
 def test_is_end_of_episode_must_return_a_bool_scalar() -> None:
     config = sw.create_config(R["a"][-1], "t")
     with pytest.raises(ValueError, match="Invalid `is_end_of_episode`.*must return `bool`"):

@@ -131,34 +131,69 @@ fn masked_crc(data: &[u8]) -> u32 {
     (crc.rotate_right(15)).wrapping_add(0xa282_ead8)
 }
 
-/// The time a dm-reverb checkpoint directory is named by (`2026-12-06T18:26:11.769042166+00:00`,
-/// RFC 3339 in UTC, fraction optional) as (seconds-ish date digits, nanoseconds), for ordering.
-pub fn checkpoint_time(name: &str) -> Option<(u64, u32)> {
-    let rest = name
-        .strip_suffix("+00:00")
-        .or_else(|| name.strip_suffix('Z'))?;
+/// The time a checkpoint directory is named by, as (seconds since 1970 in UTC, nanoseconds),
+/// for ordering: dm-reverb's RFC 3339 names in the machine's time zone
+/// (`2026-12-06T18:26:11.769042166+00:00`, `...T19:26:11.5+01:00`, fraction optional) and ours
+/// (`2026-12-06T18-26-11.600000000Z`).
+pub fn checkpoint_time(name: &str) -> Option<(i64, u32)> {
+    let (rest, offset) = if let Some(rest) = name.strip_suffix('Z') {
+        (rest, 0)
+    } else {
+        let at = name.len().checked_sub(6)?;
+        let (rest, zone) = (name.get(..at)?, name.get(at..)?);
+        if !zone.is_ascii() {
+            return None;
+        }
+        let z = zone.as_bytes();
+        let sign = match z[0] {
+            b'+' => 1,
+            b'-' => -1,
+            _ => return None,
+        };
+        if z[3] != b':' {
+            return None;
+        }
+        let hours: i64 = zone[1..3].parse().ok()?;
+        let minutes: i64 = zone[4..6].parse().ok()?;
+        (rest, sign * (hours * 3600 + minutes * 60))
+    };
     let (whole, fraction) = rest.split_once('.').unwrap_or((rest, ""));
     let b = whole.as_bytes();
-    if b.len() != 19 || b[10] != b'T' {
+    if b.len() != 19 || b[10] != b'T' || [4, 7].iter().any(|&i| b[i] != b'-') {
         return None;
     }
-    let mut date = 0u64;
-    for (i, &c) in b.iter().enumerate() {
-        match i {
-            4 | 7 => (c == b'-').then_some(())?,
-            10 => {}
-            13 | 16 => (c == b':' || c == b'-').then_some(())?,
-            _ => {
-                c.is_ascii_digit().then_some(())?;
-                date = date * 10 + u64::from(c - b'0');
-            }
-        }
+    if ![13, 16].iter().all(|&i| b[i] == b':' || b[i] == b'-') {
+        return None;
     }
+    let number = |at: usize, len: usize| -> Option<i64> {
+        let digits = whole.get(at..at + len)?;
+        digits
+            .bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| digits.parse().ok())?
+    };
+    let (year, month, day) = (number(0, 4)?, number(5, 2)?, number(8, 2)?);
+    let (hour, minute, second) = (number(11, 2)?, number(14, 2)?, number(17, 2)?);
     if fraction.len() > 9 || !fraction.bytes().all(|c| c.is_ascii_digit()) {
         return None;
     }
     let nanos = format!("{fraction:0<9}").parse().ok()?;
-    Some((date, nanos))
+    let days = days_from_civil(year, month, day);
+    Some((
+        days * 86_400 + hour * 3600 + minute * 60 + second - offset,
+        nanos,
+    ))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date.
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
