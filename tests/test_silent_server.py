@@ -56,6 +56,25 @@ def _timed(call) -> tuple:
     return time.monotonic() - started, error
 
 
+def test_a_validating_writer_waits_no_longer_than_its_calls_timeouts(silent_address) -> None:
+    """The first item of a table needs the table's signature: create_item does not wait the
+    silence bound for it (the item is checked when it comes), and flush's timeout covers the
+    wait."""
+    writer = reverb.Client(silent_address).trajectory_writer(1)
+    writer.append({"x": np.int32(1)})
+    took, error = _timed(lambda: writer.create_item("t", 1.0, writer.history["x"][-1:]))
+    assert error is None and took < 1.5, (took, error)
+    took, error = _timed(lambda: writer.flush(timeout_ms=2000))
+    assert isinstance(error, reverb.errors.DeadlineExceededError), error
+    assert 1.9 < took < 3, took
+    writer.append({"x": np.int32(2)})
+    took, error = _timed(lambda: writer.create_item("t", 1.0, writer.history["x"][-1:]))
+    assert error is None and took < 0.5, (took, error)
+    took, error = _timed(lambda: writer.end_episode(timeout_ms=1000))
+    assert isinstance(error, reverb.errors.DeadlineExceededError), error
+    assert 0.9 < took < 2, took
+
+
 def test_calls_with_a_timeout_end_at_it(silent_address) -> None:
     client = reverb.Client(silent_address)
     calls = {
@@ -88,11 +107,13 @@ def test_calls_without_a_timeout_end_at_the_silence_bound(silent_address) -> Non
     def writer_item() -> None:
         writer = reverb.Client(silent_address).trajectory_writer(1)
         writer.append({"x": np.int32(1)})
+        # The item waits for the table's signature in the background; flush waits for it.
         writer.create_item("t", 1.0, writer.history["x"][-1:])
+        writer.flush()
 
     calls = {
         "server_info": client.server_info,
-        "create_item": writer_item,
+        "create_item and flush": writer_item,
     }
     with ThreadPoolExecutor(len(calls)) as pool:
         results = dict(zip(calls, pool.map(_timed, calls.values())))
@@ -100,3 +121,78 @@ def test_calls_without_a_timeout_end_at_the_silence_bound(silent_address) -> Non
         assert isinstance(error, reverb.errors.UnavailableError), (name, error)
         assert "sent nothing" in str(error), (name, error)
         assert SILENCE - 0.5 < took < SILENCE + 3, (name, took)
+
+
+@pytest.fixture
+def slow_server(make_server):
+    """A server behind a proxy that holds each connection's first answer back 1.5 s (past the
+    writer's wait for the tables), then forwards everything at once."""
+    tf = pytest.importorskip("tensorflow")
+    server = make_server(
+        [
+            reverb.Table.queue("t", 10, signature={"x": tf.TensorSpec([1], tf.int32)}),
+        ]
+    )
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+    sockets = []
+
+    def pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+        try:
+            while not stop.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                if delay:
+                    time.sleep(delay)
+                    delay = 0.0
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            upstream = socket.create_connection(("127.0.0.1", server.port))
+            sockets.extend([conn, upstream])
+            threading.Thread(target=pipe, args=(conn, upstream, 0.0), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, conn, 1.5), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server, f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+        for s in sockets:
+            s.close()
+
+
+def test_items_made_before_the_signature_came_are_checked_before_they_are_sent(
+    slow_server,
+) -> None:
+    server, address = slow_server
+    writer = reverb.Client(address).trajectory_writer(1)
+    writer.append({"x": np.int32(1)})
+    # Fits the signature (int32[1]).
+    took, error = _timed(lambda: writer.create_item("t", 1.0, writer.history["x"][-1:]))
+    assert error is None and took < 1.2, (took, error)
+    # Does not (a squeezed int32 scalar): refused when the signature comes, never sent.
+    writer.create_item("t", 1.0, writer.history["x"][-1])
+    writer.append({"x": np.int32(2)})
+    writer.create_item("t", 1.0, writer.history["x"][-1:])
+    with pytest.raises(ValueError, match="signature"):
+        writer.flush(timeout_ms=10_000)
+    writer.flush(timeout_ms=10_000)
+    samples = server.localhost_client().sample("t", 2, emit_timesteps=False, timeout=5)
+    got = [s.data[0].tolist() for s in samples]
+    assert got == [[1], [2]]
+    assert server.localhost_client().server_info()["t"].current_size == 0

@@ -1,7 +1,7 @@
 //! `reverb._native.TrajectoryWriter`: the native half of `TrajectoryWriter`,
 //! `VectorTrajectoryWriter` and `Client.insert`.
 
-use crate::blocking::{deadline_ms, locked, run, wait_locked, with_views};
+use crate::blocking::{deadline_ms, locked, slices, wait_locked, with_views};
 use crate::client::PyClient;
 use crate::column::column_leaves;
 use crate::errors::{client_error, IntoPyResult};
@@ -14,9 +14,11 @@ use reverb_client::tensor::TensorView;
 use reverb_client::writer::{
     AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions, TABLES_TIMEOUT,
 };
-use reverb_client::ClientError;
+use reverb_client::{runtime, ClientError};
+use reverb_proto::TableInfo;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tonic::Code;
 
 /// Why an append was refused, naming the writer column (Python names its path). Returned,
 /// not raised: the caller turns it into the error its users expect.
@@ -71,9 +73,24 @@ fn steps_of(steps: &Bound<'_, PyAny>) -> PyResult<Steps> {
 #[pyclass(name = "TrajectoryWriter", module = "reverb._native", frozen)]
 pub(crate) struct PyTrajectoryWriter {
     pub(crate) inner: Arc<Mutex<TrajectoryWriter>>,
-    /// How long the first item of a table waits for the server's table signatures.
+    /// How long the server may take to give its tables (their signatures) to a fetch.
     pub(crate) tables_timeout: Duration,
+    /// How long the call that starts a fetch waits for it: [`TABLES_GRACE`], or the whole
+    /// fetch when the caller gave `get_signature_timeout_ms` (the reference's `create_item`
+    /// waits that long and fails with DEADLINE_EXCEEDED).
+    tables_wait: Duration,
+    /// With `validate_items`: the server's tables being fetched in the background. Items
+    /// created meanwhile are queued and checked once they arrive, before they are sent (see
+    /// `WriterOptions::defer_checks`), so no call waits longer than its own timeout for them.
+    tables: Mutex<Option<TablesFetch>>,
 }
+
+type TablesFetch = tokio::task::JoinHandle<reverb_client::Result<Vec<TableInfo>>>;
+
+/// How long `create_item` waits for the server's tables when it starts fetching them: a server
+/// that answers within it has the item checked at once (its errors raised by `create_item`),
+/// a slower or silent one has it checked when they come (its errors raised by a later call).
+const TABLES_GRACE: Duration = Duration::from_millis(500);
 
 impl PyTrajectoryWriter {
     /// Runs `f` on the writer: directly if the lock is free, otherwise without the GIL.
@@ -111,26 +128,54 @@ impl PyTrajectoryWriter {
         }
     }
 
-    /// Runs `f` on the writer once it knows `table`'s signature: with `validate_items`, the
-    /// first item of a table asks the server for its tables, waiting without the GIL.
+    /// Runs `f` (which creates items) on the writer. With `validate_items` and the
+    /// server's tables not known yet, first starts fetching them and waits up to
+    /// [`TABLES_GRACE`] (without the GIL); items created before they arrive are checked later.
     fn with_table<T: Send>(
         &self,
         py: Python<'_>,
-        table: &str,
-        mut f: impl FnMut(&mut TrajectoryWriter) -> reverb_client::Result<T> + Send,
+        f: impl FnOnce(&mut TrajectoryWriter) -> reverb_client::Result<T> + Send,
     ) -> PyResult<T> {
-        let known = self.with(py, |w| (!w.needs_tables(table)).then(|| f(w)));
-        if let Some(result) = known {
-            return result.py();
+        // (Only the call that starts a fetch waits for it; later ones queue their items.)
+        if self.with(py, |w| self.poll_tables(w)).py()? {
+            let grace = Instant::now() + self.tables_wait;
+            slices(py, Some(grace), |_| {
+                let fetch = self.tables.lock().unwrap();
+                fetch.as_ref().is_none_or(|f| f.is_finished()).then_some(())
+            })?;
+            self.with(py, |w| self.poll_tables(w)).py()?;
         }
-        let client = self.with(py, |w| w.client().clone());
-        let timeout = self.tables_timeout;
-        let infos = run(py, async move { client.server_info(Some(timeout)).await })?;
-        self.with(py, |w| {
-            w.set_tables(&infos)?;
-            f(w)
-        })
-        .py()
+        self.with(py, f).py()
+    }
+
+    /// With `validate_items` and the server's tables not known: starts fetching them (unless
+    /// a fetch runs), or hands the writer those a finished fetch got. A failed fetch is this
+    /// call's error; the next call fetches again. Returns whether it started a fetch.
+    fn poll_tables(&self, w: &mut TrajectoryWriter) -> reverb_client::Result<bool> {
+        if !w.tables_unknown() {
+            return Ok(false);
+        }
+        let mut fetch = self.tables.lock().unwrap();
+        match fetch.take() {
+            None => {
+                let client = w.client().clone();
+                let timeout = self.tables_timeout;
+                *fetch =
+                    Some(runtime().spawn(async move { client.server_info(Some(timeout)).await }));
+                Ok(true)
+            }
+            Some(running) if !running.is_finished() => {
+                *fetch = Some(running);
+                Ok(false)
+            }
+            Some(done) => {
+                let infos = runtime().block_on(done).map_err(|e| {
+                    ClientError::new(Code::Internal, format!("Fetching the tables: {e}"))
+                })??;
+                w.set_tables(&infos)?;
+                Ok(false)
+            }
+        }
     }
 
     /// Creates an item of `columns` in `table`, waiting without the GIL while the in-flight
@@ -143,23 +188,27 @@ impl PyTrajectoryWriter {
         columns: &[ItemColumn],
     ) -> PyResult<u64> {
         let now = Some(Instant::now());
-        let (key, sent) =
-            self.with_table(py, table, |w| w.create_item(table, priority, columns, now))?;
+        let (key, sent) = self.with_table(py, |w| w.create_item(table, priority, columns, now))?;
         if !sent {
             self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
         }
         Ok(key)
     }
 
-    /// Waits as [`wait_locked`] on this writer.
+    /// Waits as [`wait_locked`] on this writer, handing it the server's tables when they
+    /// come (queued items may wait for them).
     fn wait_until(
         &self,
         py: Python<'_>,
         deadline: Option<Instant>,
         what: &str,
-        step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool> + Send,
+        mut step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool>
+            + Send,
     ) -> PyResult<()> {
-        wait_locked(py, &self.inner, deadline, what, step)
+        wait_locked(py, &self.inner, deadline, what, |w, until| {
+            self.poll_tables(w)?;
+            step(w, until)
+        })
     }
 }
 
@@ -192,6 +241,7 @@ impl PyTrajectoryWriter {
             delta_encode,
             reconnect_timeout: Duration::from_secs_f64(reconnect_timeout),
             validate_items,
+            defer_checks: true,
         };
         let client = client.fresh(py);
         let writer = match num_envs {
@@ -202,6 +252,11 @@ impl PyTrajectoryWriter {
         Ok(Self {
             inner: Arc::new(Mutex::new(writer)),
             tables_timeout: signature_timeout_ms.map_or(TABLES_TIMEOUT, Duration::from_millis),
+            // (The fetch ends by its own timeout; the margin lets its answer arrive.)
+            tables_wait: signature_timeout_ms.map_or(TABLES_GRACE, |ms| {
+                Duration::from_millis(ms) + Duration::from_secs(1)
+            }),
+            tables: Mutex::new(None),
         })
     }
 
@@ -315,7 +370,7 @@ impl PyTrajectoryWriter {
         num_steps: u64,
     ) -> PyResult<u64> {
         let now = Some(Instant::now());
-        let (key, sent) = self.with_table(py, &table, |w| {
+        let (key, sent) = self.with_table(py, |w| {
             if num_steps == 0 || num_steps > w.episode_steps() {
                 return Err(ClientError::invalid(format!(
                     "num_steps ({num_steps}) must be within 1 and the episode's {} steps",
@@ -508,7 +563,7 @@ impl PyTrajectoryWriter {
             .map(|(field, steps, squeeze)| Ok((field, steps_of(&steps)?, squeeze)))
             .collect::<PyResult<Vec<_>>>()?;
         let now = Some(Instant::now());
-        let sent = self.with_table(py, &table, |w| {
+        let sent = self.with_table(py, |w| {
             w.create_env_items(&table, &priorities, &envs, &columns, now)
         })?;
         if !sent {

@@ -298,8 +298,12 @@ impl TrajectoryWriter {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let columns: Vec<&[ItemColumn]> = items.iter().map(Vec::as_slice).collect();
-        self.check_signature(table, &columns)?;
+        let keyed: Vec<(u64, &[ItemColumn])> = built
+            .iter()
+            .zip(&items)
+            .map(|(b, item)| (b.0, item.as_slice()))
+            .collect();
+        self.check_or_defer(table, &keyed)?;
         for item in built {
             self.pending.push(item);
         }

@@ -29,7 +29,7 @@ use crate::{runtime, writer_runtime, Client, ClientError, Result};
 use columns::{check_lengths, Columns, Row};
 use episodes::Envs;
 use pending::{build_item, Pending};
-use reverb_proto::TableInfo;
+use reverb_proto::{KeyHashMap, TableInfo};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -56,6 +56,12 @@ pub struct WriterOptions {
     /// `validate_items`): an unknown table or a mismatch fails `create_item` and nothing is
     /// queued. The signatures come from the server (see [`TrajectoryWriter::set_tables`]).
     pub validate_items: bool,
+    /// With `validate_items`: an item of a table whose signature is not known yet is queued
+    /// and checked once [`TrajectoryWriter::set_tables`] gives it, before it is sent, instead
+    /// of `create_item` asking the server and waiting. The caller fetches the tables (without
+    /// holding anyone up); until then `flush` reports not done, and a refused item fails the
+    /// call that finds it (it is dropped, the items after it stay queued).
+    pub defer_checks: bool,
 }
 
 impl Default for WriterOptions {
@@ -67,6 +73,7 @@ impl Default for WriterOptions {
             reconnect_timeout: Duration::from_secs(60),
             delta_encode: false,
             validate_items: false,
+            defer_checks: false,
         }
     }
 }
@@ -121,7 +128,16 @@ pub struct TrajectoryWriter {
     /// `set_tables` ran since the last signature check: a table missing from them is
     /// unknown to the server, not asked about again by that check.
     tables_just_set: bool,
+    /// With `defer_checks`: queued items whose table's signature was not known when they
+    /// were created, by key, with their table and their columns' dtypes and shapes.
+    unchecked: KeyHashMap<Unchecked>,
+    /// `set_tables` has run: `signatures` holds every table of the server.
+    tables_loaded: bool,
 }
+
+/// An item queued before its table's signature was known: its table, and its columns' dtypes
+/// and shapes (taken when it was created: its cells may expire before the check).
+type Unchecked = (String, Vec<(i32, Vec<i64>)>);
 
 /// How long the first item of a table waits for the server's list of tables (with
 /// `validate_items`), unless its call has an earlier deadline.
@@ -171,6 +187,8 @@ impl TrajectoryWriter {
             slow_steps: true,
             signatures: HashMap::new(),
             tables_just_set: false,
+            unchecked: KeyHashMap::default(),
+            tables_loaded: false,
         })
     }
 
@@ -381,9 +399,80 @@ impl TrajectoryWriter {
     fn queue_item(&mut self, table: &str, priority: f64, columns: &[ItemColumn]) -> Result<u64> {
         let key = self.client.new_item_key();
         let item = build_item(key, table, priority, columns, &self.columns)?;
-        self.check_signature(table, &[columns])?;
+        self.check_or_defer(table, &[(key, columns)])?;
         self.pending.push(item);
         Ok(key)
+    }
+
+    /// With `validate_items`, checks items (by key) against `table`'s signature, or, with
+    /// `defer_checks` while the server's tables are not known yet, keeps what their check
+    /// needs so they are checked before they are sent.
+    fn check_or_defer(&mut self, table: &str, items: &[(u64, &[ItemColumn])]) -> Result<()> {
+        if self.options.validate_items && self.options.defer_checks && !self.tables_loaded {
+            for &(key, columns) in items {
+                let shapes = columns
+                    .iter()
+                    .filter_map(|c| self.item_column_spec(c))
+                    .collect();
+                self.unchecked.insert(key, (table.to_owned(), shapes));
+            }
+            return Ok(());
+        }
+        let columns: Vec<&[ItemColumn]> = items.iter().map(|&(_, c)| c).collect();
+        self.check_signature(table, &columns)
+    }
+
+    /// Whether, with `validate_items`, the server's tables are not known yet (see
+    /// [`Self::set_tables`]).
+    pub fn tables_unknown(&self) -> bool {
+        self.options.validate_items && !self.tables_loaded
+    }
+
+    /// Whether queued items wait for their tables' signatures (see
+    /// [`WriterOptions::defer_checks`]).
+    pub fn awaiting_tables(&self) -> bool {
+        !self.unchecked.is_empty()
+    }
+
+    /// Checks the front item if it was queued unchecked. `Ok(false)`: its table's signature
+    /// is still unknown, it must wait. A refused item is dropped.
+    fn check_front(&mut self) -> Result<bool> {
+        let Some(key) = self.pending.front_key() else {
+            return Ok(true);
+        };
+        let Some((table, shapes)) = self.unchecked.get(&key) else {
+            return Ok(true);
+        };
+        let Some(entry) = self.signatures.get(table) else {
+            if self.tables_loaded {
+                // The server's tables are known and this one is not among them.
+                let table = table.clone();
+                self.unchecked.remove(&key);
+                self.pending.pop();
+                let mut names: Vec<&str> = self.signatures.keys().map(String::as_str).collect();
+                names.sort_unstable();
+                return Err(ClientError::new(
+                    Code::NotFound,
+                    format!(
+                        "Unable to create item in table '{table}': the server at {} has no \
+                         such table. Available tables: [{}]",
+                        self.client.address(),
+                        names.join(", ")
+                    ),
+                ));
+            }
+            return Ok(false);
+        };
+        let refused = match entry {
+            Some(specs) => check_item(table, specs, shapes).err(),
+            None => None,
+        };
+        self.unchecked.remove(&key);
+        if let Some(e) = refused {
+            self.pending.pop();
+            return Err(e);
+        }
+        Ok(true)
     }
 
     /// Whether `create_item` into `table` needs the server's tables first (see
@@ -396,6 +485,7 @@ impl TrajectoryWriter {
     pub fn set_tables(&mut self, infos: &[TableInfo]) -> Result<()> {
         self.signatures = table_signatures(infos)?;
         self.tables_just_set = true;
+        self.tables_loaded = true;
         Ok(())
     }
 
@@ -408,7 +498,8 @@ impl TrajectoryWriter {
         }
         // (A caller that just gave the tables, e.g. after a wait within its own timeout and
         // without Python's GIL, is not made to wait for them again here.)
-        if self.needs_tables(table) && !self.tables_just_set {
+        // (With `defer_checks` the caller fetches the tables: nothing waits here.)
+        if self.needs_tables(table) && !self.tables_just_set && !self.options.defer_checks {
             self.load_tables()?;
         }
         self.tables_just_set = false;
@@ -473,6 +564,9 @@ impl TrajectoryWriter {
         // chunks of items still queued included), which the next request trims.
         let mut keep: Option<Arc<Vec<u64>>> = None;
         while self.pending.front_ready() == Some(true) {
+            if !self.check_front()? {
+                break;
+            }
             // Wait for room in the in-flight window; confirmations (which make room) notify.
             {
                 // (Only the stream's failure stops here: a refusal of an earlier item is
@@ -580,7 +674,7 @@ impl TrajectoryWriter {
         let shared = self.shared.clone();
         let _urgent = shared.urgent();
         self.finalize_for_pending(false);
-        if !self.pump(deadline)? {
+        if !self.pump(deadline)? || self.awaiting_tables() {
             return Ok(false);
         }
         // Watching costs a CPU the stream and (on this host) the server need: a flush that
@@ -631,6 +725,7 @@ impl TrajectoryWriter {
         let _urgent = shared.urgent();
         let _ = self.pump(Some(Instant::now() + Duration::from_secs(1)));
         self.pending.clear();
+        self.unchecked.clear();
         self.tx = None;
     }
 
@@ -643,6 +738,7 @@ impl TrajectoryWriter {
     /// has not stored yet (e.g. waiting on a full table) are never stored.
     pub fn abort(&mut self) {
         self.pending.clear();
+        self.unchecked.clear();
         self.tx = None;
         self.task.abort();
     }

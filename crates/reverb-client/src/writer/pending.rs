@@ -45,6 +45,11 @@ impl Pending {
         Some(slots.iter().all(|s| s.finalized()))
     }
 
+    /// The key of the front item.
+    pub fn front_key(&self) -> Option<u64> {
+        self.items.front().map(|(key, _, _)| *key)
+    }
+
     /// Takes the front item.
     pub fn pop(&mut self) -> Option<Queued> {
         let (key, item, slots) = self.items.pop_front()?;
