@@ -1,5 +1,6 @@
 """Side by side with the replay buffers RL researchers also use, on the cases of
-`../shared/notes/anchors.md` (the same data for every system):
+`../shared/notes/anchors.md` (the same data for every system): cpprb and flashbax (JAX on
+the CPU, its buffer functions jit-compiled as its documentation shows):
 
 - a small transition: obs float32[8], action int32, reward float32, next_obs float32[8]
   (72 B, random floats); a frame item: obs uint8[84, 84] and a reward (7,060 B);
@@ -40,6 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Each peer's pinned requirements (its virtualenv is made from them once).
 PEERS: Dict[str, List[str]] = {
     "cpprb": ["cpprb==11.0.0", "numpy==2.4.6"],
+    # JAX on the CPU (the buffer lives on the device; here that is the CPU).
+    "flashbax": ["flashbax==0.1.3", "jax[cpu]==0.4.38", "numpy==2.2.6"],
 }
 CASES = ["sample_small", "sample_frames", "prioritized", "insert_small_1", "insert_small_256"]
 SMALL_ITEMS = 100_000
@@ -208,7 +211,94 @@ def cpprb(case: str, seconds: float) -> float:
     raise ValueError(f"unknown case {case}")
 
 
-SYSTEMS = {"ours": ours, "cpprb": cpprb}
+# --- flashbax -----------------------------------------------------------------------------
+
+
+def flashbax(case: str, seconds: float) -> float:
+    import warnings
+
+    import flashbax as fbx
+    import jax
+    import jax.numpy as jnp
+
+    warnings.filterwarnings("ignore")  # (buffer donation is a no-op on some backends)
+    key = jax.random.PRNGKey(0)
+    if case in ("sample_small", "sample_frames", "prioritized"):
+        steps = frame_steps(FRAME_ITEMS) if case == "sample_frames" else small_steps(SMALL_ITEMS)
+        n, rows = len(steps["reward"]), 1000
+        if case == "prioritized":
+            buffer = fbx.make_prioritised_flat_buffer(
+                max_length=n,
+                min_length=BATCH,
+                sample_batch_size=BATCH,
+                add_batch_size=rows,
+                priority_exponent=0.6,
+            )
+        else:
+            buffer = fbx.make_flat_buffer(
+                max_length=n, min_length=BATCH, sample_batch_size=BATCH, add_batch_size=rows
+            )
+        state = buffer.init({k: jnp.asarray(v[0]) for k, v in steps.items()})
+        add = jax.jit(buffer.add, donate_argnums=0)
+        for i in range(0, n, rows):
+            state = add(state, {k: jnp.asarray(v[i : i + rows]) for k, v in steps.items()})
+        sample = jax.jit(buffer.sample)
+        if case != "prioritized":
+
+            def draw() -> int:
+                nonlocal key
+                key, sub = jax.random.split(key)
+                jax.block_until_ready(sample(state, sub))
+                return BATCH
+
+            return timed(seconds, draw)
+        set_priorities = jax.jit(buffer.set_priorities, donate_argnums=0)
+        rng = np.random.default_rng(1)
+
+        def round_() -> int:
+            nonlocal key, state
+            key, sub = jax.random.split(key)
+            got = sample(state, sub)
+            new = jnp.asarray(rng.random(BATCH, dtype=np.float32))
+            state = jax.block_until_ready(set_priorities(state, got.indices, new))
+            return BATCH
+
+        return timed(seconds, round_)
+    if case in ("insert_small_1", "insert_small_256"):
+        one = case == "insert_small_1"
+        buffer = fbx.make_flat_buffer(
+            max_length=1_000_000,
+            min_length=2,
+            sample_batch_size=BATCH,
+            add_batch_size=None if one else BATCH,
+        )
+        steps = small_steps(1000 if one else BATCH)
+        state = buffer.init({k: jnp.asarray(v[0]) for k, v in steps.items()})
+        add = jax.jit(buffer.add, donate_argnums=0)
+        if one:
+            rows = [{k: v[t] for k, v in steps.items()} for t in range(1000)]
+
+            def ones() -> int:
+                nonlocal state
+                for row in rows:
+                    state = add(state, row)
+                jax.block_until_ready(state)
+                return 1000
+
+            return timed(seconds, ones)
+
+        def many() -> int:
+            nonlocal state
+            for _ in range(20):
+                state = add(state, steps)
+            jax.block_until_ready(state)
+            return 20 * BATCH
+
+        return timed(seconds, many)
+    raise ValueError(f"unknown case {case}")
+
+
+SYSTEMS = {"ours": ours, "cpprb": cpprb, "flashbax": flashbax}
 
 
 # --- the runner ---------------------------------------------------------------------------
