@@ -36,7 +36,22 @@ def constant_string(value: Any, what: str) -> str:
     static = tf.get_static_value(value)
     if static is None:
         raise ValueError(f"{what} must be a string or a constant string tensor, got {value!r}")
+    if getattr(static, "ndim", 0) != 0:
+        raise ValueError(f"{what} must be a scalar string tensor, got {value!r}")
+    static = static.item() if hasattr(static, "item") else static
     return static.decode() if isinstance(static, bytes) else str(static)
+
+
+def runtime_string(value: Any, what: str) -> Optional[tf.Tensor]:
+    """`value` when it is a scalar string tensor whose value is known only when the graph runs
+    (a `tf.function` argument, a placeholder); None for strings and constant tensors."""
+    if isinstance(value, (str, bytes, list, tuple)) or not tf.is_tensor(value):
+        return None
+    if tf.get_static_value(value) is not None:
+        return None
+    if value.dtype != tf.string or not value.shape.is_compatible_with([]):
+        raise ValueError(f"{what} must be a scalar string tensor, got {value!r}")
+    return value
 
 
 def server_addresses(value: Any) -> str:
@@ -143,8 +158,11 @@ def build(
         rate_limiter_timeout_ms,
         max_samples,
     )
-    address = server_addresses(server_address)
-    table_name = constant_string(table, "table")
+    # A tensor known only when the graph runs reaches the kernel as an input (its attr empty).
+    address_input = runtime_string(server_address, "server_address")
+    table_input = runtime_string(table, "table")
+    address = "" if address_input is not None else server_addresses(server_address)
+    table_name = "" if table_input is not None else constant_string(table, "table")
     flat_dtypes = [tf.as_dtype(d) for d in tf.nest.flatten(dtypes)]
     flat_shapes = tf.nest.flatten(shapes)
     ranks = [-1 if s.rank is None else s.rank for s in flat_shapes]
@@ -183,7 +201,11 @@ def build(
     @tf.autograph.experimental.do_not_convert
     def sample(_: Any) -> tuple:
         end, key, probability, table_size, priority, times_sampled, data = (
-            ops.reverb_rs_dataset_sample(**attrs)
+            ops.reverb_rs_dataset_sample(
+                server_address_input="" if address_input is None else address_input,
+                table_input="" if table_input is None else table_input,
+                **attrs,
+            )
         )
         info = replay_sample.SampleInfo(key, probability, table_size, priority, times_sampled)
         for t in info:
@@ -221,7 +243,9 @@ def _inproc_server(address: str, auth_token: Optional[str]) -> dict:
     """With a server of this process at `address` (that `auth_token` may call), the kernel
     samples its tables directly (through `reverb._native`) instead of over loopback gRPC.
     `REVERB_NO_INPROC=1` turns that off."""
-    port = None if "," in address else _native.inproc_port(address, auth_token or None)
+    if not address or "," in address:
+        return dict(inproc_library="", inproc_port=0)
+    port = _native.inproc_port(address, auth_token or None)
     if port is None:
         return dict(inproc_library="", inproc_port=0)
     return dict(inproc_library=os.path.abspath(_native.__file__), inproc_port=port)

@@ -340,6 +340,55 @@ def test_autograph_leaves_our_dataset_code_alone(server) -> None:
     assert batch.data["obs"].shape == (2, 2, 3)
 
 
+@pytest.mark.parametrize("cls", ["TrajectoryDataset", "TimestepDataset"])
+def test_server_address_and_table_may_be_tensors(server, cls) -> None:
+    """As the reference's: string tensors for the address and table, constant (eager), known
+    only when a tf.function runs (its arguments), or fed to a TF1 placeholder."""
+    make = getattr(reverb, cls)
+    step = cls == "TimestepDataset"
+    shapes = {"obs": [3] if step else [2, 3], "action": []}
+    client = server.localhost_client()
+
+    def dataset(address, table):
+        return make(
+            address,
+            table,
+            dtypes={"obs": tf.float32, "action": tf.int32},
+            shapes=shapes,
+            max_in_flight_samples_per_worker=4,
+            rate_limiter_timeout_ms=300,
+        )
+
+    def first_obs(sample) -> list:
+        return np.asarray(sample.data["obs"]).tolist()
+
+    if step:
+        client.insert({"obs": np.full([3], 5, np.float32), "action": np.int32(5)}, {"u": 1.0})
+        want = [5.0, 5.0, 5.0]
+    else:
+        _write(client, "u", 2)
+        want = [[0.0] * 3, [1.0] * 3]
+    address = tf.constant(_address(server))
+    assert first_obs(next(iter(dataset(address, tf.constant("u"))))) == want
+
+    @tf.function
+    def sample(address, table):
+        return next(iter(dataset(address, table))).data["obs"]
+
+    got = sample(tf.constant(_address(server)), tf.constant("u"))
+    assert got.numpy().tolist() == want
+    with tf.Graph().as_default():
+        fed = tf.compat.v1.placeholder(tf.string, [])
+        ds = dataset(fed, "u")
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        element = it.get_next()
+        with tf.compat.v1.Session() as session:
+            session.run(it.initializer, {fed: _address(server)})
+            assert first_obs(session.run(element)) == want
+    with pytest.raises(ValueError, match="scalar string tensor"):
+        dataset(tf.constant([_address(server)] * 2)[tf.newaxis], "u")
+
+
 def test_unknown_dims_are_accepted(server) -> None:
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(_address(server), shapes={"obs": [None, 3], "action": None})

@@ -9,6 +9,7 @@
 //! samples (the remainder at the end unless `drop_remainder`), so tf.data never touches single
 //! elements.
 
+use crate::kernel::Connection;
 use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{same_shapes, steps, write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
@@ -17,10 +18,13 @@ use reverb_client::signature::decode_signature;
 use reverb_client::{runtime, Client, PlannedSample};
 use reverb_proto::TableInfo;
 use std::collections::VecDeque;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const OP: &str = "ReverbRsDatasetSample";
-pub const INPUTS: &[&str] = &[];
+/// The server address and table when they are tensors known only when the graph runs (the
+/// `server_address` and `table` attrs are then empty); otherwise empty strings.
+pub const INPUTS: &[&str] = &["server_address_input: string", "table_input: string"];
 /// Index of the first data output (after the end flag and the info outputs).
 const DATA: usize = 1 + INFO_OUTPUTS.len();
 
@@ -60,14 +64,21 @@ pub const ATTRS: &[&str] = &[
 const WAIT: Duration = Duration::from_millis(200);
 
 pub struct DatasetSample {
-    /// Clients of the server (of each shard), which each sampler connects afresh.
-    clients: Vec<Client>,
+    /// Clients of the server (of each shard), which each sampler connects afresh, and the
+    /// columns to produce (with the table's name): from the attrs, or, when the server or
+    /// table is a tensor, from the inputs at the first call.
+    target: OnceLock<(Vec<Client>, Spec)>,
+    /// How clients connect, and the columns (without the table's name when it is an input),
+    /// for a target made at the first call.
+    connection: Connection,
+    /// The `server_address` attr (empty: the first input says).
+    address: String,
+    columns: Spec,
     options: SamplerOptions,
     max_batch: usize,
     batch_size: usize,
     drop_remainder: bool,
     timestep: bool,
-    spec: Spec,
     state: Mutex<State>,
 }
 
@@ -98,9 +109,9 @@ const SIGNATURE_WAIT: Duration = Duration::from_secs(10);
 
 impl Kernel for DatasetSample {
     fn create(c: &Construction) -> Result<Self> {
-        let table = c.string("table")?;
-        let spec = Spec::new(
-            table,
+        let (address, table) = (c.string("server_address")?, c.string("table")?);
+        let columns = Spec::new(
+            table.clone(),
             c.types("dtypes")?,
             &c.ints("ranks")?,
             &c.ints("dims")?,
@@ -108,15 +119,24 @@ impl Kernel for DatasetSample {
         )?;
         let max_samples = c.int("max_samples")?;
         let timeout = c.int("rate_limiter_timeout_ms")?;
-        let mut clients = c.clients()?;
-        // A server of this process held by the Python extension is sampled through its C
-        // ABI (the Python side names it for a dataset of one server only).
-        if let [client] = clients.as_mut_slice() {
-            let exported = crate::inproc::find(&c.string("inproc_library")?, c.int("inproc_port")?);
-            *client = client.clone().with_inproc_abi(exported);
+        let connection = c.connection()?;
+        let target = OnceLock::new();
+        if !address.is_empty() && !table.is_empty() {
+            let mut clients = connection.clients(&address)?;
+            // A server of this process held by the Python extension is sampled through its C
+            // ABI (the Python side names it for a dataset of one server only).
+            if let [client] = clients.as_mut_slice() {
+                let exported =
+                    crate::inproc::find(&c.string("inproc_library")?, c.int("inproc_port")?);
+                *client = client.clone().with_inproc_abi(exported);
+            }
+            let _ = target.set((clients, columns.clone()));
         }
         Ok(Self {
-            clients,
+            target,
+            connection,
+            address,
+            columns,
             options: SamplerOptions {
                 max_in_flight_samples_per_worker: c.int("max_in_flight_samples_per_worker")?.max(1)
                     as usize,
@@ -129,12 +149,12 @@ impl Kernel for DatasetSample {
             batch_size: c.int("batch_size")?.max(0) as usize,
             drop_remainder: c.bool("drop_remainder")?,
             timestep: c.bool("timestep")?,
-            spec,
             state: Mutex::new(State::default()),
         })
     }
 
     fn compute(&self, ctx: &Context) -> Result<()> {
+        self.resolve(ctx)?;
         let mut st = self.state.lock();
         let want = self.batch_size.max(1);
         let deadline = Instant::now() + WAIT;
@@ -169,6 +189,42 @@ impl Kernel for DatasetSample {
 }
 
 impl DatasetSample {
+    /// Makes the target from the inputs at the first call when the attrs left it open.
+    fn resolve(&self, ctx: &Context) -> Result<()> {
+        if self.target.get().is_some() {
+            return Ok(());
+        }
+        let given = |i: usize, attr: &str, what: &str| -> Result<String> {
+            if attr.is_empty() {
+                ctx.input(i)?.scalar_string(what)
+            } else {
+                Ok(attr.to_owned())
+            }
+        };
+        let address = given(0, &self.address, "server_address")?;
+        let table = given(1, &self.columns.table, "table")?;
+        if address.is_empty() || table.is_empty() {
+            return Err(Error::invalid(
+                "server_address and table must be non-empty strings",
+            ));
+        }
+        let clients = self.connection.clients(&address)?;
+        let spec = Spec {
+            table,
+            ..self.columns.clone()
+        };
+        let _ = self.target.set((clients, spec));
+        Ok(())
+    }
+
+    fn clients(&self) -> &[Client] {
+        &self.target.get().expect("resolved by compute").0
+    }
+
+    fn spec(&self) -> &Spec {
+        &self.target.get().expect("resolved by compute").1
+    }
+
     fn write(&self, ctx: &Context, end: bool, batch: &[&PlannedSample]) -> Result<()> {
         let rows: usize = if self.timestep {
             batch.iter().map(|&s| steps(s)).sum::<Result<usize>>()?
@@ -190,7 +246,7 @@ impl DatasetSample {
             })
             .collect();
         write_info(ctx, 1, &repeats, &[rows as i64])?;
-        for c in 0..self.spec.dtypes.len() {
+        for c in 0..self.spec().dtypes.len() {
             if batch.is_empty() {
                 self.write_empty(ctx, c)?;
             } else {
@@ -209,7 +265,7 @@ impl DatasetSample {
             if take > 0 && !same_shapes(&st.pending[0], s, self.timestep) {
                 break;
             }
-            self.spec.check(s, self.timestep)?;
+            self.spec().check(s, self.timestep)?;
             take += 1;
         }
         Ok(take)
@@ -230,12 +286,12 @@ impl DatasetSample {
             0
         };
         for s in st.pending.iter().take(take) {
-            self.spec.check(s, self.timestep)?;
+            self.spec().check(s, self.timestep)?;
             if !same_shapes(&st.pending[0], s, self.timestep) {
                 return Err(Error::invalid(format!(
                     "Cannot batch items of table '{}' with different shapes ({:?} and {:?}); \
                      declare the varying dimensions as None and batch with padded_batch",
-                    self.spec.table,
+                    self.spec().table,
                     st.pending[0]
                         .columns
                         .iter()
@@ -254,7 +310,7 @@ impl DatasetSample {
     /// table, no signature) leaves the check to each sample.
     fn check_signature(&self, st: &mut State, wait: Duration) -> Result<bool> {
         if let Signature::Unchecked = st.signature {
-            let client = self.clients[0].clone();
+            let client = self.clients()[0].clone();
             st.signature = Signature::Fetching(
                 runtime().spawn(async move { client.server_info(Some(SIGNATURE_WAIT)).await }),
             );
@@ -272,9 +328,9 @@ impl DatasetSample {
         let Ok(Ok(infos)) = fetched else {
             return Ok(true);
         };
-        let info = infos.iter().find(|t| t.name == self.spec.table);
+        let info = infos.iter().find(|t| t.name == self.spec().table);
         if let Some(Ok(Some(signature))) = info.map(|t| decode_signature(&t.signature)) {
-            if let Err(refused) = self.spec.check_signature(&signature) {
+            if let Err(refused) = self.spec().check_signature(&signature) {
                 st.signature = Signature::Refused(refused.message.clone());
                 return Err(refused);
             }
@@ -288,10 +344,10 @@ impl DatasetSample {
             return Ok(());
         }
         if st.sampler.is_none() {
-            let clients = self.clients.iter().map(Client::reconnected);
+            let clients = self.clients().iter().map(Client::reconnected);
             st.sampler = Some(Sampler::sharded(
                 clients.collect::<reverb_client::Result<_>>()?,
-                &self.spec.table,
+                &self.spec().table,
                 self.options.clone(),
             )?);
         }
@@ -315,9 +371,9 @@ impl DatasetSample {
     /// A call with nothing to return outputs zero rows of every column.
     fn write_empty(&self, ctx: &Context, c: usize) -> Result<()> {
         let mut dims = vec![0i64];
-        if let Some(shape) = &self.spec.shapes[c] {
+        if let Some(shape) = &self.spec().shapes[c] {
             dims.extend(shape.iter().map(|&d| d.max(0)));
         }
-        ctx.output(DATA + c, self.spec.dtypes[c], &dims, 1, |_| Ok(()))
+        ctx.output(DATA + c, self.spec().dtypes[c], &dims, 1, |_| Ok(()))
     }
 }

@@ -106,6 +106,48 @@ type ListGetter<T> = unsafe extern "C" fn(
 /// Kernel construction: reads the node's attributes.
 pub struct Construction(*mut TF_OpKernelConstruction);
 
+/// How a kernel's clients connect: an auth token and TLS files (empty attrs: none, then the
+/// `REVERB_AUTH_TOKEN` / `REVERB_TLS_*` defaults apply).
+#[derive(Clone, Debug)]
+pub struct Connection {
+    token: Option<String>,
+    tls_ca: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+}
+
+impl Connection {
+    /// A client of `address`.
+    pub fn client(&self, address: &str) -> Result<reverb_client::Client> {
+        let mut client = reverb_client::Client::new(address)?;
+        if let Some(token) = &self.token {
+            client = client.with_auth_token(Some(token))?;
+        }
+        let (ca, cert, key) = (&self.tls_ca, &self.tls_cert, &self.tls_key);
+        if ca.is_some() || cert.is_some() || key.is_some() {
+            let server_name = reverb_proto::tls::env_path(reverb_proto::tls::ENV_SERVER_NAME);
+            let tls = reverb_client::transport::tls::Tls::from_paths(
+                ca.as_deref(),
+                cert.as_deref(),
+                key.as_deref(),
+                server_name.as_deref(),
+            )
+            .map_err(reverb_client::ClientError::invalid)?;
+            client = client.with_tls(tls)?;
+        }
+        Ok(client)
+    }
+
+    /// One client per address of `addresses`, a comma-separated list (the shards of a
+    /// sharded dataset).
+    pub fn clients(&self, addresses: &str) -> Result<Vec<reverb_client::Client>> {
+        addresses
+            .split(',')
+            .map(|address| self.client(address.trim()))
+            .collect()
+    }
+}
+
 impl Construction {
     fn size(&self, name: &str) -> Result<(i32, i32)> {
         let (mut list, mut total) = (0i32, 0i32);
@@ -126,35 +168,19 @@ impl Construction {
         self.client_of(&self.string("server_address")?)
     }
 
-    /// One client per address of the `server_address` attr, a comma-separated list (the
-    /// shards of a sharded dataset), each as [`Construction::client`] makes it.
-    pub fn clients(&self) -> Result<Vec<reverb_client::Client>> {
-        self.string("server_address")?
-            .split(',')
-            .map(|address| self.client_of(address.trim()))
-            .collect()
+    fn client_of(&self, address: &str) -> Result<reverb_client::Client> {
+        self.connection()?.client(address)
     }
 
-    fn client_of(&self, address: &str) -> Result<reverb_client::Client> {
-        let mut client = reverb_client::Client::new(address)?;
-        let token = self.string("auth_token")?;
-        if !token.is_empty() {
-            client = client.with_auth_token(Some(&token))?;
-        }
+    /// How clients connect (the `auth_token` and `tls_*` attrs), for clients made later.
+    pub fn connection(&self) -> Result<Connection> {
         let attr = |name| self.string(name).map(|v| (!v.is_empty()).then_some(v));
-        let (ca, cert, key) = (attr("tls_ca")?, attr("tls_cert")?, attr("tls_key")?);
-        if ca.is_some() || cert.is_some() || key.is_some() {
-            let server_name = reverb_proto::tls::env_path(reverb_proto::tls::ENV_SERVER_NAME);
-            let tls = reverb_client::transport::tls::Tls::from_paths(
-                ca.as_deref(),
-                cert.as_deref(),
-                key.as_deref(),
-                server_name.as_deref(),
-            )
-            .map_err(reverb_client::ClientError::invalid)?;
-            client = client.with_tls(tls)?;
-        }
-        Ok(client)
+        Ok(Connection {
+            token: attr("auth_token")?,
+            tls_ca: attr("tls_ca")?,
+            tls_cert: attr("tls_cert")?,
+            tls_key: attr("tls_key")?,
+        })
     }
 
     /// A `string` attribute.

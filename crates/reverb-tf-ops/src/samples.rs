@@ -83,6 +83,7 @@ const DT_UINT64: i32 = 23;
 
 /// The columns a kernel produces: dtypes, shapes (`None`: any rank; `-1`: any size) and names
 /// (column paths, for error messages).
+#[derive(Clone)]
 pub struct Spec {
     pub table: String,
     pub dtypes: Vec<i32>,
