@@ -210,6 +210,50 @@ def test_tf1_iterator_methods_as_on_the_references_datasets(server) -> None:
     assert len(pair) == 2 and set(got + pair) <= {1, 2, 3, 4}
 
 
+@pytest.mark.slow
+def test_under_mirrored_strategy_over_virtual_cpus() -> None:
+    """In a fresh process (logical devices are configured before TensorFlow's runtime
+    starts, which making a dataset does): 4 virtual CPUs, a MirroredStrategy, every step of
+    every item arrives once."""
+    import ast
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import numpy as np, tensorflow as tf
+        cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * 4)
+        import reverb
+        server = reverb.Server([reverb.Table.queue("q", 100)])
+        client = server.localhost_client()
+        with client.trajectory_writer(2) as w:
+            for i in range(40):
+                w.append({"x": np.float32(i)})
+                if i:
+                    w.create_item("q", 1.0, {"x": w.history["x"][-2:]})
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
+        ds = reverb.TimestepDataset(
+            f"localhost:{server.port}", "q", {"x": tf.float32}, {"x": tf.TensorShape([])}, 10,
+            rate_limiter_timeout_ms=500).batch(8)
+        steps = []
+        for batch in strategy.experimental_distribute_dataset(ds):
+            for part in strategy.experimental_local_results(batch):
+                steps += part.data["x"].numpy().tolist()
+        print("STEPS", sorted(steps))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("STEPS")]
+    expected = sorted([float(i) for i in range(40) for _ in (0, 1)][1:-1])
+    assert ast.literal_eval(line[len("STEPS") :]) == expected
+
+
 def test_under_tf_distribute(server) -> None:
     _write(server.localhost_client(), "q", 9)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
