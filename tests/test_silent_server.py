@@ -64,9 +64,12 @@ def test_a_validating_writer_waits_no_longer_than_its_calls_timeouts(silent_addr
     writer.append({"x": np.int32(1)})
     took, error = _timed(lambda: writer.create_item("t", 1.0, writer.history["x"][-1:]))
     assert error is None and took < 1.5, (took, error)
+    cpu = time.process_time()
     took, error = _timed(lambda: writer.flush(timeout_ms=2000))
     assert isinstance(error, reverb.errors.DeadlineExceededError), error
     assert 1.9 < took < 3, took
+    # It waited for the signatures, not spun (this process's CPU time over the 2 s).
+    assert time.process_time() - cpu < 0.5
     writer.append({"x": np.int32(2)})
     took, error = _timed(lambda: writer.create_item("t", 1.0, writer.history["x"][-1:]))
     assert error is None and took < 0.5, (took, error)
@@ -195,4 +198,25 @@ def test_items_made_before_the_signature_came_are_checked_before_they_are_sent(
     samples = server.localhost_client().sample("t", 2, emit_timesteps=False, timeout=5)
     got = [s.data[0].tolist() for s in samples]
     assert got == [[1], [2]]
+    assert server.localhost_client().server_info()["t"].current_size == 0
+
+
+def test_a_refusal_found_later_is_reported_before_the_next_call_changes_anything(
+    slow_server,
+) -> None:
+    """A deferred item refused while a later create_item sends the queue: that create_item
+    succeeds (its own item is stored once), the next call reports the refusal."""
+    server, address = slow_server
+    writer = reverb.Client(address).trajectory_writer(1)
+    writer.append({"x": np.int32(1)})
+    writer.create_item("t", 1.0, writer.history["x"][-1:])
+    writer.create_item("t", 1.0, writer.history["x"][-1])  # refused: squeezed
+    time.sleep(2.0)  # the signatures have come by now
+    writer.append({"x": np.int32(2)})
+    writer.create_item("t", 1.0, writer.history["x"][-1:])
+    with pytest.raises(ValueError, match="signature"):
+        writer.flush(timeout_ms=10_000)
+    writer.flush(timeout_ms=10_000)
+    samples = server.localhost_client().sample("t", 2, emit_timesteps=False, timeout=5)
+    assert [s.data[0].tolist() for s in samples] == [[1], [2]]
     assert server.localhost_client().server_info()["t"].current_size == 0

@@ -433,6 +433,24 @@ def test_server_address_and_table_may_be_tensors(server, cls) -> None:
         dataset(tf.constant([_address(server)] * 2)[tf.newaxis], "u")
 
 
+def test_a_reinitialized_iterator_follows_its_new_feed(server) -> None:
+    """A TF1 initializable iterator whose table is a placeholder samples the table fed at each
+    initialization."""
+    client = server.localhost_client()
+    client.insert({"obs": np.zeros([2, 3], np.float32), "action": np.int32(7)}, {"u": 1.0})
+    _write(client, "q", 2)
+    with tf.Graph().as_default():
+        table = tf.compat.v1.placeholder(tf.string, [])
+        ds = _dataset(_address(server), table, shapes={"obs": None, "action": None})
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        element = it.get_next()
+        with tf.compat.v1.Session() as session:
+            session.run(it.initializer, {table: "u"})
+            assert session.run(element).data["action"].ravel().tolist() == [7]
+            session.run(it.initializer, {table: "q"})
+            assert session.run(element).data["action"].ravel().tolist() == [1]
+
+
 def test_unknown_dims_are_accepted(server) -> None:
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(_address(server), shapes={"obs": [None, 3], "action": None})

@@ -82,10 +82,37 @@ pub(crate) struct PyTrajectoryWriter {
     /// With `validate_items`: the server's tables being fetched in the background. Items
     /// created meanwhile are queued and checked once they arrive, before they are sent (see
     /// `WriterOptions::defer_checks`), so no call waits longer than its own timeout for them.
-    tables: Mutex<Option<TablesFetch>>,
+    tables: Mutex<Fetch>,
 }
 
-type TablesFetch = tokio::task::JoinHandle<reverb_client::Result<Vec<TableInfo>>>;
+/// Where the fetch of the server's tables stands.
+#[derive(Default)]
+enum Fetch {
+    #[default]
+    Idle,
+    Running(tokio::task::JoinHandle<reverb_client::Result<Vec<TableInfo>>>),
+    /// Finished, its answer not handed to the writer yet.
+    Done(reverb_client::Result<Vec<TableInfo>>),
+}
+
+impl Fetch {
+    /// Waits for a running fetch until `until` at the latest.
+    fn wait(&mut self, until: Instant) {
+        if let Fetch::Running(handle) = self {
+            let until = tokio::time::Instant::from_std(until);
+            let joined =
+                runtime().block_on(async { tokio::time::timeout_at(until, &mut *handle).await });
+            if let Ok(joined) = joined {
+                *self = Fetch::Done(joined.unwrap_or_else(|e| {
+                    Err(ClientError::new(
+                        Code::Internal,
+                        format!("Fetching the tables: {e}"),
+                    ))
+                }));
+            }
+        }
+    }
+}
 
 /// How long `create_item` waits for the server's tables when it starts fetching them: a server
 /// that answers within it has the item checked at once (its errors raised by `create_item`),
@@ -137,45 +164,55 @@ impl PyTrajectoryWriter {
         f: impl FnOnce(&mut TrajectoryWriter) -> reverb_client::Result<T> + Send,
     ) -> PyResult<T> {
         // (Only the call that starts a fetch waits for it; later ones queue their items.)
-        if self.with(py, |w| self.poll_tables(w)).py()? {
+        if self.with(py, |w| self.poll_tables(w, None)).py()? {
             let grace = Instant::now() + self.tables_wait;
-            slices(py, Some(grace), |_| {
-                let fetch = self.tables.lock().unwrap();
-                fetch.as_ref().is_none_or(|f| f.is_finished()).then_some(())
+            slices(py, Some(grace), |until| {
+                let mut fetch = self.tables.lock().unwrap();
+                fetch.wait(until);
+                (!matches!(*fetch, Fetch::Running(_))).then_some(())
             })?;
-            self.with(py, |w| self.poll_tables(w)).py()?;
+            self.with(py, |w| self.poll_tables(w, None)).py()?;
         }
         self.with(py, f).py()
     }
 
     /// With `validate_items` and the server's tables not known: starts fetching them (unless
-    /// a fetch runs), or hands the writer those a finished fetch got. A failed fetch is this
-    /// call's error; the next call fetches again. Returns whether it started a fetch.
-    fn poll_tables(&self, w: &mut TrajectoryWriter) -> reverb_client::Result<bool> {
+    /// a fetch runs), or hands the writer those a finished fetch got; with `until`, waits for
+    /// a running fetch until then first. A failed fetch is this call's error; the next call
+    /// fetches again. Returns whether it started a fetch.
+    fn poll_tables(
+        &self,
+        w: &mut TrajectoryWriter,
+        until: Option<Instant>,
+    ) -> reverb_client::Result<bool> {
         if !w.tables_unknown() {
             return Ok(false);
         }
         let mut fetch = self.tables.lock().unwrap();
-        match fetch.take() {
-            None => {
-                let client = w.client().clone();
-                let timeout = self.tables_timeout;
-                *fetch =
-                    Some(runtime().spawn(async move { client.server_info(Some(timeout)).await }));
-                Ok(true)
-            }
-            Some(running) if !running.is_finished() => {
-                *fetch = Some(running);
-                Ok(false)
-            }
-            Some(done) => {
-                let infos = runtime().block_on(done).map_err(|e| {
-                    ClientError::new(Code::Internal, format!("Fetching the tables: {e}"))
-                })??;
-                w.set_tables(&infos)?;
-                Ok(false)
-            }
+        if let Fetch::Idle = *fetch {
+            let client = w.client().clone();
+            let timeout = self.tables_timeout;
+            *fetch = Fetch::Running(
+                runtime().spawn(async move { client.server_info(Some(timeout)).await }),
+            );
+            return Ok(true);
         }
+        match &*fetch {
+            Fetch::Running(handle) if handle.is_finished() => fetch.wait(Instant::now()),
+            Fetch::Running(_) => {
+                if let Some(until) = until {
+                    fetch.wait(until);
+                }
+            }
+            _ => {}
+        }
+        if let Fetch::Done(_) = *fetch {
+            let Fetch::Done(answer) = std::mem::take(&mut *fetch) else {
+                unreachable!("matched above");
+            };
+            w.set_tables(&answer?)?;
+        }
+        Ok(false)
     }
 
     /// Creates an item of `columns` in `table`, waiting without the GIL while the in-flight
@@ -206,7 +243,9 @@ impl PyTrajectoryWriter {
             + Send,
     ) -> PyResult<()> {
         wait_locked(py, &self.inner, deadline, what, |w, until| {
-            self.poll_tables(w)?;
+            // Items waiting for the tables: wait for them (not spin) within this slice.
+            let wait = w.awaiting_tables().then_some(until).flatten();
+            self.poll_tables(w, wait)?;
             step(w, until)
         })
     }
@@ -256,7 +295,7 @@ impl PyTrajectoryWriter {
             tables_wait: signature_timeout_ms.map_or(TABLES_GRACE, |ms| {
                 Duration::from_millis(ms) + Duration::from_secs(1)
             }),
-            tables: Mutex::new(None),
+            tables: Mutex::new(Fetch::Idle),
         })
     }
 
@@ -433,9 +472,16 @@ impl PyTrajectoryWriter {
         py.detach(|| self.inner.lock().unwrap().abort());
     }
 
-    /// Stops the writer's stream.
+    /// Stops the writer's stream (items waiting for the server's tables get a second for
+    /// them, as ready items get one to be sent).
     fn close(&self, py: Python<'_>) {
-        py.detach(|| self.inner.lock().unwrap().close());
+        py.detach(|| {
+            let mut w = self.inner.lock().unwrap();
+            if w.awaiting_tables() {
+                let _ = self.poll_tables(&mut w, Some(Instant::now() + Duration::from_secs(1)));
+            }
+            w.close();
+        });
     }
 
     /// Overrides keep-alive and chunk length of one column (a field, in every env, of a

@@ -67,7 +67,7 @@ pub struct DatasetSample {
     /// Clients of the server (of each shard), which each sampler connects afresh, and the
     /// columns to produce (with the table's name): from the attrs, or, when the server or
     /// table is a tensor, from the inputs at the first call.
-    target: OnceLock<(Vec<Client>, Spec)>,
+    target: OnceLock<(Vec<Client>, Spec, String)>,
     /// How clients connect, and the columns (without the table's name when it is an input),
     /// for a target made at the first call.
     connection: Connection,
@@ -130,7 +130,7 @@ impl Kernel for DatasetSample {
                     crate::inproc::find(&c.string("inproc_library")?, c.int("inproc_port")?);
                 *client = client.clone().with_inproc_abi(exported);
             }
-            let _ = target.set((clients, columns.clone()));
+            let _ = target.set((clients, columns.clone(), address.clone()));
         }
         Ok(Self {
             target,
@@ -189,9 +189,11 @@ impl Kernel for DatasetSample {
 }
 
 impl DatasetSample {
-    /// Makes the target from the inputs at the first call when the attrs left it open.
+    /// Makes the target from the inputs at the first call when the attrs left it open; later
+    /// calls check that the inputs did not change (one kernel samples one table).
     fn resolve(&self, ctx: &Context) -> Result<()> {
-        if self.target.get().is_some() {
+        let dynamic = self.address.is_empty() || self.columns.table.is_empty();
+        if !dynamic && self.target.get().is_some() {
             return Ok(());
         }
         let given = |i: usize, attr: &str, what: &str| -> Result<String> {
@@ -208,12 +210,23 @@ impl DatasetSample {
                 "server_address and table must be non-empty strings",
             ));
         }
+        if let Some((_, spec, was)) = self.target.get() {
+            if *was != address || spec.table != table {
+                return Err(Error::invalid(format!(
+                    "This dataset iterator samples table '{}' at {was}; it was asked for \
+                     table '{table}' at {address}: make a new iterator for another server or \
+                     table",
+                    spec.table
+                )));
+            }
+            return Ok(());
+        }
         let clients = self.connection.clients(&address)?;
         let spec = Spec {
             table,
             ..self.columns.clone()
         };
-        let _ = self.target.set((clients, spec));
+        let _ = self.target.set((clients, spec, address));
         Ok(())
     }
 

@@ -135,6 +135,16 @@ pub struct TrajectoryWriter {
     tables_loaded: bool,
 }
 
+/// What the front item of the queue may do (see `TrajectoryWriter::check_front`).
+enum Front {
+    /// Leave (checked, or never needing a check).
+    Ready,
+    /// Wait for its table's signature.
+    Waits,
+    /// It was refused and dropped.
+    Dropped,
+}
+
 /// An item queued before its table's signature was known: its table, and its columns' dtypes
 /// and shapes (taken when it was created: its cells may expire before the check).
 type Unchecked = (String, Vec<(i32, Vec<i64>)>);
@@ -434,45 +444,44 @@ impl TrajectoryWriter {
         !self.unchecked.is_empty()
     }
 
-    /// Checks the front item if it was queued unchecked. `Ok(false)`: its table's signature
-    /// is still unknown, it must wait. A refused item is dropped.
-    fn check_front(&mut self) -> Result<bool> {
+    /// Checks the front item if it was queued unchecked. A refused item is dropped, its error
+    /// kept for the next call to report (as a refusal by the server is: before that call
+    /// changes anything).
+    fn check_front(&mut self) -> Front {
         let Some(key) = self.pending.front_key() else {
-            return Ok(true);
+            return Front::Ready;
         };
         let Some((table, shapes)) = self.unchecked.get(&key) else {
-            return Ok(true);
+            return Front::Ready;
         };
-        let Some(entry) = self.signatures.get(table) else {
-            if self.tables_loaded {
-                // The server's tables are known and this one is not among them.
-                let table = table.clone();
-                self.unchecked.remove(&key);
-                self.pending.pop();
+        let refused = match self.signatures.get(table) {
+            Some(Some(specs)) => check_item(table, specs, shapes).err(),
+            Some(None) => None,
+            // The server's tables are known and this one is not among them.
+            None if self.tables_loaded => {
                 let mut names: Vec<&str> = self.signatures.keys().map(String::as_str).collect();
                 names.sort_unstable();
-                return Err(ClientError::new(
+                Some(ClientError::new(
                     Code::NotFound,
                     format!(
-                        "Unable to create item in table '{table}': the server at {} has no \
-                         such table. Available tables: [{}]",
+                        "Unable to create item in table '{table}': the server at {} has no such \
+                         table. Available tables: [{}]",
                         self.client.address(),
                         names.join(", ")
                     ),
-                ));
+                ))
             }
-            return Ok(false);
-        };
-        let refused = match entry {
-            Some(specs) => check_item(table, specs, shapes).err(),
-            None => None,
+            None => return Front::Waits,
         };
         self.unchecked.remove(&key);
-        if let Some(e) = refused {
-            self.pending.pop();
-            return Err(e);
+        match refused {
+            None => Front::Ready,
+            Some(e) => {
+                self.pending.pop();
+                self.shared.update(|p| p.rejection = Some(e));
+                Front::Dropped
+            }
         }
-        Ok(true)
     }
 
     /// Whether `create_item` into `table` needs the server's tables first (see
@@ -564,8 +573,12 @@ impl TrajectoryWriter {
         // chunks of items still queued included), which the next request trims.
         let mut keep: Option<Arc<Vec<u64>>> = None;
         while self.pending.front_ready() == Some(true) {
-            if !self.check_front()? {
-                break;
+            match self.check_front() {
+                Front::Ready => {}
+                Front::Dropped => continue,
+                // Items waiting for their tables count against the window too: a producer
+                // faster than the server's answer waits instead of queueing without bound.
+                Front::Waits => return Ok(self.unchecked.len() < window as usize),
             }
             // Wait for room in the in-flight window; confirmations (which make room) notify.
             {

@@ -143,7 +143,7 @@ const LINGER_BYTES: usize = 64 << 10;
 pub(super) const SPIN: Duration = Duration::from_micros(150);
 
 impl Shared {
-    fn update(&self, f: impl FnOnce(&mut Progress)) {
+    pub(super) fn update(&self, f: impl FnOnce(&mut Progress)) {
         let mut progress = self.progress.lock().unwrap();
         f(&mut progress);
         self.version.fetch_add(1, Ordering::SeqCst);
