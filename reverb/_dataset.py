@@ -2,9 +2,9 @@
 pipeline around the sampling kernel.
 
 The kernel (`ReverbRsDatasetSample`, one per iterator) owns a prefetching native sampler; each
-call returns all samples already queued (with `.batch(n)`, one batch or none). The pipeline is
+call returns all samples already queued, plus an end-of-sequence flag. The pipeline is
 
-    repeat -> map (V1: OUT_OF_RANGE ends it) -> unbatch
+    repeat -> map(kernel) -> take_while(not end) -> unbatch
 
 so a rate-limiter timeout or `max_samples` ends iteration cleanly (no error, nothing lost).
 """
@@ -198,13 +198,9 @@ def build(
         **_inproc_server(address, auth_token),
     )
 
-    # The kernel returns rows; in batch mode, one group of a batch's rows, or none when its
-    # call timed out waiting (the pipeline unbatches groups into batches).
-    lead = [None, batch_size if drop_remainder else None] if batch_size else [None]
-
     @tf.autograph.experimental.do_not_convert
-    def sample(_: Any) -> Any:
-        key, probability, table_size, priority, times_sampled, data = (
+    def sample(_: Any) -> tuple:
+        end, key, probability, table_size, priority, times_sampled, data = (
             ops.reverb_rs_dataset_sample(
                 server_address_input="" if address_input is None else address_input,
                 table_input="" if table_input is None else table_input,
@@ -213,16 +209,30 @@ def build(
         )
         info = replay_sample.SampleInfo(key, probability, table_size, priority, times_sampled)
         for t in info:
-            t.set_shape(lead)
+            t.set_shape([None])
         for t, shape in zip(data, flat_shapes):
-            t.set_shape(tf.TensorShape(lead).concatenate(shape))
-        return replay_sample.ReplaySample(info, tf.nest.pack_sequence_as(structure, data))
+            t.set_shape(tf.TensorShape([None]).concatenate(shape))
+        return end, replay_sample.ReplaySample(info, tf.nest.pack_sequence_as(structure, data))
 
-    # A V1 map, which does not preserve cardinality: the kernel's OUT_OF_RANGE at the end of
-    # the samples ends the dataset (a V2 map would turn it into an error). One traced function
-    # per pipeline: building a dataset costs little.
-    ds = _v1(tf.data.Dataset.from_tensors(0).repeat()).map(sample)
-    return ds.unbatch()
+    plain = tf.autograph.experimental.do_not_convert  # tf.data would convert them each time
+
+    ds = tf.data.Dataset.from_tensors(0).repeat()
+    ds = ds.map(sample)
+    ds = ds.take_while(plain(lambda end, _: tf.logical_not(end)))
+    if batch_size:
+        # Calls that timed out waiting return zero rows: skip them.
+        ds = ds.filter(plain(lambda _, batch: tf.size(batch.info.key) > 0))
+        if not drop_remainder:
+            return ds.map(plain(lambda _, batch: batch))
+
+        @plain
+        def static_batch(_: Any, batch: Any) -> Any:
+            for t in tf.nest.flatten(batch):
+                t.set_shape(tf.TensorShape([batch_size]).concatenate(t.shape[1:]))
+            return batch
+
+        return ds.map(static_batch)
+    return ds.map(plain(lambda _, batch: batch)).unbatch()
 
 
 def _path(path: Optional[client_lib.PathLike]) -> str:

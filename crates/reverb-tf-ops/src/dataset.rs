@@ -2,16 +2,15 @@
 //! kernel (one per dataset iterator) owns a prefetching sampler, created at the first call and
 //! stopped when TensorFlow deletes the kernel. A call returns every sample already queued (up
 //! to `max_batch`), so the Python side unbatches; network latency stays inside the sampler.
-//! A call returns zero rows when nothing arrived within [`WAIT`], and fails with OUT_OF_RANGE
-//! once the sampler has ended (max_samples reached, or the rate limiter timed out), which ends
-//! the dataset: the kernel runs in a V1 `map`, which does not preserve cardinality.
+//! A call returns zero rows when nothing arrived within [`WAIT`], and `end_of_sequence` once
+//! the sampler has ended (max_samples reached, or the rate limiter timed out).
 //!
-//! With `batch_size > 0` (the dataset's `.batch(n)`), a call instead returns one group of
-//! exactly `n` samples (the remainder at the end unless `drop_remainder`) or none, so tf.data
-//! never touches single elements.
+//! With `batch_size > 0` (the dataset's `.batch(n)`), a call instead returns exactly `n`
+//! samples (the remainder at the end unless `drop_remainder`), so tf.data never touches single
+//! elements.
 
 use crate::kernel::Connection;
-use crate::kernel::{code, Construction, Context, Error, Kernel, Result};
+use crate::kernel::{Construction, Context, Error, Kernel, Result};
 use crate::samples::{same_shapes, steps, write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::sampler::{Sampler, SamplerOptions};
@@ -26,11 +25,11 @@ pub const OP: &str = "ReverbRsDatasetSample";
 /// The server address and table when they are tensors known only when the graph runs (the
 /// `server_address` and `table` attrs are then empty); otherwise empty strings.
 pub const INPUTS: &[&str] = &["server_address_input: string", "table_input: string"];
-/// Index of the first data output (after the info outputs).
-const DATA: usize = INFO_OUTPUTS.len();
+/// Index of the first data output (after the end flag and the info outputs).
+const DATA: usize = 1 + INFO_OUTPUTS.len();
 
-/// Output groups: the info columns, the data columns.
-pub const OUTPUTS: &[&[&str]] = &[INFO_OUTPUTS, &["data: dtypes"]];
+/// Output groups: the end flag, the info columns, the data columns.
+pub const OUTPUTS: &[&[&str]] = &[&["end_of_sequence: bool"], INFO_OUTPUTS, &["data: dtypes"]];
 pub const ATTRS: &[&str] = &[
     "server_address: string",
     "table: string",
@@ -179,18 +178,11 @@ impl Kernel for DatasetSample {
         } else {
             self.ready_batch(&st)?
         };
-        if take == 0 && st.ended && st.pending.is_empty() {
-            // The end: OUT_OF_RANGE from a function of a map that does not preserve the
-            // cardinality (a V1 map) ends the dataset cleanly.
-            return Err(Error {
-                code: code::OUT_OF_RANGE,
-                message: format!("End of the samples of table '{}'", self.spec().table),
-            });
-        }
+        let end = take == 0 && st.ended && st.pending.is_empty();
         // Write from the queue and remove the samples only once every output is written, so a
         // failed call loses nothing.
         let batch: Vec<&PlannedSample> = st.pending.iter().take(take).collect();
-        self.write(ctx, &batch)?;
+        self.write(ctx, end, &batch)?;
         st.pending.drain(..take);
         Ok(())
     }
@@ -246,20 +238,13 @@ impl DatasetSample {
         &self.target.get().expect("resolved by compute").1
     }
 
-    /// Writes `batch`: `rows` of each output (one per step with `timestep`); in batch mode
-    /// with a leading dimension of one group (none when nothing came), which the pipeline
-    /// unbatches into its elements.
-    fn write(&self, ctx: &Context, batch: &[&PlannedSample]) -> Result<()> {
+    fn write(&self, ctx: &Context, end: bool, batch: &[&PlannedSample]) -> Result<()> {
         let rows: usize = if self.timestep {
             batch.iter().map(|&s| steps(s)).sum::<Result<usize>>()?
         } else {
             batch.len()
         };
-        let mut lead = Vec::with_capacity(2);
-        if self.batch_size > 0 {
-            lead.push(i64::from(!batch.is_empty()));
-        }
-        lead.push(rows as i64);
+        ctx.output_values(0, 10, &[], &[u8::from(end)])?;
         let repeats: Vec<(&PlannedSample, usize)> = batch
             .iter()
             .map(|&s| {
@@ -273,12 +258,12 @@ impl DatasetSample {
                 )
             })
             .collect();
-        write_info(ctx, 0, &repeats, &lead)?;
+        write_info(ctx, 1, &repeats, &[rows as i64])?;
         for c in 0..self.spec().dtypes.len() {
             if batch.is_empty() {
-                self.write_empty(ctx, c, &lead)?;
+                self.write_empty(ctx, c)?;
             } else {
-                write_column(ctx, DATA + c, c, batch, Some(&lead), self.timestep)?;
+                write_column(ctx, DATA + c, c, batch, Some(rows), self.timestep)?;
             }
         }
         Ok(())
@@ -397,8 +382,8 @@ impl DatasetSample {
     }
 
     /// A call with nothing to return outputs zero rows of every column.
-    fn write_empty(&self, ctx: &Context, c: usize, lead: &[i64]) -> Result<()> {
-        let mut dims = lead.to_vec();
+    fn write_empty(&self, ctx: &Context, c: usize) -> Result<()> {
+        let mut dims = vec![0i64];
         if let Some(shape) = &self.spec().shapes[c] {
             dims.extend(shape.iter().map(|&d| d.max(0)));
         }

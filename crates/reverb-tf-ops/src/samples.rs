@@ -340,20 +340,20 @@ pub fn write_info(
     ctx.output_values(base + 4, DT_INT32, dims, &times)
 }
 
-/// Writes column `c` of every sample, one after the other, into output `index`. `lead` holds
-/// the leading dimensions (rows, or groups and rows), `None` for a single unbatched sample.
+/// Writes column `c` of every sample, one after the other, into output `index`. `lead` is the
+/// leading dimension (rows) or `None` for a single unbatched sample.
 pub fn write_column(
     ctx: &Context,
     index: usize,
     c: usize,
     samples: &[&impl Item],
-    lead: Option<&[i64]>,
+    lead: Option<usize>,
     timestep: bool,
 ) -> Result<()> {
     let (dtype, shape) = (samples[0].dtype(c), samples[0].shape(c));
-    let mut dims = Vec::with_capacity(shape.len() + 2);
-    if let Some(lead) = lead {
-        dims.extend_from_slice(lead);
+    let mut dims = Vec::with_capacity(shape.len() + 1);
+    if let Some(rows) = lead {
+        dims.push(rows as i64);
         dims.extend_from_slice(if timestep { &shape[1..] } else { shape });
     } else {
         dims.extend_from_slice(shape);
