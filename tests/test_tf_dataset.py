@@ -211,6 +211,44 @@ def test_tf1_iterator_methods_as_on_the_references_datasets(server) -> None:
 
 
 @pytest.mark.slow
+def test_ends_cleanly_in_tf_data_debug_mode() -> None:
+    """tf.data's debug mode runs the pipeline's functions eagerly: the end of the samples
+    still ends the dataset (in a fresh process: the mode cannot be turned off)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import numpy as np, tensorflow as tf
+        tf.data.experimental.enable_debug_mode()
+        import reverb
+        server = reverb.Server([reverb.Table.queue("q", 100)])
+        client = server.localhost_client()
+        for i in range(5):
+            client.insert([np.float32(i)], {"q": 1.0})
+        ds = reverb.TrajectoryDataset(
+            f"localhost:{server.port}", "q", (tf.float32,), (tf.TensorShape([1]),), 4,
+            rate_limiter_timeout_ms=300)
+        got = [float(s.data[0][0]) for s in ds]
+        batched = reverb.TrajectoryDataset(
+            f"localhost:{server.port}", "q", (tf.float32,), (tf.TensorShape([1]),), 4,
+            rate_limiter_timeout_ms=300).batch(2)
+        for i in range(3):
+            client.insert([np.float32(i)], {"q": 1.0})
+        sizes = [int(b.info.key.shape[0]) for b in batched]
+        print("GOT", got, sizes)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("GOT")]
+    assert line == "GOT [0.0, 1.0, 2.0, 3.0, 4.0] [2, 1]"
+
+
+@pytest.mark.slow
 def test_under_mirrored_strategy_over_virtual_cpus() -> None:
     """In a fresh process (logical devices are configured before TensorFlow's runtime
     starts, which making a dataset does): 4 virtual CPUs, a MirroredStrategy, every step of
