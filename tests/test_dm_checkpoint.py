@@ -105,33 +105,11 @@ def test_every_item_comes_back_in_insertion_order(made, how) -> None:
 def test_tables_serve_as_the_reference_would(made) -> None:
     """Restored into tables configured as dm-reverb's were: the counters, episodes and
     sampling probabilities the reference reported."""
-    tables = [
-        reverb.Table(
-            "prio",
-            reverb.selectors.Prioritized(0.8),
-            reverb.selectors.Fifo(),
-            100,
-            reverb.rate_limiters.MinSize(1),
-        ),
-        reverb.Table(
-            "uniform",
-            reverb.selectors.Uniform(),
-            reverb.selectors.Fifo(),
-            100,
-            reverb.rate_limiters.SampleToInsertRatio(2.0, 1, 1000.0),
-            max_times_sampled=50,
-        ),
-        reverb.Table(
-            "fifo",
-            reverb.selectors.Fifo(),
-            reverb.selectors.Fifo(),
-            3,
-            reverb.rate_limiters.MinSize(1),
-        ),
-        reverb.Table.queue("queue", 10),
-    ]
+    # (The checkpoint's tables, as the maker makes them, without the signature.)
+    from _dm_checkpoint_maker import make_tables
+
     server = reverb.Server(
-        tables, checkpointer=reverb.checkpointers.DefaultCheckpointer(made["root"])
+        make_tables(), checkpointer=reverb.checkpointers.DefaultCheckpointer(made["root"])
     )
     try:
         client = server.localhost_client()

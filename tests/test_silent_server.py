@@ -4,6 +4,7 @@ without one within the client's silence bound (10 s) with UnavailableError sayin
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -17,8 +18,10 @@ import reverb
 SILENCE = 10.0
 
 
-@pytest.fixture
-def silent_address():
+@contextlib.contextmanager
+def _listening(on_accept):
+    """A localhost listener whose thread hands each connection to `on_accept(conn, stop)`,
+    which returns the sockets to close at the end; yields its address."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -32,7 +35,7 @@ def silent_address():
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            held.append(conn)
+            held.extend(on_accept(conn, stop))
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
@@ -44,6 +47,12 @@ def silent_address():
         listener.close()
         for conn in held:
             conn.close()
+
+
+@pytest.fixture
+def silent_address():
+    with _listening(lambda conn, stop: [conn]) as address:
+        yield address
 
 
 def _timed(call) -> tuple:
@@ -136,14 +145,8 @@ def slow_server(make_server):
             reverb.Table.queue("t", 10, signature={"x": tf.TensorSpec([1], tf.int32)}),
         ]
     )
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    listener.settimeout(0.1)
-    stop = threading.Event()
-    sockets = []
 
-    def pipe(src: socket.socket, dst: socket.socket, delay: float) -> None:
+    def pipe(src: socket.socket, dst: socket.socket, delay: float, stop) -> None:
         try:
             while not stop.is_set():
                 data = src.recv(65536)
@@ -156,27 +159,14 @@ def slow_server(make_server):
         except OSError:
             pass
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            upstream = socket.create_connection(("127.0.0.1", server.port))
-            sockets.extend([conn, upstream])
-            threading.Thread(target=pipe, args=(conn, upstream, 0.0), daemon=True).start()
-            threading.Thread(target=pipe, args=(upstream, conn, 1.5), daemon=True).start()
+    def forward(conn: socket.socket, stop) -> list:
+        upstream = socket.create_connection(("127.0.0.1", server.port))
+        threading.Thread(target=pipe, args=(conn, upstream, 0.0, stop), daemon=True).start()
+        threading.Thread(target=pipe, args=(upstream, conn, 1.5, stop), daemon=True).start()
+        return [conn, upstream]
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server, f"127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
-        for s in sockets:
-            s.close()
+    with _listening(forward) as address:
+        yield server, address
 
 
 def test_items_made_before_the_signature_came_are_checked_before_they_are_sent(

@@ -458,19 +458,7 @@ impl TrajectoryWriter {
             Some(Some(specs)) => check_item(table, specs, shapes).err(),
             Some(None) => None,
             // The server's tables are known and this one is not among them.
-            None if self.tables_loaded => {
-                let mut names: Vec<&str> = self.signatures.keys().map(String::as_str).collect();
-                names.sort_unstable();
-                Some(ClientError::new(
-                    Code::NotFound,
-                    format!(
-                        "Unable to create item in table '{table}': the server at {} has no such \
-                         table. Available tables: [{}]",
-                        self.client.address(),
-                        names.join(", ")
-                    ),
-                ))
-            }
+            None if self.tables_loaded => Some(self.unknown_table(table)),
             None => return Front::Waits,
         };
         self.unchecked.remove(&key);
@@ -482,6 +470,21 @@ impl TrajectoryWriter {
                 Front::Dropped
             }
         }
+    }
+
+    /// The error for an item of `table`, which the server's tables do not include.
+    fn unknown_table(&self, table: &str) -> ClientError {
+        let mut names: Vec<&str> = self.signatures.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        ClientError::new(
+            Code::NotFound,
+            format!(
+                "Unable to create item in table '{table}': the server at {} has no such table. \
+                 Available tables: [{}]",
+                self.client.address(),
+                names.join(", ")
+            ),
+        )
     }
 
     /// Whether `create_item` into `table` needs the server's tables first (see
@@ -513,17 +516,7 @@ impl TrajectoryWriter {
         }
         self.tables_just_set = false;
         let Some(entry) = self.signatures.get(table) else {
-            let mut names: Vec<&str> = self.signatures.keys().map(String::as_str).collect();
-            names.sort_unstable();
-            return Err(ClientError::new(
-                Code::NotFound,
-                format!(
-                    "Unable to create item in table '{table}': the server at {} has no such \
-                     table. Available tables: [{}]",
-                    self.client.address(),
-                    names.join(", ")
-                ),
-            ));
+            return Err(self.unknown_table(table));
         };
         let Some(specs) = entry else {
             return Ok(());
