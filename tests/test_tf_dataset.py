@@ -355,6 +355,31 @@ def test_dtype_mismatch_names_the_column(server) -> None:
         next(iter(ds))
 
 
+def test_a_failed_iterator_takes_no_more_items(server) -> None:
+    """After a sample that does not fit the declared spec, the (still alive) iterator's sampler
+    stops at once: items inserted next go to other samplers, and the iterator keeps failing."""
+    client = server.localhost_client()
+    _write(client, "q", 3)
+    ds = _dataset(
+        _address(server),
+        dtypes={"obs": tf.float64, "action": tf.int32},
+        rate_limiter_timeout_ms=60_000,
+    )
+    it = iter(ds)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="incompatible tensor"):
+        next(it)
+    port = server.metrics_port
+    wait_for(lambda: waiting(port, "q", "sample") == 0, 10, "the failed sampler to stop")
+    for i in range(5):
+        client.insert([np.int64(i)], {"q": 1.0})
+    got = [int(s[0].data[0]) for s in client.sample("q", num_samples=5, timeout=10)]
+    assert got == [0, 1, 2, 3, 4]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="incompatible tensor"):
+        next(it)
+    assert server.localhost_client().server_info()["q"].current_size == 0
+    del it
+
+
 def test_shape_mismatch_names_the_column(server) -> None:
     _write(server.localhost_client(), "q", 3)
     ds = _dataset(_address(server), shapes={"obs": [2, 4], "action": []})

@@ -89,6 +89,9 @@ struct State {
     ended: bool,
     /// The table's signature, fetched before the first sampler starts.
     signature: Signature,
+    /// The error that ended this iterator: its sampler is gone (so it takes no more items
+    /// from the table) and every later call fails the same way (tf.data may call again).
+    failed: Option<Error>,
 }
 
 /// Where the check of the declared columns against the table's signature stands.
@@ -98,9 +101,6 @@ enum Signature {
     Unchecked,
     Fetching(tokio::task::JoinHandle<reverb_client::Result<Vec<TableInfo>>>),
     Checked,
-    /// The declared columns do not fit: every later call fails the same way (tf.data may call
-    /// again after an error, and must not sample then).
-    Refused(String),
 }
 
 /// The longest the first call of an iterator waits in all for the table's signature before
@@ -156,6 +156,24 @@ impl Kernel for DatasetSample {
     fn compute(&self, ctx: &Context) -> Result<()> {
         self.resolve(ctx)?;
         let mut st = self.state.lock();
+        if let Some(failed) = &st.failed {
+            return Err(failed.clone());
+        }
+        let result = self.next(ctx, &mut st);
+        if let Err(e) = &result {
+            // Stops the sampler now, not when TensorFlow destroys the kernel: its requests in
+            // flight would take items nobody receives.
+            st.sampler = None;
+            st.pending.clear();
+            st.failed = Some(e.clone());
+        }
+        result
+    }
+}
+
+impl DatasetSample {
+    /// Produces this call's outputs: a batch, zero rows (nothing came in time) or the end.
+    fn next(&self, ctx: &Context, st: &mut State) -> Result<()> {
         let want = self.batch_size.max(1);
         let deadline = Instant::now() + WAIT;
         while st.pending.len() < want && !st.ended {
@@ -168,27 +186,24 @@ impl Kernel for DatasetSample {
             } else {
                 self.max_batch
             };
-            self.refill(&mut st, n, left)?;
+            self.refill(st, n, left)?;
             if self.batch_size == 0 {
                 break; // ready mode: return whatever came
             }
         }
         let take = if self.batch_size > 0 {
-            self.exact_batch(&mut st)?
+            self.exact_batch(st)?
         } else {
-            self.ready_batch(&st)?
+            self.ready_batch(st)?
         };
         let end = take == 0 && st.ended && st.pending.is_empty();
-        // Write from the queue and remove the samples only once every output is written, so a
-        // failed call loses nothing.
+        // Write from the queue and remove the samples only once every output is written.
         let batch: Vec<&PlannedSample> = st.pending.iter().take(take).collect();
         self.write(ctx, end, &batch)?;
         st.pending.drain(..take);
         Ok(())
     }
-}
 
-impl DatasetSample {
     /// Makes the target from the inputs at the first call when the attrs left it open; later
     /// calls check that the inputs did not change (one kernel samples one table).
     fn resolve(&self, ctx: &Context) -> Result<()> {
@@ -330,7 +345,6 @@ impl DatasetSample {
         }
         let fetch = match &mut st.signature {
             Signature::Fetching(fetch) => fetch,
-            Signature::Refused(why) => return Err(Error::invalid(why.clone())),
             _ => return Ok(true),
         };
         let Ok(fetched) = runtime().block_on(async { tokio::time::timeout(wait, fetch).await })
@@ -343,10 +357,7 @@ impl DatasetSample {
         };
         let info = infos.iter().find(|t| t.name == self.spec().table);
         if let Some(Ok(Some(signature))) = info.map(|t| decode_signature(&t.signature)) {
-            if let Err(refused) = self.spec().check_signature(&signature) {
-                st.signature = Signature::Refused(refused.message.clone());
-                return Err(refused);
-            }
+            self.spec().check_signature(&signature)?;
         }
         Ok(true)
     }

@@ -17,7 +17,7 @@ pub mod code {
 }
 
 /// An error for TensorFlow: a canonical code and a message.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Error {
     pub code: i32,
     pub message: String,

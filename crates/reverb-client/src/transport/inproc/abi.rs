@@ -8,6 +8,8 @@ use bytes::Bytes;
 use prost::Message;
 use reverb_proto::{ChunkData, SampleInfo};
 use std::os::raw::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::Code;
 
@@ -60,21 +62,23 @@ impl Drop for Lent {
 /// Receives the pieces of the samples, in order; `ptr` is valid only during the call.
 pub type EmitFn = unsafe extern "C" fn(sink: *mut c_void, kind: u32, ptr: *const u8, len: usize);
 
-/// `reverb_inproc_sample_v2(port, table, table_len, max_items, wait_ms, sink, emit)`:
-/// samples up to `max_items` items (none if the rate limiter blocks for `wait_ms`);
-/// returns a status code (0: OK).
+/// `reverb_inproc_sample_v3(port, table, table_len, max_items, wait_ms, cancel, sink, emit)`:
+/// samples up to `max_items` items (none if the rate limiter blocks for `wait_ms`, or once
+/// `*cancel` is set: a cancelled call takes no item after it sees the flag); returns a status
+/// code (0: OK). `cancel` stays valid for the whole call.
 pub type SampleFn = unsafe extern "C" fn(
     port: u16,
     table: *const u8,
     table_len: usize,
     max_items: usize,
     wait_ms: u64,
+    cancel: *const AtomicBool,
     sink: *mut c_void,
     emit: EmitFn,
 ) -> i32;
 
 /// The exported function's name (NUL-terminated, for `dlsym`).
-pub const SAMPLE_SYMBOL: &[u8] = b"reverb_inproc_sample_v2\0";
+pub const SAMPLE_SYMBOL: &[u8] = b"reverb_inproc_sample_v3\0";
 
 /// A server of this process held by another library, sampled through its [`SampleFn`].
 #[derive(Debug, Clone, Copy)]
@@ -137,12 +141,14 @@ const SLICE: Duration = Duration::from_millis(100);
 
 impl Exported {
     /// Up to `max_items` samples of `table`, waiting at most `wait` for the first (an
-    /// empty vector when the wait passed). Blocks: call it off the async runtime.
+    /// empty vector when the wait passed or `cancel` was set). Blocks: call it off the async
+    /// runtime.
     pub fn sample_blocking(
         &self,
         table: &str,
         max_items: usize,
         wait: Duration,
+        cancel: &AtomicBool,
     ) -> Result<Vec<PlannedSample>> {
         let mut sink = Sink::default();
         // SAFETY: `self.sample` is the exporter's function (looked up by SAMPLE_SYMBOL,
@@ -154,6 +160,7 @@ impl Exported {
                 table.len(),
                 max_items,
                 wait.as_millis() as u64,
+                cancel,
                 &mut sink as *mut Sink as *mut c_void,
                 emit,
             )
@@ -172,28 +179,34 @@ impl Exported {
 
     /// Up to `max_items` samples of `table` (never none), waiting at most
     /// `rate_limiter_timeout` for the rate limiter (then DEADLINE_EXCEEDED), in blocking
-    /// calls of at most 100 ms on the blocking pool.
+    /// calls of at most 100 ms on the blocking pool. Dropping the future cancels the call in
+    /// progress: it takes no item from then on (a caller that went away must not take items
+    /// it will never receive).
     pub async fn sample(
         self,
         table: &str,
         max_items: usize,
         rate_limiter_timeout: Option<Duration>,
     ) -> Result<Vec<PlannedSample>> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let _cancel_on_drop = CancelOnDrop(cancel.clone());
         let mut blocked = Duration::ZERO;
         loop {
             let wait = rate_limiter_timeout
                 .map_or(SLICE, |t| t.saturating_sub(blocked).min(SLICE))
                 .max(Duration::from_millis(1));
             let name = table.to_string();
-            let got =
-                tokio::task::spawn_blocking(move || self.sample_blocking(&name, max_items, wait))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(ClientError::new(
-                            Code::Internal,
-                            "in-process sampling panicked",
-                        ))
-                    })?;
+            let flag = cancel.clone();
+            let got = tokio::task::spawn_blocking(move || {
+                self.sample_blocking(&name, max_items, wait, &flag)
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(ClientError::new(
+                    Code::Internal,
+                    "in-process sampling panicked",
+                ))
+            })?;
             if !got.is_empty() {
                 return Ok(got);
             }
@@ -204,6 +217,15 @@ impl Exported {
                 ));
             }
         }
+    }
+}
+
+/// Sets its flag when dropped (with the future that owns it).
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 
