@@ -8,8 +8,12 @@
     shards = reverb.ray_servers.start(4, make_tables, checkpoint_root='/shared/replay')
     client = shards.client()          # a reverb.ShardedClient over the shards
     ...
-    shards.restart_dead()             # a shard whose actor died comes back from its checkpoint
     shards.stop()
+
+A shard whose process dies comes back on its own: Ray restarts its actor (up to
+`max_restarts` times, by default without limit), in the same bundle and on the same port, and
+the new server restores the shard's latest checkpoint. `shards.restart_dead()` starts a new
+actor by hand for a shard Ray gave up on (or one started with `max_restarts=0`).
 
 Not in the reference. Needs Ray (`pip install '.[ray]'`); `ray.init` is the caller's. Each
 shard is one actor holding one `reverb.Server`; by default the actors go to the bundles of a
@@ -21,9 +25,11 @@ the same node) and port, so its address does not change and clients carry on.
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
+from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -35,7 +41,9 @@ TableFactory = Callable[[], Sequence[reverb.Table]]
 
 class ShardServer:
     """One shard: a `reverb.Server` of the factory's tables, in a Ray actor. Restores the
-    latest checkpoint in `checkpoint_dir` (if any) when it starts."""
+    latest checkpoint in `checkpoint_dir` (if any) when it starts. Its port goes to Ray's
+    key-value store under `port_key`, so that the actor Ray restarts after a crash (with the
+    same arguments) serves on the same port."""
 
     def __init__(
         self,
@@ -43,13 +51,19 @@ class ShardServer:
         port: Optional[int],
         checkpoint_dir: Optional[str],
         server_args: Dict[str, Any],
+        port_key: Optional[str] = None,
     ) -> None:
+        if port is None and port_key is not None:
+            saved = internal_kv._internal_kv_get(port_key)
+            port = int(saved) if saved else None
         checkpointer = None
         if checkpoint_dir is not None:
             checkpointer = checkpointers.DefaultCheckpointer(checkpoint_dir)
         self._server = reverb.Server(
             list(make_tables()), port=port, checkpointer=checkpointer, **server_args
         )
+        if port_key is not None:
+            internal_kv._internal_kv_put(port_key, str(self._server.port), overwrite=True)
         self._host = ray.util.get_node_ip_address()
 
     def address(self) -> str:
@@ -64,6 +78,10 @@ class ShardServer:
     def ping(self) -> bool:
         """True (the actor is alive)."""
         return True
+
+    def pid(self) -> int:
+        """The actor's process id."""
+        return os.getpid()
 
     def stop(self) -> None:
         """Stops the server."""
@@ -92,6 +110,8 @@ class RayShards:
         self._timeout = timeout
         self._actors: List[Any] = [None] * num_shards
         self._ports: List[Optional[int]] = [None] * num_shards
+        # Where each shard's actor keeps its port across Ray's restarts of it.
+        self._port_keys = [f"reverb-shard-port/{uuid.uuid4().hex}/{i}" for i in range(num_shards)]
         self.addresses: List[str] = [""] * num_shards
         try:
             for shard in range(num_shards):
@@ -121,6 +141,7 @@ class RayShards:
                 self._ports[shard],
                 self._checkpoint_dir(shard),
                 self._server_args,
+                self._port_keys[shard],
             )
         )
         self._actors[shard] = actor
@@ -161,8 +182,9 @@ class RayShards:
         return dead
 
     def restart_dead(self) -> List[int]:
-        """Starts a new actor for each dead shard, in its bundle and on its port, from its
-        latest checkpoint (empty without `checkpoint_root`); returns their indices."""
+        """Starts a new actor for each dead shard (one Ray no longer restarts), in its bundle
+        and on its port, from its latest checkpoint (empty without `checkpoint_root`);
+        returns their indices."""
         dead = self.dead()
         for shard in dead:
             ray.kill(self._actors[shard], no_restart=True)
@@ -177,6 +199,8 @@ class RayShards:
             except ray.exceptions.RayError:
                 pass  # dead already
             ray.kill(actor, no_restart=True)
+        for key in self._port_keys:
+            internal_kv._internal_kv_del(key)
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None
@@ -191,6 +215,7 @@ def start(
     resources: Optional[Dict[str, float]] = None,
     placement_strategy: Optional[str] = "SPREAD",
     server_args: Optional[Dict[str, Any]] = None,
+    max_restarts: int = -1,
     timeout: float = 60.0,
 ) -> RayShards:
     """Starts `num_shards` replay servers as Ray actors, each with the tables `make_tables()`
@@ -200,8 +225,10 @@ def start(
     label); with `placement_strategy` ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK") they
     go to the bundles of one placement group, else wherever Ray puts them. With
     `checkpoint_root` (a directory every node can reach), shard i checkpoints into
-    `checkpoint_root/shard-<i>` and restores from there when it (re)starts. `server_args`
-    go to `reverb.Server` (e.g. `auth_token`). Ray calls wait at most `timeout` seconds.
+    `checkpoint_root/shard-<i>` and restores from there when it (re)starts. Ray restarts a
+    shard whose process died up to `max_restarts` times (-1: always; 0: never, see
+    `RayShards.restart_dead`), on the same port. `server_args` go to `reverb.Server` (e.g.
+    `auth_token`). Ray calls wait at most `timeout` seconds.
     """
     if not 1 <= num_shards <= sharded_client.MAX_SHARDS:
         raise ValueError(f"num_shards ({num_shards}) must be in [1, {sharded_client.MAX_SHARDS}]")
@@ -210,7 +237,7 @@ def start(
     if not ray.is_initialized():
         raise RuntimeError("Ray is not initialized: call ray.init() first")
     bundle: Dict[str, float] = {"CPU": float(num_cpus), **(resources or {})}
-    actor_options: Dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0}
+    actor_options: Dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": max_restarts}
     if resources:
         actor_options["resources"] = dict(resources)
     group = None

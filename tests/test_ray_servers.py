@@ -102,3 +102,45 @@ def test_start_checks_its_arguments(local_ray) -> None:
         ray_servers.start(1, "tables")
     with pytest.raises(RuntimeError, match="could not place"):
         ray_servers.start(2, list, num_cpus=3, placement_strategy="STRICT_PACK", timeout=2)
+
+
+def test_a_shard_whose_process_dies_comes_back_on_its_own(local_ray, tmp_path) -> None:
+    """Ray restarts the killed shard's actor (max_restarts), on the same port, and the new
+    server restores the shard's checkpoint: clients carry on at the same address."""
+    import os
+    import signal
+
+    from reverb import ray_servers
+
+    def make_tables():
+        return [reverb.Table.queue("q", 100)]
+
+    shards = ray_servers.start(2, make_tables, checkpoint_root=str(tmp_path), timeout=120)
+    try:
+        client = shards.client()
+        for shard in client.shards:
+            shard.insert(np.arange(3, dtype=np.int64), {"q": 1.0}, timeout=10)
+        shards.checkpoint(timeout=CALL_TIMEOUT)
+        address = shards.addresses[1]
+        pid = ray.get(shards._actors[1].pid.remote(), timeout=30)
+        os.kill(pid, signal.SIGKILL)
+
+        def back() -> bool:
+            try:
+                return ray.get(shards._actors[1].pid.remote(), timeout=30) != pid
+            except ray.exceptions.RayError:
+                return False  # dead or restarting
+
+        wait_for(back, 60, "Ray to restart the shard's actor")
+        shard = reverb.Client(address)
+        wait_for(
+            lambda: not isinstance(client.shard_info(timeout=2)[1], reverb.errors.ReverbError),
+            30,
+            "the restarted shard to serve at its old address",
+        )
+        assert shard.server_info(timeout=CALL_TIMEOUT)["q"].current_size == 1
+        assert shards.addresses[1] == address and shards.dead() == []
+        [[sample]] = shard.sample("q", num_samples=1, timeout=CALL_TIMEOUT)
+        assert sample.data[0].tolist() == [0, 1, 2]
+    finally:
+        shards.stop()
