@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import tempfile
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -12,6 +13,12 @@ import pytest
 
 import reverb
 from reverb import rate_limiters, selectors
+
+# scripts/test runs the suite against the installed wheel: it must be the package imported.
+# (Resolved: reruns under other interpreters reach it through a symlink.)
+_package = str(pathlib.Path(reverb.__file__).resolve())
+if os.environ.get("REVERB_EXPECT_INSTALLED") and "site-packages" not in _package:
+    raise RuntimeError(f"testing {_package}, not the installed wheel")
 
 # Every blocking call in the suite passes a timeout so that a bug shows up as a failure,
 # never as a hang.
@@ -75,10 +82,12 @@ def standard_tables() -> List[reverb.Table]:
 @pytest.fixture
 def rerun_under() -> Callable[..., Tuple[str, subprocess.CompletedProcess]]:
     """Runs test files with another interpreter (a virtualenv named by an environment
-    variable), loading this checkout's package and libraries through PYTHONPATH. Skips when
-    the variable is unset or `probe` fails there; asserts the run passed. Returns the probe's
-    output and the run."""
+    variable), loading the package under test (this checkout's, or the installed wheel's:
+    the `reverb` this process imported) and nothing else of ours through PYTHONPATH. Skips
+    when the variable is unset or `probe` fails there; asserts the run passed. Returns the
+    probe's output and the run."""
     root = pathlib.Path(__file__).resolve().parent.parent
+    package = pathlib.Path(reverb.__file__).resolve().parent
 
     def run(
         env_var: str, probe: str, files: Sequence[str], probe_timeout: float, **env: str
@@ -91,14 +100,20 @@ def rerun_under() -> Callable[..., Tuple[str, subprocess.CompletedProcess]]:
         )
         if checked.returncode != 0:
             pytest.skip(f"{python} cannot run {probe!r}")
-        result = subprocess.run(
-            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONPATH": str(root), **env},
-        )
+        # A directory holding only the package (the installed one sits among other
+        # packages that must not shadow the other interpreter's), as the working directory
+        # too: the checkout's own `reverb` must not be found first when testing a wheel.
+        with tempfile.TemporaryDirectory() as path:
+            (pathlib.Path(path) / "reverb").symlink_to(package, target_is_directory=True)
+            result = subprocess.run(
+                [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={root}"]
+                + [str(root / f) for f in files],
+                cwd=path,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "PYTHONPATH": path, **env},
+            )
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
         assert " passed" in result.stdout
         return checked.stdout, result

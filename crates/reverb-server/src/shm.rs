@@ -210,7 +210,9 @@ fn memfd_device() -> Option<libc::dev_t> {
     *DEVICE.get_or_init(|| {
         let name = CString::new("reverb-probe").ok()?;
         // SAFETY: a valid C string; the descriptor is checked and owned.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        // (The system call: glibc's wrapper exists only from 2.27 on, the wheel runs on 2.17.)
+        let raw = unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), libc::MFD_CLOEXEC) }
+            as libc::c_int;
         // SAFETY: `raw` is a fresh descriptor nothing else owns.
         let probe = (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw) })?;
         fstat(&probe).map(|s| s.st_dev)
@@ -302,7 +304,8 @@ mod tests {
         // An unsealed memfd of the right name could shrink under the mapping: refused.
         let name = CString::new(MEMFD_NAME).unwrap();
         // SAFETY: a valid C string; the descriptor is owned below.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::syscall(libc::SYS_memfd_create, name.as_ptr(), libc::MFD_CLOEXEC) }
+            as libc::c_int;
         // SAFETY: a fresh descriptor.
         let memfd = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
         let mut memfd_w = &memfd;

@@ -94,7 +94,13 @@ impl Ring {
         let name = CString::new(MEMFD_NAME).expect("no NUL in the name");
         // SAFETY: `name` is a valid C string; the returned descriptor is checked and owned.
         let raw = unsafe {
-            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+            // (The system call, not glibc's wrapper, which glibc has only from 2.27 on: the
+            // wheel runs on glibc 2.17.)
+            libc::syscall(
+                libc::SYS_memfd_create,
+                name.as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            ) as libc::c_int
         };
         if raw < 0 {
             return Err(io::Error::last_os_error());

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Checks the wheel as a user on a fresh machine meets it: installs it into new virtualenvs
+whose PATH has no cargo or rustc, and runs it from outside this checkout.
+
+    python3 scripts/check_wheel.py dist/dm_reverb-*.whl
+
+- With this interpreter: `pip install <wheel>[tensorflow]` into a new virtualenv, then
+  `examples/demo.py` (the README's demo: an actor process, a learner through a dataset).
+- With every other CPython >= 3.9 found on PATH (python3.9 ... python3.13; none is needed): the
+  wheel alone (numpy, protobuf), then a server, a trajectory writer and a sample."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OTHER_PYTHONS = ["python3.9", "python3.10", "python3.11", "python3.12", "python3.13"]
+SMOKE = """
+import numpy as np, reverb, sys
+server = reverb.Server([reverb.Table.queue("q", 100)])
+client = server.localhost_client()
+with client.trajectory_writer(num_keep_alive_refs=2) as w:
+    for t in range(5):
+        w.append({"obs": np.full([3], t, np.float32)})
+        if t >= 1:
+            w.create_item("q", 1.0, {"obs": w.history["obs"][-2:]})
+    w.flush(timeout_ms=10_000)
+samples = client.sample("q", num_samples=4, emit_timesteps=False, timeout=10)
+got = [s.data[0][:, 0].tolist() for s in samples]
+assert got == [[0, 1], [1, 2], [2, 3], [3, 4]], got
+assert "site-packages" in reverb.__file__, reverb.__file__
+server.stop()
+print(f"python {sys.version.split()[0]}: ok ({reverb.__file__})")
+"""
+
+
+def clean_env(venv: pathlib.Path) -> dict[str, str]:
+    """The environment of a user without Rust: the venv first, then this PATH without the
+    directories that hold cargo or rustc."""
+    rustless = [
+        d
+        for d in os.environ["PATH"].split(os.pathsep)
+        if d and not any(os.path.exists(os.path.join(d, tool)) for tool in ("cargo", "rustc"))
+    ]
+    path = os.pathsep.join([str(venv / "bin"), *rustless])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CARGO", "RUST"))}
+    env.update(PATH=path, TF_CPP_MIN_LOG_LEVEL="2", PYTHONNOUSERSITE="1")
+    env.pop("PYTHONPATH", None)
+    for tool in ("cargo", "rustc"):
+        found = shutil.which(tool, path=path)
+        if found:
+            raise SystemExit(f"{tool} is on the clean PATH ({found}): the check would not hold")
+    return env
+
+
+def install(python: str, venv: pathlib.Path, requirement: str) -> dict[str, str]:
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    env = clean_env(venv)
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--disable-pip-version-check", requirement], check=True, env=env)
+    return env
+
+
+def find_python(name: str) -> str | None:
+    """An interpreter called `name` that runs: on PATH, or one of pyenv's."""
+    candidates = [shutil.which(name)]
+    candidates += sorted(str(p) for p in pathlib.Path.home().glob(f".pyenv/versions/*/bin/{name}"))
+    for python in filter(None, candidates):
+        if subprocess.run([python, "-c", ""], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("wheel", type=pathlib.Path)
+    args = parser.parse_args()
+    wheel = args.wheel.resolve()
+    with tempfile.TemporaryDirectory(prefix="reverb-wheel-") as tmp:
+        work = pathlib.Path(tmp)
+        print(f"== {sys.executable}: {wheel.name}[tensorflow] into a new virtualenv", flush=True)
+        env = install(sys.executable, work / "tf", f"{wheel}[tensorflow]")
+        demo = ROOT / "examples" / "demo.py"
+        run = subprocess.run(
+            [str(work / "tf/bin/python"), str(demo)], cwd=work, env=env, timeout=600
+        )
+        if run.returncode != 0:
+            raise SystemExit(f"examples/demo.py failed with the installed wheel ({run.returncode})")
+        me = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        for name in OTHER_PYTHONS:
+            python = find_python(name)
+            if name == me or python is None:
+                print(f"== {name}: {'done above' if name == me else 'not on this machine'}")
+                continue
+            print(f"== {name}: {wheel.name} into a new virtualenv", flush=True)
+            venv = work / name
+            env = install(python, venv, str(wheel))
+            smoke = [str(venv / "bin/python"), "-c", SMOKE]
+            subprocess.run(smoke, cwd=work, env=env, check=True, timeout=300)
+
+
+if __name__ == "__main__":
+    main()
