@@ -11,9 +11,12 @@
     shards.stop()
 
 A shard whose process dies comes back on its own: Ray restarts its actor (up to
-`max_restarts` times, by default without limit), in the same bundle and on the same port, and
-the new server restores the shard's latest checkpoint. `shards.restart_dead()` starts a new
-actor by hand for a shard Ray gave up on (or one started with `max_restarts=0`).
+`max_restarts` times, by default without limit) and the new server restores the shard's
+latest checkpoint. While its node lives it comes back on the same node and port, so its
+address does not change and clients carry on; when Ray has to move it to another node (its
+node died), it serves wherever it can: `shards.update_addresses()` finds the new address and
+`shards.client()` then uses it. `shards.restart_dead()` starts a new actor by hand for a shard
+Ray gave up on (or one started with `max_restarts=0`).
 
 Not in the reference. Needs Ray (`pip install '.[ray]'`); `ray.init` is the caller's. Each
 shard is one actor holding one `reverb.Server`; by default the actors go to the bundles of a
@@ -53,15 +56,25 @@ class ShardServer:
         server_args: Dict[str, Any],
         port_key: Optional[str] = None,
     ) -> None:
+        saved = None
         if port is None and port_key is not None:
-            saved = internal_kv._internal_kv_get(port_key)
-            port = int(saved) if saved else None
+            value = internal_kv._internal_kv_get(port_key)
+            saved = int(value) if value else None
         checkpointer = None
         if checkpoint_dir is not None:
             checkpointer = checkpointers.DefaultCheckpointer(checkpoint_dir)
-        self._server = reverb.Server(
-            list(make_tables()), port=port, checkpointer=checkpointer, **server_args
-        )
+        try:
+            self._server = reverb.Server(
+                list(make_tables()), port=port or saved, checkpointer=checkpointer, **server_args
+            )
+        except OSError:
+            if saved is None:
+                raise
+            # The old port is taken (or this is another node): serve on any port; the
+            # driver finds the new address with `RayShards.update_addresses`.
+            self._server = reverb.Server(
+                list(make_tables()), checkpointer=checkpointer, **server_args
+            )
         if port_key is not None:
             internal_kv._internal_kv_put(port_key, str(self._server.port), overwrite=True)
         self._host = ray.util.get_node_ip_address()
@@ -120,7 +133,15 @@ class RayShards:
             for actor in self._actors:
                 if actor is not None:
                     ray.kill(actor, no_restart=True)
+            self._forget_ports()
             raise
+
+    def _forget_ports(self) -> None:
+        for key in self._port_keys:
+            try:
+                internal_kv._internal_kv_del(key)
+            except Exception:  # (the cluster may be gone already)
+                pass
 
     def _checkpoint_dir(self, shard: int) -> Optional[str]:
         if self._checkpoint_root is None:
@@ -153,6 +174,22 @@ class RayShards:
             raise
         self._ports[shard] = int(address.rsplit(":", 1)[1])
         self.addresses[shard] = address
+
+    def update_addresses(self) -> List[int]:
+        """Asks every live shard its address (a shard Ray restarted on another node has a
+        new one) and returns the shards whose address changed; `client()` uses the new ones
+        (clients made before keep the old)."""
+        changed = []
+        for shard, actor in enumerate(self._actors):
+            try:
+                address = ray.get(actor.address.remote(), timeout=self._timeout)
+            except ray.exceptions.RayError:
+                continue  # dead or restarting: asked again next time
+            if address != self.addresses[shard]:
+                self._ports[shard] = int(address.rsplit(":", 1)[1])
+                self.addresses[shard] = address
+                changed.append(shard)
+        return changed
 
     def client(self, **kwargs: Any) -> sharded_client.ShardedClient:
         """A `reverb.ShardedClient` over the shards (arguments as its own)."""
@@ -199,8 +236,7 @@ class RayShards:
             except ray.exceptions.RayError:
                 pass  # dead already
             ray.kill(actor, no_restart=True)
-        for key in self._port_keys:
-            internal_kv._internal_kv_del(key)
+        self._forget_ports()
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None
@@ -226,8 +262,10 @@ def start(
     go to the bundles of one placement group, else wherever Ray puts them. With
     `checkpoint_root` (a directory every node can reach), shard i checkpoints into
     `checkpoint_root/shard-<i>` and restores from there when it (re)starts. Ray restarts a
-    shard whose process died up to `max_restarts` times (-1: always; 0: never, see
-    `RayShards.restart_dead`), on the same port. `server_args` go to `reverb.Server` (e.g.
+    shard whose process died up to `max_restarts` times (-1: always, as Ray Serve restarts
+    its replicas, so a shard that cannot start, e.g. out of memory while restoring, keeps
+    being restarted; 0: never, see `RayShards.restart_dead`), on the same port while its
+    node lives (see `RayShards.update_addresses`). `server_args` go to `reverb.Server` (e.g.
     `auth_token`). Ray calls wait at most `timeout` seconds.
     """
     if not 1 <= num_shards <= sharded_client.MAX_SHARDS:

@@ -13,8 +13,8 @@ pyproject.toml. The wheel is then checked: `auditwheel show` must find glibc 2.1
 only and no library outside the manylinux policy but TensorFlow's own, and `abi3audit
 --strict` no violation of the stable ABI.
 
-Needs cargo (rustup's stable toolchain) and Python >= 3.11 (tomllib) to run; the wheel needs
-neither."""
+Needs cargo (rustup's stable toolchain), Python >= 3.11 (tomllib), git, `strip` (binutils)
+and PyPI (the tools) to run; the wheel needs none of them."""
 
 from __future__ import annotations
 
@@ -119,25 +119,28 @@ def metadata(meta: dict, version: str) -> str:
         f"Version: {version}",
         f"Summary: {meta['description']}",
         f"License: {meta['license']['text']}",
+        "License-File: LICENSE",
         f"Requires-Python: {meta['requires-python']}",
     ]
     lines += [f"Requires-Dist: {d}" for d in meta.get("dependencies", [])]
     for extra, requirements in meta.get("optional-dependencies", {}).items():
         lines.append(f"Provides-Extra: {extra}")
-        lines += [f'Requires-Dist: {r}; extra == "{extra}"' for r in requirements]
+        for requirement in requirements:
+            name, _, marker = requirement.partition(";")
+            marker = f"({marker.strip()}) and " if marker.strip() else ""
+            lines.append(f'Requires-Dist: {name.strip()}; {marker}extra == "{extra}"')
     lines.append("Description-Content-Type: text/markdown")
     return "\n".join(lines) + "\n\n" + (ROOT / meta["readme"]).read_text()
 
 
 def sources() -> list[pathlib.Path]:
-    """The package's Python sources and typing files (no built libraries, no caches)."""
-    files = []
-    for path in sorted((ROOT / "reverb").rglob("*")):
-        if "__pycache__" in path.parts or not path.is_file():
-            continue
-        if path.suffix in (".py", ".pyi") or path.name == "py.typed":
-            files.append(path)
-    return files
+    """The package's Python sources and typing files that git tracks (no built libraries,
+    caches or stray files)."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "reverb"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    files = [ROOT / name for name in tracked]
+    return [f for f in files if f.suffix in (".py", ".pyi") or f.name == "py.typed"]
 
 
 def record_line(name: str, data: bytes) -> str:
@@ -166,7 +169,7 @@ def write_wheel(out_dir: pathlib.Path, libraries: dict[str, pathlib.Path]) -> pa
         (f"{info}/METADATA", metadata(meta, ver).encode(), 0o644),
         (f"{info}/WHEEL", wheel_file.encode(), 0o644),
         (f"{info}/entry_points.txt", entry_points.encode(), 0o644),
-        (f"{info}/licenses/LICENSE", (ROOT / "LICENSE").read_bytes(), 0o644),
+        (f"{info}/LICENSE", (ROOT / "LICENSE").read_bytes(), 0o644),
         (f"{info}/top_level.txt", b"reverb\n", 0o644),
     ]
     record = [record_line(name, data) for name, data, _ in entries] + [f"{info}/RECORD,,"]

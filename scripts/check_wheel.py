@@ -3,6 +3,7 @@
 whose PATH has no cargo or rustc, and runs it from outside this checkout.
 
     python3 scripts/check_wheel.py dist/dm_reverb-*.whl
+    python3 scripts/check_wheel.py --rustless-path STUBS   # the PATH it uses, for scripts/test
 
 - With this interpreter: `pip install <wheel>[tensorflow]` into a new virtualenv, then
   `examples/demo.py` (the README's demo: an actor process, a learner through a dataset).
@@ -40,21 +41,43 @@ print(f"python {sys.version.split()[0]}: ok ({reverb.__file__})")
 """
 
 
+#: Directories that hold much besides a distribution's Rust: shadowed, not left out.
+SYSTEM_DIRS = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+RUST_TOOLS = ("cargo", "rustc")
+
+
+def rustless_path(stubs: pathlib.Path) -> str:
+    """This PATH as on a machine without Rust: directories holding cargo or rustc are left
+    out, except system directories, where commands in `stubs` (put first) shadow them and
+    fail."""
+    kept, shadow = [], False
+    for d in os.environ["PATH"].split(os.pathsep):
+        has_rust = d and any(os.path.exists(os.path.join(d, t)) for t in RUST_TOOLS)
+        if not d or (has_rust and d not in SYSTEM_DIRS):
+            continue
+        shadow = shadow or bool(has_rust)
+        kept.append(d)
+    if shadow:
+        stubs.mkdir(parents=True, exist_ok=True)
+        for tool in RUST_TOOLS:
+            stub = stubs / tool
+            message = f"{tool}: not on this machine (no Rust)"
+            stub.write_text(f'#!/bin/sh\necho "{message}" >&2\nexit 127\n')
+            stub.chmod(0o755)
+        kept.insert(0, str(stubs))
+    return os.pathsep.join(kept)
+
+
 def clean_env(venv: pathlib.Path) -> dict[str, str]:
-    """The environment of a user without Rust: the venv first, then this PATH without the
-    directories that hold cargo or rustc."""
-    rustless = [
-        d
-        for d in os.environ["PATH"].split(os.pathsep)
-        if d and not any(os.path.exists(os.path.join(d, tool)) for tool in ("cargo", "rustc"))
-    ]
-    path = os.pathsep.join([str(venv / "bin"), *rustless])
+    """The environment of a user without Rust: the venv first, then `rustless_path`."""
+    stubs = venv.parent / "no-rust"
+    path = os.pathsep.join([str(venv / "bin"), rustless_path(stubs)])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARGO", "RUST"))}
     env.update(PATH=path, TF_CPP_MIN_LOG_LEVEL="2", PYTHONNOUSERSITE="1")
     env.pop("PYTHONPATH", None)
-    for tool in ("cargo", "rustc"):
+    for tool in RUST_TOOLS:
         found = shutil.which(tool, path=path)
-        if found:
+        if found and pathlib.Path(found).parent != stubs:
             raise SystemExit(f"{tool} is on the clean PATH ({found}): the check would not hold")
     return env
 
@@ -79,8 +102,19 @@ def find_python(name: str) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("wheel", type=pathlib.Path)
+    parser.add_argument("wheel", type=pathlib.Path, nargs="?")
+    parser.add_argument(
+        "--rustless-path",
+        type=pathlib.Path,
+        metavar="STUBS",
+        help="only print PATH without cargo and rustc (shadowing stubs go to STUBS)",
+    )
     args = parser.parse_args()
+    if args.rustless_path is not None:
+        print(rustless_path(args.rustless_path))
+        return
+    if args.wheel is None:
+        parser.error("the wheel to check is missing")
     wheel = args.wheel.resolve()
     with tempfile.TemporaryDirectory(prefix="reverb-wheel-") as tmp:
         work = pathlib.Path(tmp)
