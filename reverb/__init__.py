@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 from reverb import (
+    checkpoint,
     checkpointers,
     errors,
     item_selectors,
@@ -74,6 +75,7 @@ __all__ = [
     "VectorTrajectoryWriter",
     "Writer",
     "__version__",
+    "checkpoint",
     "checkpointers",
     "errors",
     "item_selectors",

@@ -10,6 +10,8 @@ from reverb.replay_sample import SampleInfo
 __all__ = [
     "AppendError",
     "CellRef",
+    "CheckpointItems",
+    "CheckpointReader",
     "Client",
     "ColumnHistory",
     "MAX_SHARDS",
@@ -412,6 +414,24 @@ class Sampler:
     ]: ...
     def missing_shards(self) -> List[str]: ...
     def close(self) -> None: ...
+
+@final
+class CheckpointReader:
+    """A checkpoint file read without a server (`reverb.checkpoint.open`)."""
+
+    def __new__(cls, path: str) -> CheckpointReader: ...
+    def tables(self) -> List[Tuple[bytes, int]]: ...
+    def items(self, table: str, data: bool = True) -> CheckpointItems: ...
+
+@final
+class CheckpointItems:
+    """One table's items in insertion order: (key, priority, times_sampled, (seconds,
+    nanos), (episode id, step), columns or None)."""
+
+    def __iter__(self) -> CheckpointItems: ...
+    def __next__(
+        self,
+    ) -> Tuple[int, float, int, Tuple[int, int], Tuple[int, int], Optional[List[_Column]]]: ...
 
 def connect_wait_seconds() -> float: ...
 def server_info_all(

@@ -308,7 +308,8 @@ impl PlannedSample {
 }
 
 /// Checks a sample's chunk references and sizes its columns, leaving the data compressed.
-pub(crate) fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSample> {
+/// (Also how the offline checkpoint reader turns a saved item and its chunks into columns.)
+pub fn plan(info: SampleInfo, chunks: &[ChunkData]) -> Result<PlannedSample> {
     let mut parsed: KeyHashMap<Vec<Encoded>> =
         KeyHashMap::with_capacity_and_hasher(chunks.len(), Default::default());
     for chunk in chunks {

@@ -12,7 +12,7 @@ use prost::Message;
 use reverb_proto::payload::{chunk_layouts, Layouts};
 use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint, RateLimiterCheckpoint};
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
 
 /// First bytes of every checkpoint file.
@@ -239,38 +239,238 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
         return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
     }
     let mut saved = Assembler::default();
+    let mut payload = Vec::new();
     loop {
-        let mut head = [0u8; 9];
-        input
-            .read_exact(&mut head)
-            .map_err(|_| corrupt("truncated (no end record)"))?;
-        let len = u32::from_le_bytes(head[1..5].try_into().unwrap()) as usize;
-        let crc = u32::from_le_bytes(head[5..9].try_into().unwrap());
-        let mut payload = vec![0u8; len];
-        input
-            .read_exact(&mut payload)
-            .map_err(|_| corrupt("truncated record"))?;
-        if crc32fast::hash(&payload) != crc {
-            return Err(corrupt("a record fails its checksum"));
-        }
-        let payload = Bytes::from(payload);
-        match head[0] {
+        let Some(kind) = next_record(input, &mut payload)? else {
+            return Err(corrupt("truncated (no end record)"));
+        };
+        let payload = Bytes::from(std::mem::take(&mut payload));
+        match kind {
             TABLE => saved.table(PriorityTableCheckpoint::decode(payload).map_err(corrupt)?),
             CHUNK => saved.chunk(ChunkData::decode(payload).map_err(corrupt)?)?,
             ITEM => saved.item(&PrioritizedItem::decode(payload).map_err(corrupt)?)?,
             END => {
-                if payload.len() != 24 {
-                    return Err(corrupt("bad end record"));
-                }
-                let count =
-                    |i: usize| u64::from_le_bytes(payload[i * 8..i * 8 + 8].try_into().unwrap());
-                if [count(0), count(1), count(2)] != saved.counts() {
+                if end_counts(&payload) != Some(saved.counts()) {
                     return Err(corrupt("record counts do not match the end record"));
                 }
                 return Ok(saved.finish());
             }
             other => return Err(corrupt(format!("unknown record kind {other}"))),
         }
+    }
+}
+
+/// Reads the record at the input's position: its kind, with its payload in `payload`,
+/// checked against its CRC. `None` at the end of the input.
+fn next_record(input: &mut impl Read, payload: &mut Vec<u8>) -> Result<Option<u8>> {
+    let mut head = [0u8; 9];
+    match input.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(corrupt(format!("cannot read: {e}"))),
+    }
+    let len = u32::from_le_bytes(head[1..5].try_into().unwrap()) as u64;
+    let crc = u32::from_le_bytes(head[5..9].try_into().unwrap());
+    payload.clear();
+    // (Reserved up to 64 MiB and read through `take`: a corrupt length never allocates much
+    // more than the input holds.)
+    payload.reserve(len.min(64 << 20) as usize);
+    let read = input
+        .take(len)
+        .read_to_end(payload)
+        .map_err(|e| corrupt(format!("cannot read: {e}")))?;
+    if read as u64 != len {
+        return Err(corrupt("truncated record"));
+    }
+    if crc32fast::hash(payload) != crc {
+        return Err(corrupt("a record fails its checksum"));
+    }
+    Ok(Some(head[0]))
+}
+
+/// The three counts of an end record's payload (tables, chunks, items).
+fn end_counts(payload: &[u8]) -> Option<[u64; 3]> {
+    if payload.len() != 24 {
+        return None;
+    }
+    let count = |i: usize| u64::from_le_bytes(payload[i * 8..i * 8 + 8].try_into().unwrap());
+    Some([count(0), count(1), count(2)])
+}
+
+/// A checkpoint file read in place, without a server, in bounded memory (the offline
+/// reader, `reverb.checkpoint.open`). Opening reads the file once, checking every record and
+/// the end record's counts, and keeps the tables' headers, where each chunk is (about 20
+/// bytes a chunk) and where each table's items are (runs of consecutive records); items are
+/// then read in insertion order and chunks fetched from the file by key when asked for.
+pub struct Reader<F> {
+    file: F,
+    tables: Vec<PriorityTableCheckpoint>,
+    chunks: HashMap<u64, (u64, u32)>,
+    runs: Vec<ItemRun>,
+}
+
+/// Consecutive item records of one table: where the first starts, and how many there are.
+struct ItemRun {
+    table: String,
+    offset: u64,
+    count: u64,
+}
+
+/// Where a walk over one table's items stands (see [`Reader::next_item`]).
+#[derive(Debug, Clone)]
+pub struct ItemCursor {
+    table: String,
+    run: usize,
+    offset: u64,
+    left: u64,
+}
+
+impl<F: Read + Seek> Reader<F> {
+    /// Reads the whole file once to check and index it; a file that is not a checkpoint, is
+    /// truncated, fails a checksum or lacks its end record is refused.
+    pub fn open(mut file: F) -> Result<Self> {
+        let io = |e: std::io::Error| corrupt(format!("cannot read: {e}"));
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        let mut input = std::io::BufReader::with_capacity(1 << 20, &mut file);
+        let mut magic = [0u8; 8];
+        input
+            .read_exact(&mut magic)
+            .map_err(|_| corrupt("file too short for its header"))?;
+        if &magic != MAGIC {
+            return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
+        }
+        let mut tables: Vec<PriorityTableCheckpoint> = Vec::new();
+        let mut chunks = HashMap::new();
+        let mut runs: Vec<ItemRun> = Vec::new();
+        let (mut offset, mut items, mut previous_was_item) = (MAGIC.len() as u64, 0u64, false);
+        let mut payload = Vec::new();
+        loop {
+            let Some(kind) = next_record(&mut input, &mut payload)? else {
+                return Err(corrupt("truncated (no end record)"));
+            };
+            let start = offset;
+            offset += 9 + payload.len() as u64;
+            let is_item = kind == ITEM;
+            match kind {
+                TABLE => {
+                    tables.push(PriorityTableCheckpoint::decode(&payload[..]).map_err(corrupt)?)
+                }
+                CHUNK => {
+                    let key = ChunkData::decode(&payload[..]).map_err(corrupt)?.chunk_key;
+                    chunks.insert(key, (start + 9, payload.len() as u32));
+                }
+                ITEM => {
+                    let item = PrioritizedItem::decode(&payload[..]).map_err(corrupt)?;
+                    if !tables.iter().any(|t| t.table_name == item.table) {
+                        return Err(corrupt(format!(
+                            "item {} of unknown table {}",
+                            item.key, item.table
+                        )));
+                    }
+                    items += 1;
+                    match runs.last_mut() {
+                        Some(run) if previous_was_item && run.table == item.table => run.count += 1,
+                        _ => runs.push(ItemRun {
+                            table: item.table,
+                            offset: start,
+                            count: 1,
+                        }),
+                    }
+                }
+                END => {
+                    let counts = [tables.len() as u64, chunks.len() as u64, items];
+                    if end_counts(&payload) != Some(counts) {
+                        return Err(corrupt("record counts do not match the end record"));
+                    }
+                    drop(input);
+                    return Ok(Self {
+                        file,
+                        tables,
+                        chunks,
+                        runs,
+                    });
+                }
+                other => return Err(corrupt(format!("unknown record kind {other}"))),
+            }
+            previous_was_item = is_item;
+        }
+    }
+
+    /// The tables' settings and counters, in the file's order.
+    pub fn tables(&self) -> &[PriorityTableCheckpoint] {
+        &self.tables
+    }
+
+    /// How many items `table` holds.
+    pub fn item_count(&self, table: &str) -> u64 {
+        self.runs
+            .iter()
+            .filter(|r| r.table == table)
+            .map(|r| r.count)
+            .sum()
+    }
+
+    /// A cursor at the first item of `table` (at the end when it has none).
+    pub fn cursor(&self, table: &str) -> ItemCursor {
+        let mut cursor = ItemCursor {
+            table: table.to_string(),
+            run: 0,
+            offset: 0,
+            left: 0,
+        };
+        self.seek_run(&mut cursor, 0);
+        cursor
+    }
+
+    fn seek_run(&self, cursor: &mut ItemCursor, from: usize) {
+        cursor.run = (from..self.runs.len())
+            .find(|&i| self.runs[i].table == cursor.table)
+            .unwrap_or(self.runs.len());
+        if let Some(run) = self.runs.get(cursor.run) {
+            (cursor.offset, cursor.left) = (run.offset, run.count);
+        } else {
+            cursor.left = 0;
+        }
+    }
+
+    /// The item at `cursor` (then moves it on); `None` after the table's last item.
+    pub fn next_item(&mut self, cursor: &mut ItemCursor) -> Result<Option<PrioritizedItem>> {
+        if cursor.left == 0 {
+            if cursor.run >= self.runs.len() {
+                return Ok(None);
+            }
+            self.seek_run(cursor, cursor.run + 1);
+            if cursor.left == 0 {
+                return Ok(None);
+            }
+        }
+        let io = |e: std::io::Error| corrupt(format!("cannot read: {e}"));
+        self.file.seek(SeekFrom::Start(cursor.offset)).map_err(io)?;
+        let mut payload = Vec::new();
+        let kind = next_record(&mut self.file, &mut payload)?;
+        if kind != Some(ITEM) {
+            return Err(corrupt("the file changed since it was opened"));
+        }
+        cursor.offset += 9 + payload.len() as u64;
+        cursor.left -= 1;
+        PrioritizedItem::decode(&payload[..])
+            .map(Some)
+            .map_err(corrupt)
+    }
+
+    /// The chunk `key` (its record checked again as it is read).
+    pub fn chunk(&mut self, key: u64) -> Result<ChunkData> {
+        let &(offset, len) = self
+            .chunks
+            .get(&key)
+            .ok_or_else(|| corrupt(format!("an item references missing chunk {key}")))?;
+        let io = |e: std::io::Error| corrupt(format!("cannot read: {e}"));
+        self.file.seek(SeekFrom::Start(offset - 9)).map_err(io)?;
+        let mut payload = Vec::with_capacity(len as usize);
+        if next_record(&mut self.file, &mut payload)? != Some(CHUNK) {
+            return Err(corrupt("the file changed since it was opened"));
+        }
+        ChunkData::decode(Bytes::from(payload)).map_err(corrupt)
     }
 }
 
@@ -492,6 +692,65 @@ mod tests {
             let mut bad = bytes.clone();
             bad[pos] ^= 0x40;
             assert!(read(&mut bad.as_slice()).is_err(), "flipped byte {pos}");
+        }
+    }
+
+    #[test]
+    fn the_offline_reader_walks_each_table_in_order_and_fetches_chunks_by_key() {
+        let (a, b, bytes) = filled();
+        let mut reader = Reader::open(std::io::Cursor::new(bytes.clone())).unwrap();
+        let names: Vec<_> = reader
+            .tables()
+            .iter()
+            .map(|t| t.table_name.clone())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(reader.tables()[0].rate_limiter, {
+            let mut one = Vec::new();
+            write(&mut one, &[(&a, &a.snapshot())]).unwrap();
+            read(&mut one.as_slice()).unwrap()["a"].header.rate_limiter
+        });
+        for table in [&a, &b] {
+            let expected: Vec<_> = table
+                .snapshot()
+                .items
+                .iter()
+                .map(|i| (i.0.key, i.1, i.2))
+                .collect();
+            assert_eq!(reader.item_count(table.name()), expected.len() as u64);
+            let mut cursor = reader.cursor(table.name());
+            let mut got = Vec::new();
+            while let Some(item) = reader.next_item(&mut cursor).unwrap() {
+                assert_eq!(item.table, table.name());
+                for slice in item.flat_trajectory.iter().flat_map(|t| &t.columns) {
+                    for s in &slice.chunk_slices {
+                        let chunk = reader.chunk(s.chunk_key).unwrap();
+                        assert_eq!(chunk.chunk_key, s.chunk_key);
+                    }
+                }
+                got.push((item.key, item.priority, item.times_sampled));
+            }
+            assert_eq!(got, expected);
+            assert!(reader.next_item(&mut cursor).unwrap().is_none());
+        }
+        assert_eq!(reader.item_count("nope"), 0);
+        assert!(reader
+            .next_item(&mut reader.cursor("nope"))
+            .unwrap()
+            .is_none());
+        assert!(reader.chunk(12345).is_err());
+        // Everything read() refuses, the reader refuses when it opens.
+        for cut in [0, 5, 8, 20, bytes.len() / 2, bytes.len() - 1] {
+            let short = std::io::Cursor::new(bytes[..cut].to_vec());
+            assert!(Reader::open(short).is_err(), "truncated at {cut}");
+        }
+        for pos in [3, 12, bytes.len() / 3, bytes.len() - 3] {
+            let mut bad = bytes.clone();
+            bad[pos] ^= 0x40;
+            assert!(
+                Reader::open(std::io::Cursor::new(bad)).is_err(),
+                "flipped {pos}"
+            );
         }
     }
 

@@ -9,6 +9,7 @@
 //! process's servers through), and `malloc` (glibc's thresholds for big buffers, set on import).
 
 mod blocking;
+mod checkpoint_reader;
 mod client;
 mod column;
 mod errors;
@@ -69,6 +70,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<structured_writer::PyStructuredWriter>()?;
     m.add_class::<schedule::PySchedule>()?;
     m.add_class::<sampler::PySampler>()?;
+    m.add_class::<checkpoint_reader::PyCheckpointReader>()?;
+    m.add_class::<checkpoint_reader::PyCheckpointItems>()?;
     m.add_function(wrap_pyfunction!(client::server_info_all, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect_wait_seconds, m)?)?;
     m.add_function(wrap_pyfunction!(client::sample_shards, m)?)?;

@@ -1,0 +1,180 @@
+"""Reads a checkpoint without a server: its tables, and its items with their data.
+
+    import reverb
+
+    with reverb.checkpoint.open("/tmp/reverb/checkpoints") as ckpt:  # the latest one there
+        for name, table in ckpt.tables.items():
+            print(name, table.num_items, table.max_size, table.signature)
+        for item in ckpt.items("replay"):
+            item.key, item.priority, item.times_sampled, item.inserted_at, item.episode_id
+            item.data  # the trajectory: a list of numpy arrays, one per column
+
+Not in the reference. Opening reads the file once, checking every record's checksum (a
+truncated or corrupt checkpoint is refused with a `ValueError` naming the file); after that
+it keeps only the tables' settings and an index of where chunks and items are, so a
+checkpoint larger than memory is read item by item, each chunk fetched from the file when an
+item needs it. Reads the checkpoints of this package (`Client.checkpoint`, a server's
+`DefaultCheckpointer`); dm-reverb's (TFRecord) checkpoints are restored by a server
+(`reverb.Server(tables, checkpointer=...)`) but not read offline yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import Any, Dict, Iterator, Optional
+
+from reverb import _native, _proto, _signature
+from reverb.client import to_sample
+
+#: The file a checkpoint directory holds.
+FILE = "checkpoint.rvb"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointTable:
+    """A table as the checkpoint saved it."""
+
+    name: str
+    sampler_options: Any  # KeyDistributionOptions proto
+    remover_options: Any  # KeyDistributionOptions proto
+    max_size: int
+    max_times_sampled: int
+    #: RateLimiterCheckpoint proto: samples_per_insert, min_diff, max_diff,
+    #: min_size_to_sample and the insert, sample and delete counts.
+    rate_limiter: Any
+    #: The signature as a nest of `tf.TensorSpec` (None without one, or without TensorFlow).
+    signature: Any
+    num_items: int
+    num_deleted_episodes: int
+    num_unique_samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointItem:
+    """An item as the checkpoint saved it."""
+
+    key: int
+    priority: float
+    times_sampled: int
+    #: When the table stored it (UTC; None when the checkpoint does not say).
+    inserted_at: Optional[datetime.datetime]
+    #: The episode and step of the item's first row (of its first column).
+    episode_id: int
+    step: int
+    #: The trajectory: a list of numpy arrays (one per column), or the table signature's
+    #: nest with `unpack_as_table_signature`; None when items were read with `data=False`.
+    data: Any
+
+
+def _resolve(path: str) -> str:
+    """The checkpoint file `path` names: the file itself, a checkpoint directory, or a root
+    of checkpoint directories (the latest one there)."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: no such checkpoint file or directory")
+    if os.path.isfile(os.path.join(path, FILE)):
+        return os.path.join(path, FILE)
+    # A root: checkpoint directories are named by their UTC time, so the last name is the
+    # latest.
+    found = sorted(
+        name for name in os.listdir(path) if os.path.isfile(os.path.join(path, name, FILE))
+    )
+    if found:
+        return os.path.join(path, found[-1], FILE)
+    if os.path.isfile(os.path.join(path, "DONE")) or any(
+        name.endswith(".tfrecord") for name in os.listdir(path)
+    ):
+        raise ValueError(
+            f"{path} is a dm-reverb checkpoint: restore it into a server "
+            "(reverb.Server(tables, checkpointer=DefaultCheckpointer(...))); "
+            "it cannot be read offline yet"
+        )
+    raise ValueError(f"{path}: no checkpoint ({FILE}) in it or in its subdirectories")
+
+
+def _time(seconds: int, nanos: int) -> Optional[datetime.datetime]:
+    if seconds == 0 and nanos == 0:
+        return None
+    at = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return at + datetime.timedelta(microseconds=nanos // 1000)
+
+
+class Checkpoint:
+    """An opened checkpoint (see `open`). Use it as a context manager, or `close()` it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = _resolve(path)
+        self._reader: Optional[_native.CheckpointReader] = _native.CheckpointReader(self.path)
+        self.tables: Dict[str, CheckpointTable] = {}
+        for header_bytes, count in self._reader.tables():
+            header = _proto.PriorityTableCheckpoint.FromString(header_bytes)
+            signature = None
+            if header.HasField("signature"):
+                signature = _signature.decode(header.signature.SerializeToString())
+            self.tables[header.table_name] = CheckpointTable(
+                name=header.table_name,
+                sampler_options=header.sampler,
+                remover_options=header.remover,
+                max_size=header.max_size,
+                max_times_sampled=header.max_times_sampled,
+                rate_limiter=header.rate_limiter,
+                signature=signature,
+                num_items=count,
+                num_deleted_episodes=header.num_deleted_episodes,
+                num_unique_samples=header.num_unique_samples,
+            )
+
+    def items(
+        self, table: str, *, data: bool = True, unpack_as_table_signature: bool = False
+    ) -> Iterator[CheckpointItem]:
+        """The items of `table` in insertion order (the order a FIFO remover deletes them).
+        With `data=False` only their metadata is read (much faster)."""
+        if self._reader is None:
+            raise ValueError("the checkpoint is closed")
+        if table not in self.tables:
+            raise KeyError(f"no table {table!r} in {self.path} (it has {sorted(self.tables)})")
+        signature = self.tables[table].signature if unpack_as_table_signature else None
+        for key, priority, times_sampled, (secs, nanos), (
+            episode,
+            step,
+        ), columns in self._reader.items(table, data):
+            item_data: Any = None
+            if columns is not None:
+                item_data = to_sample(None, columns, False, signature).data
+            yield CheckpointItem(
+                key=key,
+                priority=priority,
+                times_sampled=times_sampled,
+                inserted_at=_time(secs, nanos),
+                episode_id=episode,
+                step=step,
+                data=item_data,
+            )
+
+    def close(self) -> None:
+        """Closes the checkpoint (the file itself once no `items` walk holds it)."""
+        self._reader = None
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{name}: {t.num_items} items" for name, t in self.tables.items())
+        return f"<reverb.checkpoint.Checkpoint {self.path} ({sizes})>"
+
+
+def open(path: str) -> Checkpoint:  # noqa: A001 (the name users call, as io.open)
+    """Opens a checkpoint for reading without a server: `path` is a checkpoint directory
+    (what `Client.checkpoint()` returns), its file, or a checkpointer's root directory (the
+    latest checkpoint in it). Raises `ValueError` for a missing, truncated or corrupt one."""
+    return Checkpoint(path)
+
+
+__all__ = ["Checkpoint", "CheckpointItem", "CheckpointTable", "open"]

@@ -1,0 +1,205 @@
+"""The `reverb` command: look into a replay.
+
+    reverb inspect PATH_OR_ADDRESS [--table T] [--bins N] [--plot out.png]
+
+`inspect` describes a checkpoint (a directory `Client.checkpoint()` returned, its file, or a
+checkpointer's root) read without a server: each table's settings, counters and signature,
+its items' priorities and times sampled (statistics and histograms) and episodes. Given a
+server's address (`host:port`) instead, it describes the live tables from `ServerInfo` (what
+any Reverb server, dm-reverb's too, reports: sizes, episodes, rate limiter, signature).
+`--plot` draws the histograms into a PNG (needs matplotlib). Not in the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, TextIO
+
+import numpy as np
+
+BAR = 40
+
+
+def _kind(options: Any) -> str:
+    """A selector's name from its KeyDistributionOptions."""
+    if options.HasField("prioritized"):
+        return f"Prioritized({options.prioritized.priority_exponent:g})"
+    for name in ("fifo", "lifo", "uniform"):
+        if getattr(options, name, False):
+            return name.capitalize()
+    if options.HasField("heap"):
+        return "MinHeap" if options.heap.min_heap else "MaxHeap"
+    return "?"
+
+
+def _stats(name: str, values: np.ndarray, bins: int, out: TextIO) -> None:
+    """One line of statistics and a text histogram of `values`."""
+    if values.size == 0:
+        print(f"  {name}: none", file=out)
+        return
+    print(
+        f"  {name}: min {values.min():.6g}  mean {values.mean():.6g}  "
+        f"max {values.max():.6g}  std {values.std():.6g}",
+        file=out,
+    )
+    counts, edges = np.histogram(values, bins=bins)
+    top = max(int(counts.max()), 1)
+    for count, low, high in zip(counts, edges[:-1], edges[1:]):
+        bar = "#" * math.ceil(BAR * int(count) / top) if count else ""
+        print(f"    [{low:>10.4g}, {high:>10.4g})  {int(count):>9}  {bar}".rstrip(), file=out)
+
+
+def _table_lines(name: str, size: int, table: Any, limiter: Any, counts: str) -> List[str]:
+    """The lines both sources share: size, selectors, rate limiter (with `counts`)."""
+    return [
+        f"\ntable {name!r}: {size} items of at most {table.max_size}",
+        f"  sampler {_kind(table.sampler_options)}, remover {_kind(table.remover_options)}, "
+        f"max_times_sampled {table.max_times_sampled}",
+        f"  rate limiter: samples_per_insert {limiter.samples_per_insert:g}, "
+        f"min_size_to_sample {limiter.min_size_to_sample}, diff "
+        f"[{limiter.min_diff:g}, {limiter.max_diff:g}]; {counts}",
+    ]
+
+
+def _signature_lines(signature: Any) -> List[str]:
+    if signature is None:
+        return ["  signature: none"]
+    import tensorflow as tf  # a decoded signature means TensorFlow is there
+
+    flat = tf.nest.flatten_with_joined_string_paths(signature)
+    return ["  signature:"] + [
+        f"    {path or '.'}: {spec.dtype.name}{spec.shape.as_list()}" for path, spec in flat
+    ]
+
+
+def inspect_checkpoint(
+    path: str, tables: Optional[Sequence[str]], bins: int, out: TextIO
+) -> Dict[str, Dict[str, np.ndarray]]:
+    """Prints what the checkpoint at `path` holds; returns each table's priorities and times
+    sampled (for plots)."""
+    from reverb import checkpoint
+
+    found: Dict[str, Dict[str, np.ndarray]] = {}
+    with checkpoint.open(path) as ckpt:
+        print(f"checkpoint {ckpt.path}", file=out)
+        for name, table in ckpt.tables.items():
+            if tables and name not in tables:
+                continue
+            limiter = table.rate_limiter
+            counts = (
+                f"inserts {limiter.insert_count}, samples {limiter.sample_count}, "
+                f"deletes {limiter.delete_count}"
+            )
+            lines = _table_lines(name, table.num_items, table, limiter, counts)
+            for line in lines + _signature_lines(table.signature):
+                print(line, file=out)
+            priorities, sampled, episodes = [], [], set()
+            for item in ckpt.items(name, data=False):
+                priorities.append(item.priority)
+                sampled.append(item.times_sampled)
+                episodes.add(item.episode_id)
+            print(
+                f"  episodes: {len(episodes)} with items here, "
+                f"{table.num_deleted_episodes} deleted; unique samples "
+                f"{table.num_unique_samples}",
+                file=out,
+            )
+            found[name] = {
+                "priority": np.asarray(priorities, np.float64),
+                "times sampled": np.asarray(sampled, np.int64),
+            }
+            for what, values in found[name].items():
+                _stats(what, values, bins, out)
+    return found
+
+
+def inspect_server(
+    address: str, tables: Optional[Sequence[str]], auth_token: Optional[str], out: TextIO
+) -> None:
+    """Prints the live tables of the server at `address` (from ServerInfo)."""
+    import reverb
+
+    kwargs = {"auth_token": auth_token} if auth_token else {}
+    info = reverb.Client(address, **kwargs).server_info(timeout=10)
+    print(f"server {address}", file=out)
+    for name, table in info.items():
+        if tables and name not in tables:
+            continue
+        limiter = table.rate_limiter_info
+        completed = (limiter.insert_stats.completed, limiter.sample_stats.completed)
+        counts = "inserts {}, samples {}".format(*completed)
+        for line in _table_lines(name, table.current_size, table, limiter, counts):
+            print(line, file=out)
+        print(
+            f"  episodes: {table.num_episodes}, {table.num_deleted_episodes} deleted; unique "
+            f"samples {table.num_unique_samples}",
+            file=out,
+        )
+        for line in _signature_lines(table.signature):
+            print(line, file=out)
+
+
+def plot(found: Dict[str, Dict[str, np.ndarray]], bins: int, path: str) -> None:
+    """Histograms of priorities and times sampled, a row per table with items, into a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib (pip install matplotlib)") from None
+    found = {name: series for name, series in found.items() if series["priority"].size}
+    if not found:
+        raise SystemExit("--plot: no table has items")
+    rows = len(found)
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 3 * rows), squeeze=False)
+    for row, (name, series) in enumerate(found.items()):
+        for col, (what, values) in enumerate(series.items()):
+            ax = axes[row][col]
+            ax.hist(values, bins=bins)
+            ax.set_title(f"{name}: {what} ({values.size} items)")
+            ax.set_xlabel(what)
+            ax.set_ylabel("items")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="reverb", description="Look into a replay.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser(
+        "inspect", help="describe a checkpoint (a path) or a live server (host:port)"
+    )
+    inspect.add_argument("target", help="checkpoint directory, file or root; or host:port")
+    inspect.add_argument("--table", action="append", help="only this table (repeatable)")
+    inspect.add_argument("--bins", type=int, default=10, help="histogram bins (default 10)")
+    inspect.add_argument("--plot", metavar="PNG", help="draw the histograms (matplotlib)")
+    inspect.add_argument("--auth-token", help="for a server that asks for one")
+    args = parser.parse_args(argv)
+    if args.bins < 1:
+        parser.error("--bins must be at least 1")
+    try:
+        if os.path.exists(args.target):
+            found = inspect_checkpoint(args.target, args.table, args.bins, sys.stdout)
+            if args.plot:
+                plot(found, args.bins, args.plot)
+                print(f"\nplot: {args.plot}")
+        else:
+            if args.plot:
+                parser.error("--plot needs a checkpoint (a live server gives no priorities)")
+            inspect_server(args.target, args.table, args.auth_token, sys.stdout)
+    except (ValueError, KeyError) as e:
+        print(f"reverb inspect: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a server that is not there, say
+        name = type(e).__name__
+        print(f"reverb inspect: {args.target}: {name}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
