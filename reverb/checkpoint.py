@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from reverb import _native, _proto, _signature
 from reverb.client import to_sample
@@ -46,6 +46,9 @@ class CheckpointTable:
     rate_limiter: Any
     #: The signature as a nest of `tf.TensorSpec` (None without one, or without TensorFlow).
     signature: Any
+    #: The names of the signature's tensors in `tf.nest` order (None without a signature;
+    #: read without TensorFlow).
+    column_names: Optional[List[str]]
     num_items: int
     num_deleted_episodes: int
     num_unique_samples: int
@@ -112,9 +115,12 @@ class Checkpoint:
         self.tables: Dict[str, CheckpointTable] = {}
         for header_bytes, count in self._reader.tables():
             header = _proto.PriorityTableCheckpoint.FromString(header_bytes)
-            signature = None
+            signature, names = None, None
             if header.HasField("signature"):
-                signature = _signature.decode(header.signature.SerializeToString())
+                encoded = header.signature.SerializeToString()
+                signature = _signature.decode(encoded)
+                flat = _native.table_signature(encoded)
+                names = None if flat is None else [name for name, _, _ in flat.specs]
             self.tables[header.table_name] = CheckpointTable(
                 name=header.table_name,
                 sampler_options=header.sampler,
@@ -123,6 +129,7 @@ class Checkpoint:
                 max_times_sampled=header.max_times_sampled,
                 rate_limiter=header.rate_limiter,
                 signature=signature,
+                column_names=names,
                 num_items=count,
                 num_deleted_episodes=header.num_deleted_episodes,
                 num_unique_samples=header.num_unique_samples,

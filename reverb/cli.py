@@ -1,13 +1,15 @@
 """The `reverb` command: look into a replay.
 
     reverb inspect PATH_OR_ADDRESS [--table T] [--bins N] [--plot out.png]
+    reverb export PATH --to DIR [--table T] [--format parquet]
 
 `inspect` describes a checkpoint (a directory `Client.checkpoint()` returned, its file, or a
 checkpointer's root) read without a server: each table's settings, counters and signature,
 its items' priorities and times sampled (statistics and histograms) and episodes. Given a
 server's address (`host:port`) instead, it describes the live tables from `ServerInfo` (what
 any Reverb server, dm-reverb's too, reports: sizes, episodes, rate limiter, signature).
-`--plot` draws the histograms into a PNG (needs matplotlib). Not in the reference.
+`--plot` draws the histograms into a PNG (needs matplotlib). `export` writes each table of a
+checkpoint to `DIR/<table>.parquet` (see `reverb.parquet`). Not in the reference.
 """
 
 from __future__ import annotations
@@ -178,7 +180,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     inspect.add_argument("--bins", type=int, default=10, help="histogram bins (default 10)")
     inspect.add_argument("--plot", metavar="PNG", help="draw the histograms (matplotlib)")
     inspect.add_argument("--auth-token", help="for a server that asks for one")
+    export = commands.add_parser("export", help="write a checkpoint's tables to Parquet files")
+    export.add_argument("source", help="checkpoint directory, file or root")
+    export.add_argument("--to", required=True, metavar="DIR", help="where the files go")
+    export.add_argument("--table", action="append", help="only this table (repeatable)")
+    export.add_argument("--format", default="parquet", choices=["parquet"])
+    export.add_argument("--batch-rows", type=int, default=1024, help="items per row group")
     args = parser.parse_args(argv)
+    if args.command == "export":
+        return _export(args)
     if args.bins < 1:
         parser.error("--bins must be at least 1")
     try:
@@ -198,6 +208,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         name = type(e).__name__
         print(f"reverb inspect: {args.target}: {name}: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from reverb import parquet
+
+    try:
+        written = parquet.export(args.source, args.to, args.table, batch_rows=args.batch_rows)
+    except (ValueError, KeyError, ImportError) as e:
+        print(f"reverb export: {e}", file=sys.stderr)
+        return 1
+    for table, path in written.items():
+        print(f"{table}: {path}")
     return 0
 
 

@@ -1,0 +1,125 @@
+"""`reverb export` / `reverb.parquet.export`: a checkpoint's tables become Parquet files whose
+rows are the checkpoint's items (metadata and data) in insertion order."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import reverb
+from reverb import cli
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+T = 10.0
+
+# (TensorFlow, for the signature, takes seconds to import.)
+pytestmark = pytest.mark.slow
+
+
+def _checkpoint(root: pathlib.Path) -> str:
+    """`frames` (signature: obs uint8[.., 4, 3] and a text label) with items of 1 to 3 steps,
+    and `plain` (no signature) with scalar items; some sampled."""
+    signature = None
+    try:
+        import tensorflow as tf
+
+        signature = {
+            "obs": tf.TensorSpec([None, 4, 3], tf.uint8),
+            "label": tf.TensorSpec([], tf.string),
+        }
+    except ImportError:
+        pass
+    frames = reverb.Table(
+        "frames",
+        reverb.selectors.Uniform(),
+        reverb.selectors.Fifo(),
+        100,
+        reverb.rate_limiters.MinSize(1),
+        signature=signature,
+    )
+    plain = reverb.Table.queue("plain", 100)
+    server = reverb.Server(
+        [frames, plain], checkpointer=reverb.checkpointers.DefaultCheckpointer(str(root))
+    )
+    client = server.localhost_client()
+    rng = np.random.default_rng(0)
+    with client.trajectory_writer(3) as w:
+        for t in range(7):
+            w.append(
+                {
+                    "obs": rng.integers(0, 255, (4, 3), dtype=np.uint8),
+                    "label": f"step {t}",
+                }
+            )
+            length = min(t + 1, 3)
+            w.create_item(
+                "frames",
+                float(t),
+                {"obs": w.history["obs"][-length:], "label": w.history["label"][-1]},
+            )
+        w.end_episode(timeout_ms=int(T * 1000))
+    for i in range(5):
+        client.insert([np.float64(i / 2)], {"plain": 1.0 + i}, timeout=T)
+    list(client.sample("frames", 3, emit_timesteps=False, timeout=T))
+    path = client.checkpoint(timeout=T)
+    server.stop()
+    return path
+
+
+def test_export_writes_every_item_as_a_row(tmp_path: pathlib.Path, capsys) -> None:
+    source = _checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "out"
+    assert cli.main(["export", source, "--to", str(out), "--batch-rows", "2"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["frames.parquet", "plain.parquet"]
+
+    with reverb.checkpoint.open(source) as ckpt:
+        expected = list(ckpt.items("frames"))
+        names = ckpt.tables["frames"].column_names
+    table = pq.read_table(out / "frames.parquet")
+    assert table.schema.metadata[b"reverb.table"] == b"frames"
+    assert table.schema.metadata[b"reverb.rows"] == b"items"
+    data_columns = table.column_names[6:]
+    if names:  # the signature's names (label, obs in tf.nest order)
+        assert data_columns == names == ["label", "obs"]
+    else:
+        assert data_columns == ["column_0", "column_1"]
+    rows = table.to_pylist()
+    assert len(rows) == len(expected) == 7
+    for row, item in zip(rows, expected):
+        assert row["key"] == item.key and row["priority"] == item.priority
+        assert row["times_sampled"] == item.times_sampled
+        assert row["episode_id"] == item.episode_id and row["step"] == item.step
+        assert row["inserted_at"] == item.inserted_at
+        label, obs = (row[c] for c in data_columns)
+        assert label == item.data[0].item()
+        np.testing.assert_array_equal(np.array(obs, np.uint8), item.data[1])
+    # Items of 1, 2, then 3 steps: the first dimension varies, the others are fixed.
+    assert [len(r[data_columns[1]]) for r in rows] == [1, 2, 3, 3, 3, 3, 3]
+    obs_type = table.schema.field(data_columns[1]).type
+    assert pa.types.is_list(obs_type)
+    assert pa.types.is_fixed_size_list(obs_type.value_type)
+    assert obs_type.value_type.list_size == 4 and obs_type.value_type.value_type.list_size == 3
+    assert sum(r["times_sampled"] for r in rows) == 3
+
+    plain = pq.read_table(out / "plain.parquet").to_pylist()
+    assert [r["priority"] for r in plain] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [r["column_0"] for r in plain] == [[0.0], [0.5], [1.0], [1.5], [2.0]]
+
+
+def test_export_of_one_table_and_bad_input(tmp_path: pathlib.Path, capsys) -> None:
+    source = _checkpoint(tmp_path / "ckpt")
+    from reverb import parquet
+
+    written = parquet.export(source, str(tmp_path / "one"), ["plain"])
+    assert list(written) == ["plain"]
+    assert pq.read_table(written["plain"]).num_rows == 5
+    assert cli.main(["export", source, "--to", str(tmp_path / "x"), "--table", "nope"]) == 1
+    assert "no table 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "bad.rvb"
+    bad.write_bytes(b"nope")
+    assert cli.main(["export", str(bad), "--to", str(tmp_path / "y")]) == 1
+    assert "corrupt checkpoint" in capsys.readouterr().err
