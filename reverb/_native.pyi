@@ -426,12 +426,14 @@ class CheckpointReader:
 @final
 class CheckpointItems:
     """One table's items in insertion order: (key, priority, times_sampled, (seconds,
-    nanos), (episode id, step), columns or None)."""
+    nanos), (episode id, step), squeezed columns, columns or None)."""
 
     def __iter__(self) -> CheckpointItems: ...
     def __next__(
         self,
-    ) -> Tuple[int, float, int, Tuple[int, int], Tuple[int, int], Optional[List[_Column]]]: ...
+    ) -> Tuple[
+        int, float, int, Tuple[int, int], Tuple[int, int], List[bool], Optional[List[_Column]]
+    ]: ...
 
 def connect_wait_seconds() -> float: ...
 def server_info_all(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from reverb import _native, _proto, _signature
 from reverb.client import to_sample
@@ -66,6 +66,9 @@ class CheckpointItem:
     #: The episode and step of the item's first row (of its first column).
     episode_id: int
     step: int
+    #: Per column: whether the item took it from one step, without a time dimension
+    #: (`history[c][-1]` rather than a slice).
+    squeezed: Tuple[bool, ...]
     #: The trajectory: a list of numpy arrays (one per column), or the table signature's
     #: nest with `unpack_as_table_signature`; None when items were read with `data=False`.
     data: Any
@@ -145,10 +148,8 @@ class Checkpoint:
         if table not in self.tables:
             raise KeyError(f"no table {table!r} in {self.path} (it has {sorted(self.tables)})")
         signature = self.tables[table].signature if unpack_as_table_signature else None
-        for key, priority, times_sampled, (secs, nanos), (
-            episode,
-            step,
-        ), columns in self._reader.items(table, data):
+        for entry in self._reader.items(table, data):
+            key, priority, times_sampled, (secs, nanos), (episode, step), squeezed, columns = entry
             item_data: Any = None
             if columns is not None:
                 item_data = to_sample(None, columns, False, signature).data
@@ -159,6 +160,7 @@ class Checkpoint:
                 inserted_at=_time(secs, nanos),
                 episode_id=episode,
                 step=step,
+                squeezed=tuple(squeezed),
                 data=item_data,
             )
 

@@ -2,6 +2,7 @@
 
     reverb inspect PATH_OR_ADDRESS [--table T] [--bins N] [--plot out.png]
     reverb export PATH --to DIR [--table T] [--format parquet]
+    reverb import FILE.parquet --to HOST:PORT [--table T]
 
 `inspect` describes a checkpoint (a directory `Client.checkpoint()` returned, its file, or a
 checkpointer's root) read without a server: each table's settings, counters and signature,
@@ -9,7 +10,8 @@ its items' priorities and times sampled (statistics and histograms) and episodes
 server's address (`host:port`) instead, it describes the live tables from `ServerInfo` (what
 any Reverb server, dm-reverb's too, reports: sizes, episodes, rate limiter, signature).
 `--plot` draws the histograms into a PNG (needs matplotlib). `export` writes each table of a
-checkpoint to `DIR/<table>.parquet` (see `reverb.parquet`). Not in the reference.
+checkpoint to `DIR/<table>.parquet` and `import` seeds a live table with such a file's items
+(see `reverb.parquet`). Not in the reference.
 """
 
 from __future__ import annotations
@@ -186,9 +188,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     export.add_argument("--table", action="append", help="only this table (repeatable)")
     export.add_argument("--format", default="parquet", choices=["parquet"])
     export.add_argument("--batch-rows", type=int, default=1024, help="items per row group")
+    load = commands.add_parser(
+        "import", help="seed a live table with the items of a Parquet file (reverb export's)"
+    )
+    load.add_argument("file", help="a Parquet file of item rows")
+    load.add_argument("--to", required=True, metavar="HOST:PORT", help="the server")
+    load.add_argument("--table", help="the table (default: the one the file names)")
+    load.add_argument("--auth-token", help="for a server that asks for one")
     args = parser.parse_args(argv)
     if args.command == "export":
         return _export(args)
+    if args.command == "import":
+        return _import(args)
     if args.bins < 1:
         parser.error("--bins must be at least 1")
     try:
@@ -221,6 +232,21 @@ def _export(args: argparse.Namespace) -> int:
         return 1
     for table, path in written.items():
         print(f"{table}: {path}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    import reverb
+    from reverb import parquet
+
+    kwargs = {"auth_token": args.auth_token} if args.auth_token else {}
+    try:
+        client = reverb.Client(args.to, **kwargs)
+        count = parquet.load(client, args.file, args.table, timeout=60)
+    except Exception as e:  # bad file, unknown table, refused items, no server
+        print(f"reverb import: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"{count} items into {args.to}")
     return 0
 
 

@@ -97,6 +97,7 @@ def export_table(
     writer = None
     names: List[str] = []
     first: List[tuple] = []
+    squeezed: tuple = ()
     count = 0
     pending: List[checkpoint.CheckpointItem] = []
 
@@ -110,6 +111,7 @@ def export_table(
                 "reverb.table": table,
                 "reverb.rows": "items",
                 "reverb.columns": json.dumps(names),
+                "reverb.squeezed": json.dumps(list(squeezed)),
             }
             schema = batch.schema.with_metadata(metadata)
             writer = pq.ParquetWriter(path, schema)
@@ -121,6 +123,13 @@ def export_table(
             if not names:
                 names = _names(info, len(item.data))
                 first = [np.shape(column) for column in item.data]
+                squeezed = item.squeezed
+            elif item.squeezed != squeezed:
+                raise ValueError(
+                    f"items of table {table!r} differ in which columns are single steps "
+                    f"({squeezed} and, for item {item.key}, {item.squeezed}): they cannot "
+                    "share one Parquet file"
+                )
             pending.append(item)
             count += 1
             if len(pending) >= batch_rows:
@@ -160,4 +169,93 @@ def export(
     return written
 
 
-__all__ = ["META_COLUMNS", "export", "export_table"]
+def _rows(pa: Any, array: Any) -> List[np.ndarray]:
+    """One Arrow column of a batch as one array per row: lists over the first dimension of
+    fixed-size lists become arrays of shape [length, *sizes]; scalars 0-d arrays."""
+    lengths = None
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+        array = array.flatten()
+    dims = []
+    while pa.types.is_fixed_size_list(array.type):
+        dims.append(array.type.list_size)
+        array = array.flatten()
+    leaf = array.to_numpy(zero_copy_only=False)
+    if lengths is None:
+        if not dims:
+            return [np.asarray(v) for v in leaf]
+        return list(leaf.reshape(-1, *dims))
+    shaped = leaf.reshape(-1, *dims)
+    return np.split(shaped, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
+def load(
+    client: Any,
+    path: str,
+    table: Optional[str] = None,
+    *,
+    batch_rows: int = 1024,
+    timeout: Optional[float] = None,
+) -> int:
+    """Seeds `table` (by default the one the file's metadata names) with the items of a
+    Parquet file `export` wrote, or any file of item rows with the same layout: each row
+    becomes a new item with the row's `priority` (1.0 when there is none) and its trajectory
+    columns, written through a trajectory writer (checked against the table's signature as
+    any writer's items are). Columns the file's `reverb.squeezed` metadata names are single
+    steps (without it: scalar columns are, list columns are time slices). Items get new keys
+    and start unsampled; the rows of overlapping items are stored once per item. Returns how
+    many items were written."""
+    pa, pq = _pyarrow()
+    file = pq.ParquetFile(path)
+    schema = file.schema_arrow
+    metadata = schema.metadata or {}
+    target = table or metadata.get(b"reverb.table", b"").decode()
+    if not target:
+        raise ValueError(f"{path} does not name its table: pass table=")
+    names = [name for name in schema.names if name not in META_COLUMNS]
+    if not names:
+        raise ValueError(f"{path} has no trajectory columns (only {schema.names})")
+    if b"reverb.squeezed" in metadata:
+        squeezed = [bool(s) for s in json.loads(metadata[b"reverb.squeezed"])]
+    else:
+        squeezed = [not pa.types.is_list(schema.field(n).type) for n in names]
+    timeout_ms = None if timeout is None else int(timeout * 1000)
+    count = 0
+    for batch in file.iter_batches(batch_size=batch_rows):
+        columns = [_rows(pa, batch.column(name)) for name in names]
+        if "priority" in batch.schema.names:
+            priorities = batch.column("priority").to_numpy(zero_copy_only=False)
+        else:
+            priorities = np.ones(batch.num_rows)
+        lengths = [
+            [1 if squeezed[c] else len(columns[c][r]) for c in range(len(names))]
+            for r in range(batch.num_rows)
+        ]
+        longest = max((max(row) for row in lengths), default=1)
+        with client.trajectory_writer(num_keep_alive_refs=max(longest, 1)) as writer:
+            for r in range(batch.num_rows):
+                steps = max(lengths[r])
+                for k in range(steps):
+                    step = {}
+                    for c, name in enumerate(names):
+                        first = steps - lengths[r][c]
+                        if k < first:
+                            step[name] = None
+                        elif squeezed[c]:
+                            step[name] = columns[c][r]
+                        else:
+                            step[name] = columns[c][r][k - first]
+                    writer.append(step)
+                trajectory = [
+                    writer.history[name][-1]
+                    if squeezed[c]
+                    else writer.history[name][-lengths[r][c] :]
+                    for c, name in enumerate(names)
+                ]
+                writer.create_item(target, float(priorities[r]), trajectory)
+                count += 1
+            writer.flush(timeout_ms=timeout_ms)
+    return count
+
+
+__all__ = ["META_COLUMNS", "export", "export_table", "load"]

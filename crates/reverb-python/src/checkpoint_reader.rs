@@ -92,6 +92,7 @@ type ItemTuple<'py> = (
     i32,
     (i64, i32),
     (u64, i64),
+    Vec<bool>,
     Option<Bound<'py, PyList>>,
 );
 
@@ -102,8 +103,9 @@ impl PyCheckpointItems {
     }
 
     /// `(key, priority, times_sampled, (inserted_at seconds, nanos), (episode id, first
-    /// step), columns or None)`; columns are `(dtype, shape, data)` as samples give them. The
-    /// episode and step are those of the first column's first row.
+    /// step), squeezed, columns or None)`; columns are `(dtype, shape, data)` as samples give
+    /// them; `squeezed` says which columns are one step without a time dimension. The episode
+    /// and step are those of the first column's first row.
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<ItemTuple<'py>>> {
         let (reader, cursor, cache) = (&self.reader, &mut self.cursor, &mut self.chunks);
         let (data, table_size) = (self.data, self.table_size);
@@ -180,12 +182,18 @@ impl PyCheckpointItems {
             None => None,
         };
         let at = item.inserted_at.unwrap_or_default();
+        let squeezed = item
+            .flat_trajectory
+            .as_ref()
+            .map(|t| t.columns.iter().map(|c| c.squeeze).collect())
+            .unwrap_or_default();
         Ok(Some((
             item.key,
             item.priority,
             item.times_sampled,
             (at.seconds, at.nanos),
             origin,
+            squeezed,
             columns,
         )))
     }

@@ -1,5 +1,6 @@
 """`reverb export` / `reverb.parquet.export`: a checkpoint's tables become Parquet files whose
-rows are the checkpoint's items (metadata and data) in insertion order."""
+rows are the checkpoint's items (metadata and data) in insertion order; `reverb import` /
+`reverb.parquet.load` seed a live table with them (the round trip gives the same items)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ T = 10.0
 pytestmark = pytest.mark.slow
 
 
-def _checkpoint(root: pathlib.Path) -> str:
-    """`frames` (signature: obs uint8[.., 4, 3] and a text label) with items of 1 to 3 steps,
-    and `plain` (no signature) with scalar items; some sampled."""
+def _tables(root: pathlib.Path) -> reverb.Server:
+    """`frames` (signature: obs uint8[.., 4, 3] and a text label) and `plain` (no signature),
+    checkpointed under `root`."""
     signature = None
     try:
         import tensorflow as tf
@@ -42,9 +43,14 @@ def _checkpoint(root: pathlib.Path) -> str:
         signature=signature,
     )
     plain = reverb.Table.queue("plain", 100)
-    server = reverb.Server(
+    return reverb.Server(
         [frames, plain], checkpointer=reverb.checkpointers.DefaultCheckpointer(str(root))
     )
+
+
+def _checkpoint(root: pathlib.Path) -> str:
+    """Items of 1 to 3 steps in `frames`, scalar items in `plain`; some sampled."""
+    server = _tables(root)
     client = server.localhost_client()
     rng = np.random.default_rng(0)
     with client.trajectory_writer(3) as w:
@@ -123,3 +129,39 @@ def test_export_of_one_table_and_bad_input(tmp_path: pathlib.Path, capsys) -> No
     bad.write_bytes(b"nope")
     assert cli.main(["export", str(bad), "--to", str(tmp_path / "y")]) == 1
     assert "corrupt checkpoint" in capsys.readouterr().err
+
+
+def test_import_seeds_a_table_with_the_exported_items(tmp_path: pathlib.Path, capsys) -> None:
+    source = _checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "out"
+    assert cli.main(["export", source, "--to", str(out)]) == 0
+    server = _tables(tmp_path / "fresh")
+    try:
+        address = f"localhost:{server.port}"
+        for table in ("frames", "plain"):
+            path = str(out / f"{table}.parquet")
+            assert cli.main(["import", path, "--to", address]) == 0
+        assert "7 items into" in capsys.readouterr().out
+        copy = server.localhost_client().checkpoint(timeout=T)
+    finally:
+        server.stop()
+    with reverb.checkpoint.open(source) as a, reverb.checkpoint.open(copy) as b:
+        for table in ("frames", "plain"):
+            old, new = list(a.items(table)), list(b.items(table))
+            assert len(old) == len(new) > 0
+            for x, y in zip(old, new):
+                assert (x.priority, x.squeezed) == (y.priority, y.squeezed)
+                assert y.times_sampled == 0 and y.key != x.key
+                assert len(x.data) == len(y.data)
+                for u, v in zip(x.data, y.data):
+                    assert u.dtype == v.dtype and u.shape == v.shape
+                    np.testing.assert_array_equal(u, v)
+    # A file whose table the server lacks: a clear error, nothing written.
+    other = reverb.Server([reverb.Table.queue("elsewhere", 10)])
+    try:
+        path = str(out / "plain.parquet")
+        assert cli.main(["import", path, "--to", f"localhost:{other.port}"]) == 1
+        assert "plain" in capsys.readouterr().err
+        assert other.localhost_client().server_info(timeout=T)["elsewhere"].current_size == 0
+    finally:
+        other.stop()
