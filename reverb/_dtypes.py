@@ -27,6 +27,15 @@ _NUMPY_OF_TF = {v: k for k, v in _TF_OF_NUMPY.items()}
 STRING = 7  # DT_STRING: numpy bytes_, str_ and object arrays of bytes or str
 
 
+def as_array(value: Any) -> np.ndarray:
+    """`np.asarray(value)`, except that Python bytes stay whole (an object array): numpy's
+    fixed-width `S` arrays drop trailing NUL bytes, which TensorFlow keeps."""
+    array = np.asarray(value)
+    if array.dtype.kind == "S" and not isinstance(value, np.ndarray):
+        return np.array(value, dtype=object)
+    return array
+
+
 def tf_enum(dtype: np.dtype) -> int:
     """The TensorFlow DataType value of a numpy dtype (either byte order); ValueError when
     unsupported."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
@@ -68,6 +69,12 @@ def _table_lines(name: str, size: int, table: Any, limiter: Any, counts: str) ->
     ]
 
 
+def _check_tables(wanted: Optional[Sequence[str]], present: Dict[str, Any]) -> None:
+    unknown = sorted(set(wanted or ()) - set(present))
+    if unknown:
+        raise KeyError(f"no table {unknown[0]!r} (there are {sorted(present)})")
+
+
 def _signature_lines(signature: Any) -> List[str]:
     if signature is None:
         return ["  signature: none"]
@@ -89,6 +96,7 @@ def inspect_checkpoint(
     found: Dict[str, Dict[str, np.ndarray]] = {}
     with checkpoint.open(path) as ckpt:
         print(f"checkpoint {ckpt.path}", file=out)
+        _check_tables(tables, ckpt.tables)
         for name, table in ckpt.tables.items():
             if tables and name not in tables:
                 continue
@@ -129,6 +137,7 @@ def inspect_server(
     kwargs = {"auth_token": auth_token} if auth_token else {}
     info = reverb.Client(address, **kwargs).server_info(timeout=10)
     print(f"server {address}", file=out)
+    _check_tables(tables, info)
     for name, table in info.items():
         if tables and name not in tables:
             continue
@@ -202,6 +211,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _import(args)
     if args.bins < 1:
         parser.error("--bins must be at least 1")
+    if not os.path.exists(args.target) and not re.fullmatch(r"[\w.\-\[\]:]+:\d+", args.target):
+        print(
+            f"reverb inspect: {args.target}: no such checkpoint, nor a host:port", file=sys.stderr
+        )
+        return 1
     try:
         if os.path.exists(args.target):
             found = inspect_checkpoint(args.target, args.table, args.bins, sys.stdout)
@@ -229,6 +243,9 @@ def _export(args: argparse.Namespace) -> int:
         written = parquet.export(args.source, args.to, args.table, batch_rows=args.batch_rows)
     except (ValueError, KeyError, ImportError) as e:
         print(f"reverb export: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # what Arrow cannot write, a file in the way, ...
+        print(f"reverb export: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     for table, path in written.items():
         print(f"{table}: {path}")

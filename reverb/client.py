@@ -113,7 +113,7 @@ class Client:
         leaves = _nest.flatten(data)
         if not leaves:
             raise ValueError("data must contain at least one value")
-        arrays = [np.asarray(leaf) for leaf in leaves]
+        arrays = [_dtypes.as_array(leaf) for leaf in leaves]
         # (ValueError for unsupported dtypes.)
         step = [(_dtypes.tf_enum(a.dtype), a.shape, (1, *a.shape)) for a in arrays]
         for table in priorities:
@@ -142,7 +142,7 @@ class Client:
         leaves = _nest.flatten(data)
         if not leaves:
             raise ValueError("data must contain at least one value")
-        arrays = [np.asarray(leaf) for leaf in leaves]
+        arrays = [_dtypes.as_array(leaf) for leaf in leaves]
         if any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
             shapes = [list(a.shape) for a in arrays]
             raise ValueError(

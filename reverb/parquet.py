@@ -51,16 +51,18 @@ def _names(table: checkpoint.CheckpointTable, count: int) -> List[str]:
     return [f"column_{i}" for i in range(count)]
 
 
-def _column(pa: Any, name: str, values: List[np.ndarray], first: tuple) -> Any:
-    """The Arrow array of one trajectory column over a batch of items whose first item
-    (of the whole table) had shape `first`: scalars plain, else a list over the first
-    dimension of fixed-size lists over the others."""
+def _column(pa: Any, name: str, values: List[np.ndarray], first: np.ndarray) -> Any:
+    """The Arrow array of one trajectory column over a batch of items, like the table's
+    first item `first`: scalars plain, else a list over the first dimension of fixed-size
+    lists over the others."""
     for v in values:
-        if v.ndim != len(first) or v.shape[1:] != first[1:]:
+        if v.ndim != first.ndim or v.shape[1:] != first.shape[1:] or v.dtype != first.dtype:
             raise ValueError(
-                f"column {name!r}: items of shape {first} and {v.shape} cannot share a "
-                "Parquet column (only the first dimension may vary)"
+                f"column {name!r}: items of {first.dtype}{list(first.shape)} and "
+                f"{v.dtype}{list(v.shape)} cannot share a Parquet column (only the first "
+                "dimension may vary)"
             )
+    first = first.shape
     strings = values[0].dtype == object or values[0].dtype.kind in "SU"
     leaf_type = pa.binary() if strings else None
     if not first:
@@ -96,10 +98,13 @@ def export_table(
     info = ckpt.tables[table]
     writer = None
     names: List[str] = []
-    first: List[tuple] = []
+    first: List[np.ndarray] = []
     squeezed: tuple = ()
     count = 0
     pending: List[checkpoint.CheckpointItem] = []
+    # Written under another name and renamed once complete: a failed export leaves no file
+    # that looks whole.
+    partial = f"{path}.partial"
 
     def flush() -> None:
         nonlocal writer
@@ -114,15 +119,16 @@ def export_table(
                 "reverb.squeezed": json.dumps(list(squeezed)),
             }
             schema = batch.schema.with_metadata(metadata)
-            writer = pq.ParquetWriter(path, schema)
+            writer = pq.ParquetWriter(partial, schema)
         writer.write_batch(batch)
         pending.clear()
 
+    ok = False
     try:
         for item in ckpt.items(table):
             if not names:
                 names = _names(info, len(item.data))
-                first = [np.shape(column) for column in item.data]
+                first = [np.asarray(column) for column in item.data]
                 squeezed = item.squeezed
             elif item.squeezed != squeezed:
                 raise ValueError(
@@ -135,9 +141,14 @@ def export_table(
             if len(pending) >= batch_rows:
                 flush()
         flush()
+        ok = True
     finally:
         if writer is not None:
             writer.close()
+            if ok:
+                os.replace(partial, path)
+            else:
+                os.unlink(partial)
     if writer is None:  # no items: an empty file with the item columns only
         fields = [
             pa.field("key", pa.uint64()),
@@ -169,6 +180,16 @@ def export(
     return written
 
 
+def _scalar(value: Any, dtype: np.dtype) -> np.ndarray:
+    """A 0-d array of `value`; bytes stay whole in an object array (numpy's `S` arrays drop
+    trailing NUL bytes)."""
+    if dtype.kind == "O":
+        out = np.empty((), object)
+        out[()] = value
+        return out
+    return np.asarray(value, dtype)
+
+
 def _rows(pa: Any, array: Any) -> List[np.ndarray]:
     """One Arrow column of a batch as one array per row: lists over the first dimension of
     fixed-size lists become arrays of shape [length, *sizes]; scalars 0-d arrays."""
@@ -183,7 +204,7 @@ def _rows(pa: Any, array: Any) -> List[np.ndarray]:
     leaf = array.to_numpy(zero_copy_only=False)
     if lengths is None:
         if not dims:
-            return [np.asarray(v) for v in leaf]
+            return [_scalar(v, leaf.dtype) for v in leaf]
         return list(leaf.reshape(-1, *dims))
     shaped = leaf.reshape(-1, *dims)
     return np.split(shaped, np.cumsum(lengths)[:-1]) if len(lengths) else []
@@ -214,6 +235,8 @@ def load(
         raise ValueError(f"{path} does not name its table: pass table=")
     names = [name for name in schema.names if name not in META_COLUMNS]
     if not names:
+        if file.metadata.num_rows == 0:
+            return 0  # (an exported empty table)
         raise ValueError(f"{path} has no trajectory columns (only {schema.names})")
     if b"reverb.squeezed" in metadata:
         squeezed = [bool(s) for s in json.loads(metadata[b"reverb.squeezed"])]
@@ -231,6 +254,10 @@ def load(
             [1 if squeezed[c] else len(columns[c][r]) for c in range(len(names))]
             for r in range(batch.num_rows)
         ]
+        for r, row in enumerate(lengths):
+            if min(row) == 0:
+                column = names[row.index(0)]
+                raise ValueError(f"{path}: row {count + r} has no rows in column {column!r}")
         longest = max((max(row) for row in lengths), default=1)
         with client.trajectory_writer(num_keep_alive_refs=max(longest, 1)) as writer:
             for r in range(batch.num_rows):

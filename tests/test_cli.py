@@ -86,6 +86,12 @@ def test_inspect_a_live_server_and_bad_targets(tmp_path: pathlib.Path, capsys) -
     bad.write_bytes(b"not a checkpoint")
     assert cli.main(["inspect", str(bad)]) == 1
     assert "corrupt checkpoint" in capsys.readouterr().err
+    # A mistyped path is not taken for an address; an unknown table is named.
+    assert cli.main(["inspect", str(tmp_path / "typo")]) == 1
+    assert "no such checkpoint, nor a host:port" in capsys.readouterr().err
+    path = _checkpoint(tmp_path / "ckpt")
+    assert cli.main(["inspect", path, "--table", "nope"]) == 1
+    assert "no table 'nope'" in capsys.readouterr().err
 
 
 def test_the_reverb_command_is_installed_with_the_package(tmp_path: pathlib.Path) -> None:

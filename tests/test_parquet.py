@@ -58,7 +58,8 @@ def _checkpoint(root: pathlib.Path) -> str:
             w.append(
                 {
                     "obs": rng.integers(0, 255, (4, 3), dtype=np.uint8),
-                    "label": f"step {t}",
+                    # (Trailing NUL bytes must survive the round trip.)
+                    "label": f"step {t}".encode() + b"\x00" * (t % 3),
                 }
             )
             length = min(t + 1, 3)
@@ -165,3 +166,18 @@ def test_import_seeds_a_table_with_the_exported_items(tmp_path: pathlib.Path, ca
         assert other.localhost_client().server_info(timeout=T)["elsewhere"].current_size == 0
     finally:
         other.stop()
+
+
+def test_a_failed_export_leaves_no_file(tmp_path: pathlib.Path, capsys) -> None:
+    """Items whose columns change dtype cannot share a Parquet column: the export fails
+    and neither the file nor its partial remains."""
+    server = reverb.Server([reverb.Table.queue("mixed", 10)])
+    client = server.localhost_client()
+    client.insert([np.int64(1)], {"mixed": 1.0}, timeout=T)
+    client.insert([np.float64(2.5)], {"mixed": 1.0}, timeout=T)
+    path = client.checkpoint(timeout=T)
+    server.stop()
+    out = tmp_path / "out"
+    assert cli.main(["export", path, "--to", str(out)]) == 1
+    assert "cannot share a Parquet column" in capsys.readouterr().err
+    assert list(out.iterdir()) == []

@@ -45,6 +45,17 @@ def test_insert_takes_every_kind_of_string_array(client) -> None:
     ]
 
 
+def test_trailing_nul_bytes_of_python_bytes_are_kept(client) -> None:
+    """A Python bytes value keeps its trailing NULs (as TensorFlow's strings do) through
+    `insert` and the trajectory writer; numpy's fixed-width bytes_ would drop them."""
+    client.insert(b"end\x00\x00", {"q": 1.0}, timeout=T)
+    with client.trajectory_writer(1) as w:
+        w.append({"s": b"ab\x00"})
+        w.create_item("q", 1.0, {"s": w.history["s"][-1]})
+        w.flush(timeout_ms=int(T * 1000))
+    assert _sample_all(client, "q") == [[[b"end\x00\x00"]], [b"ab\x00"]]
+
+
 def test_sampled_strings_are_object_arrays_of_bytes(client) -> None:
     client.insert(np.array(["a", "b"]), {"q": 1.0}, timeout=T)
     [sample] = list(client.sample("q", 1, emit_timesteps=False, timeout=T))

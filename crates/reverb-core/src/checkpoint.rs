@@ -285,6 +285,9 @@ fn next_record(input: &mut impl Read, payload: &mut Vec<u8>) -> Result<Option<u8
     if crc32fast::hash(payload) != crc {
         return Err(corrupt("a record fails its checksum"));
     }
+    if payload.capacity() > payload.len() + (1 << 20) {
+        payload.shrink_to_fit(); // (past the reservation, `read_to_end` grew it by doubling)
+    }
     Ok(Some(head[0]))
 }
 
@@ -304,6 +307,8 @@ fn end_counts(payload: &[u8]) -> Option<[u64; 3]> {
 /// then read in insertion order and chunks fetched from the file by key when asked for.
 pub struct Reader<F> {
     file: F,
+    /// Where `file` is (so reads in sequence do not seek: a seek empties a `BufReader`).
+    position: u64,
     tables: Vec<PriorityTableCheckpoint>,
     chunks: HashMap<u64, (u64, u32)>,
     runs: Vec<ItemRun>,
@@ -383,8 +388,10 @@ impl<F: Read + Seek> Reader<F> {
                         return Err(corrupt("record counts do not match the end record"));
                     }
                     drop(input);
+                    let position = file.stream_position().map_err(io)?;
                     return Ok(Self {
                         file,
+                        position,
                         tables,
                         chunks,
                         runs,
@@ -444,10 +451,8 @@ impl<F: Read + Seek> Reader<F> {
                 return Ok(None);
             }
         }
-        let io = |e: std::io::Error| corrupt(format!("cannot read: {e}"));
-        self.file.seek(SeekFrom::Start(cursor.offset)).map_err(io)?;
         let mut payload = Vec::new();
-        let kind = next_record(&mut self.file, &mut payload)?;
+        let kind = self.record_at(cursor.offset, &mut payload)?;
         if kind != Some(ITEM) {
             return Err(corrupt("the file changed since it was opened"));
         }
@@ -458,16 +463,30 @@ impl<F: Read + Seek> Reader<F> {
             .map_err(corrupt)
     }
 
+    /// The record at `offset` (see [`next_record`]).
+    fn record_at(&mut self, offset: u64, payload: &mut Vec<u8>) -> Result<Option<u8>> {
+        if self.position != offset {
+            let io = |e: std::io::Error| corrupt(format!("cannot read: {e}"));
+            self.file.seek(SeekFrom::Start(offset)).map_err(io)?;
+            self.position = offset;
+        }
+        // (On an error the position is unknown: the next read seeks.)
+        self.position = u64::MAX;
+        let kind = next_record(&mut self.file, payload)?;
+        if kind.is_some() {
+            self.position = offset + 9 + payload.len() as u64;
+        }
+        Ok(kind)
+    }
+
     /// The chunk `key` (its record checked again as it is read).
     pub fn chunk(&mut self, key: u64) -> Result<ChunkData> {
         let &(offset, len) = self
             .chunks
             .get(&key)
             .ok_or_else(|| corrupt(format!("an item references missing chunk {key}")))?;
-        let io = |e: std::io::Error| corrupt(format!("cannot read: {e}"));
-        self.file.seek(SeekFrom::Start(offset - 9)).map_err(io)?;
         let mut payload = Vec::with_capacity(len as usize);
-        if next_record(&mut self.file, &mut payload)? != Some(CHUNK) {
+        if self.record_at(offset - 9, &mut payload)? != Some(CHUNK) {
             return Err(corrupt("the file changed since it was opened"));
         }
         ChunkData::decode(Bytes::from(payload)).map_err(corrupt)

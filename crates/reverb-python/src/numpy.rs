@@ -49,9 +49,21 @@ pub(crate) fn to_array<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> PyRes
             array.downcast_into::<PyUntypedArray>()?
         }
         // Scalars and sequences: numpy decides the dtype, as in the reference.
-        Err(_) => numpy_module(py)?
-            .call_method1(intern!(py, "asarray"), (value,))?
-            .downcast_into::<PyUntypedArray>()?,
+        Err(_) => {
+            let numpy = numpy_module(py)?;
+            let array = numpy
+                .call_method1(intern!(py, "asarray"), (value,))?
+                .downcast_into::<PyUntypedArray>()?;
+            if array.dtype().kind() == b'S' {
+                // Python bytes kept whole: numpy's fixed-width `S` drops trailing NUL bytes
+                // (TensorFlow keeps them).
+                numpy
+                    .call_method1(intern!(py, "array"), (value, intern!(py, "object")))?
+                    .downcast_into::<PyUntypedArray>()?
+            } else {
+                array
+            }
+        }
     };
     let array = if array.is_c_contiguous() {
         array
