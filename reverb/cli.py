@@ -3,6 +3,7 @@
     reverb inspect PATH_OR_ADDRESS [--table T] [--bins N] [--plot out.png]
     reverb export PATH --to DIR [--table T] [--format parquet]
     reverb import FILE.parquet --to HOST:PORT [--table T]
+    reverb top HOST:PORT [--metrics-port P] [--interval S] [--once]
 
 `inspect` describes a checkpoint (a directory `Client.checkpoint()` returned, its file, or a
 checkpointer's root) read without a server: each table's settings, counters and signature,
@@ -204,7 +205,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     load.add_argument("--to", required=True, metavar="HOST:PORT", help="the server")
     load.add_argument("--table", help="the table (default: the one the file names)")
     load.add_argument("--auth-token", help="for a server that asks for one")
+    top = commands.add_parser("top", help="a live view of a server's tables (needs rich)")
+    top.add_argument("address", help="host:port of the server")
+    top.add_argument("--metrics-port", type=int, help="the server's metrics port (ours)")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--auth-token", help="for a server that asks for one")
+    top.add_argument("--tls-ca", help="PEM file of the authority a TLS server's cert is from")
     args = parser.parse_args(argv)
+    if args.command == "top":
+        return _top(args)
     if args.command == "export":
         return _export(args)
     if args.command == "import":
@@ -264,6 +274,28 @@ def _import(args: argparse.Namespace) -> int:
         print(f"reverb import: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     print(f"{count} items into {args.to}")
+    return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        print("reverb top needs rich: pip install 'dm-reverb[top]'", file=sys.stderr)
+        return 1
+    from reverb import top
+
+    try:
+        view = top.Top(
+            args.address,
+            metrics_port=args.metrics_port,
+            auth_token=args.auth_token,
+            tls_ca=args.tls_ca,
+        )
+        top.run(view, max(args.interval, 0.1), args.once)
+    except Exception as e:  # no server there, a refused token, ...
+        print(f"reverb top: {args.address}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
