@@ -173,7 +173,10 @@ def plot(found: Dict[str, Dict[str, np.ndarray]], bins: int, path: str) -> None:
     for row, (name, series) in enumerate(found.items()):
         for col, (what, values) in enumerate(series.items()):
             ax = axes[row][col]
-            ax.hist(values, bins=bins)
+            edges: Any = bins
+            if values.dtype.kind in "iu" and values.max() - values.min() <= 100:
+                edges = np.arange(values.min(), values.max() + 2) - 0.5  # one bar per count
+            ax.hist(values, bins=edges)
             ax.set_title(f"{name}: {what} ({values.size} items)")
             ax.set_xlabel(what)
             ax.set_ylabel("items")
