@@ -14,8 +14,8 @@ truncated or corrupt checkpoint is refused with a `ValueError` naming the file);
 it keeps only the tables' settings and an index of where chunks and items are, so a
 checkpoint larger than memory is read item by item, each chunk fetched from the file when an
 item needs it. Reads the checkpoints of this package (`Client.checkpoint`, a server's
-`DefaultCheckpointer`); dm-reverb's (TFRecord) checkpoints are restored by a server
-(`reverb.Server(tables, checkpointer=...)`) but not read offline yet.
+`DefaultCheckpointer`) that way, and dm-reverb 0.14's (a directory of TFRecord files) whole,
+into memory, with the same checks as a server's restore.
 """
 
 from __future__ import annotations
@@ -74,9 +74,17 @@ class CheckpointItem:
     data: Any
 
 
+def _is_dm_reverb(path: str) -> bool:
+    """A complete checkpoint directory dm-reverb wrote (TFRecord files and DONE)."""
+    return os.path.isfile(os.path.join(path, "DONE")) and any(
+        name.endswith(".tfrecord") for name in os.listdir(path)
+    )
+
+
 def _resolve(path: str) -> str:
-    """The checkpoint file `path` names: the file itself, a checkpoint directory, or a root
-    of checkpoint directories (the latest one there)."""
+    """What `path` names: our checkpoint file (the file, or a checkpoint directory holding
+    it), a dm-reverb checkpoint directory, or a root of checkpoint directories (the latest
+    one there: ours by their UTC names, else dm-reverb's by theirs)."""
     path = os.fspath(path)
     if os.path.isfile(path):
         return path
@@ -84,22 +92,16 @@ def _resolve(path: str) -> str:
         raise ValueError(f"{path}: no such checkpoint file or directory")
     if os.path.isfile(os.path.join(path, FILE)):
         return os.path.join(path, FILE)
-    # A root: checkpoint directories are named by their UTC time, so the last name is the
-    # latest.
-    found = sorted(
-        name for name in os.listdir(path) if os.path.isfile(os.path.join(path, name, FILE))
-    )
-    if found:
-        return os.path.join(path, found[-1], FILE)
-    if os.path.isfile(os.path.join(path, "DONE")) or any(
-        name.endswith(".tfrecord") for name in os.listdir(path)
-    ):
-        raise ValueError(
-            f"{path} is a dm-reverb checkpoint: restore it into a server "
-            "(reverb.Server(tables, checkpointer=DefaultCheckpointer(...))); "
-            "it cannot be read offline yet"
-        )
-    raise ValueError(f"{path}: no checkpoint ({FILE}) in it or in its subdirectories")
+    if _is_dm_reverb(path):
+        return path
+    subdirs = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+    ours = [d for d in subdirs if os.path.isfile(os.path.join(path, d, FILE))]
+    if ours:
+        return os.path.join(path, ours[-1], FILE)
+    theirs = [d for d in subdirs if _is_dm_reverb(os.path.join(path, d))]
+    if theirs:
+        return os.path.join(path, theirs[-1])
+    raise ValueError(f"{path}: no checkpoint ({FILE}, or dm-reverb's) in it or below it")
 
 
 def _time(seconds: int, nanos: int) -> Optional[datetime.datetime]:

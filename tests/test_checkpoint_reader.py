@@ -113,10 +113,12 @@ def test_bad_paths_and_corrupt_files_are_refused(tmp_path: pathlib.Path) -> None
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no checkpoint"):
         reverb.checkpoint.open(str(tmp_path / "empty"))
+    # A dm-reverb checkpoint directory missing its files is refused, naming it.
     dm = tmp_path / "dm"
     dm.mkdir()
     (dm / "DONE").write_text("")
-    with pytest.raises(ValueError, match="dm-reverb checkpoint"):
+    (dm / "tables.tfrecord").write_bytes(b"")
+    with pytest.raises(ValueError, match=str(dm)):
         reverb.checkpoint.open(str(dm))
     with reverb.checkpoint.open(str(path)) as ckpt, pytest.raises(KeyError, match="no table"):
         next(ckpt.items("nope"))

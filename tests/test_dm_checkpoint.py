@@ -102,6 +102,25 @@ def test_every_item_comes_back_in_insertion_order(made, how) -> None:
         server.stop()
 
 
+@pytest.mark.parametrize("how", ["root", "checkpoint"])
+def test_the_offline_reader_reads_a_dm_reverb_checkpoint(made, how) -> None:
+    """`reverb.checkpoint.open` on dm-reverb's root (its latest checkpoint) or on the
+    checkpoint directory: every item, key, priority, times sampled and data, in order."""
+    path = made["root"] if how == "root" else made["path"]
+    with reverb.checkpoint.open(path) as ckpt:
+        assert sorted(ckpt.tables) == sorted(NAMES)
+        for name in NAMES:
+            expected = made["items"][name]
+            items = list(ckpt.items(name))
+            assert ckpt.tables[name].num_items == len(items) == len(expected), name
+            for want, item in zip(expected, items):
+                assert _data(name, item.data) == want["data"], name
+                assert item.priority == want["priority"], (name, want)
+                assert item.times_sampled == want["times_sampled"], (name, want)
+                if want["key"] is not None:
+                    assert item.key == want["key"], (name, want)
+
+
 def test_tables_serve_as_the_reference_would(made) -> None:
     """Restored into tables configured as dm-reverb's were: the counters, episodes and
     sampling probabilities the reference reported."""

@@ -1,5 +1,6 @@
-//! The offline checkpoint reader (`reverb.checkpoint.open`): a checkpoint file read in place,
-//! without a server, in bounded memory (`reverb_core::checkpoint::Reader`).
+//! The offline checkpoint reader (`reverb.checkpoint.open`): a checkpoint file of ours read
+//! in place, without a server, in bounded memory (`reverb_core::checkpoint::Reader`), or a
+//! dm-reverb checkpoint directory read whole (`reverb_server::dm_checkpoint`).
 
 use crate::numpy::column_out;
 use parking_lot::Mutex;
@@ -7,23 +8,113 @@ use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use reverb_core::checkpoint::{ItemCursor, Reader};
-use reverb_proto::{ChunkData, SampleInfo};
-use std::collections::VecDeque;
+use reverb_core::checkpoint::{ItemCursor, Reader, SavedTable};
+use reverb_core::Chunk;
+use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint, SampleInfo};
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::BufReader;
+use std::path::Path;
 use std::sync::Arc;
-
-type FileReader = Reader<BufReader<File>>;
 
 /// How many chunks an item walk keeps decoded: consecutive items of a writer share most of
 /// theirs.
 const CHUNK_CACHE: usize = 64;
 
-/// An opened checkpoint file.
+/// Where a checkpoint's records come from.
+enum Source {
+    /// Our checkpoint file, read in place.
+    File(Reader<BufReader<File>>),
+    /// A dm-reverb checkpoint, read whole (its TFRecord files are not indexed), with its
+    /// chunks by key.
+    Loaded(Vec<SavedTable>, HashMap<u64, Arc<Chunk>>),
+}
+
+/// Where a walk over one table's items stands.
+enum Cursor {
+    File(ItemCursor),
+    Loaded { table: Option<usize>, next: usize },
+}
+
+impl Source {
+    fn open(path: &str) -> Result<Self, String> {
+        if Path::new(path).is_dir() {
+            let saved =
+                reverb_server::dm_checkpoint::read(Path::new(path)).map_err(|e| e.to_string())?;
+            let tables: Vec<SavedTable> = saved.into_values().collect();
+            let chunks = tables
+                .iter()
+                .flat_map(|t| &t.snapshot.items)
+                .flat_map(|(item, _, _)| item.chunks().iter())
+                .map(|c| (c.key(), c.clone()))
+                .collect();
+            return Ok(Self::Loaded(tables, chunks));
+        }
+        let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+        let reader = Reader::open(BufReader::with_capacity(1 << 16, file));
+        reader.map(Self::File).map_err(|e| e.to_string())
+    }
+
+    fn tables(&self) -> Vec<(PriorityTableCheckpoint, u64)> {
+        match self {
+            Self::File(r) => r
+                .tables()
+                .iter()
+                .map(|t| (t.clone(), r.item_count(&t.table_name)))
+                .collect(),
+            Self::Loaded(tables, _) => tables
+                .iter()
+                .map(|t| (t.header.clone(), t.snapshot.items.len() as u64))
+                .collect(),
+        }
+    }
+
+    fn cursor(&self, table: &str) -> Cursor {
+        match self {
+            Self::File(r) => Cursor::File(r.cursor(table)),
+            Self::Loaded(tables, _) => Cursor::Loaded {
+                table: tables.iter().position(|t| t.header.table_name == table),
+                next: 0,
+            },
+        }
+    }
+
+    fn next_item(&mut self, cursor: &mut Cursor) -> Result<Option<PrioritizedItem>, String> {
+        match (self, cursor) {
+            (Self::File(r), Cursor::File(c)) => r.next_item(c).map_err(|e| e.to_string()),
+            (Self::Loaded(tables, _), Cursor::Loaded { table, next }) => {
+                let Some(saved) = table.map(|t| &tables[t]) else {
+                    return Ok(None);
+                };
+                let Some((item, priority, times_sampled)) = saved.snapshot.items.get(*next) else {
+                    return Ok(None);
+                };
+                *next += 1;
+                Ok(Some(item.to_proto(
+                    &saved.header.table_name,
+                    *priority,
+                    *times_sampled,
+                )))
+            }
+            _ => Err("a cursor of another checkpoint".to_string()),
+        }
+    }
+
+    fn chunk(&mut self, key: u64) -> Result<ChunkData, String> {
+        match self {
+            Self::File(r) => r.chunk(key).map_err(|e| e.to_string()),
+            Self::Loaded(_, chunks) => chunks
+                .get(&key)
+                .map(|c| c.data())
+                .ok_or_else(|| format!("an item references missing chunk {key}")),
+        }
+    }
+}
+
+/// An opened checkpoint.
 #[pyclass(name = "CheckpointReader", module = "reverb._native", frozen)]
 pub(crate) struct PyCheckpointReader {
-    reader: Arc<Mutex<FileReader>>,
+    source: Arc<Mutex<Source>>,
     path: String,
 }
 
@@ -33,41 +124,41 @@ fn corrupt(path: &str, e: impl std::fmt::Display) -> PyErr {
 
 #[pymethods]
 impl PyCheckpointReader {
-    /// Opens the checkpoint file at `path`, reading it once to check every record.
+    /// Opens the checkpoint at `path`: our checkpoint file (read once to check every
+    /// record), or a dm-reverb checkpoint directory (read whole).
     #[new]
     fn new(py: Python<'_>, path: String) -> PyResult<Self> {
-        let reader = py.detach(|| {
-            let file = File::open(&path).map_err(|e| format!("cannot open: {e}"))?;
-            Reader::open(BufReader::with_capacity(1 << 16, file)).map_err(|e| e.to_string())
-        });
-        let reader = reader.map_err(|e| corrupt(&path, e))?;
+        let source = py
+            .detach(|| Source::open(&path))
+            .map_err(|e| corrupt(&path, e))?;
         Ok(Self {
-            reader: Arc::new(Mutex::new(reader)),
+            source: Arc::new(Mutex::new(source)),
             path,
         })
     }
 
     /// Every table as `(PriorityTableCheckpoint bytes, number of items)`, in the file's order.
     fn tables<'py>(&self, py: Python<'py>) -> Vec<(Bound<'py, PyBytes>, u64)> {
-        let reader = self.reader.lock();
-        reader
-            .tables()
-            .iter()
-            .map(|t| {
-                let count = reader.item_count(&t.table_name);
-                (PyBytes::new(py, &t.encode_to_vec()), count)
-            })
+        let tables = self.source.lock().tables();
+        tables
+            .into_iter()
+            .map(|(t, count)| (PyBytes::new(py, &t.encode_to_vec()), count))
             .collect()
     }
 
     /// The items of `table` in insertion order; with `data`, each with its columns.
     #[pyo3(signature = (table, data=true))]
     fn items(&self, table: &str, data: bool) -> PyCheckpointItems {
-        let reader = self.reader.lock();
+        let source = self.source.lock();
+        let table_size = source
+            .tables()
+            .iter()
+            .find(|(t, _)| t.table_name == table)
+            .map_or(0, |(_, n)| *n as i64);
         PyCheckpointItems {
-            cursor: reader.cursor(table),
-            table_size: reader.item_count(table) as i64,
-            reader: self.reader.clone(),
+            cursor: source.cursor(table),
+            table_size,
+            source: self.source.clone(),
             path: self.path.clone(),
             data,
             chunks: VecDeque::new(),
@@ -78,9 +169,9 @@ impl PyCheckpointReader {
 /// A walk over one table's items (see [`PyCheckpointReader::items`]).
 #[pyclass(name = "CheckpointItems", module = "reverb._native")]
 pub(crate) struct PyCheckpointItems {
-    reader: Arc<Mutex<FileReader>>,
+    source: Arc<Mutex<Source>>,
     path: String,
-    cursor: ItemCursor,
+    cursor: Cursor,
     table_size: i64,
     data: bool,
     chunks: VecDeque<ChunkData>,
@@ -107,11 +198,11 @@ impl PyCheckpointItems {
     /// them; `squeezed` says which columns are one step without a time dimension. The episode
     /// and step are those of the first column's first row.
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<ItemTuple<'py>>> {
-        let (reader, cursor, cache) = (&self.reader, &mut self.cursor, &mut self.chunks);
+        let (source, cursor, cache) = (&self.source, &mut self.cursor, &mut self.chunks);
         let (data, table_size) = (self.data, self.table_size);
         let next = py.detach(|| -> Result<_, String> {
-            let mut reader = reader.lock();
-            let Some(item) = reader.next_item(cursor).map_err(|e| e.to_string())? else {
+            let mut source = source.lock();
+            let Some(item) = source.next_item(cursor)? else {
                 return Ok(None);
             };
             let keys = item
@@ -128,7 +219,7 @@ impl PyCheckpointItems {
                 let chunk = match cache.iter().find(|c| c.chunk_key == key) {
                     Some(chunk) => chunk.clone(),
                     None => {
-                        let chunk = reader.chunk(key).map_err(|e| e.to_string())?;
+                        let chunk = source.chunk(key)?;
                         if cache.len() == CHUNK_CACHE {
                             cache.pop_front();
                         }
