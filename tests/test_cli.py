@@ -3,13 +3,12 @@ times-sampled histograms, episodes, a plot), and live servers, ours and dm-rever
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 
+import _reference as reference
 import numpy as np
 import pytest
 
@@ -110,36 +109,11 @@ def test_the_reverb_command_is_installed_with_the_package(tmp_path: pathlib.Path
         assert "table 'replay': 20 items" in run.stdout
 
 
-REFERENCE = os.environ.get("REVERB_REFERENCE_PYTHON")
-
-
-@pytest.mark.skipif(not REFERENCE, reason="REVERB_REFERENCE_PYTHON is not set")
+@pytest.mark.skipif(not reference.PYTHON, reason="REVERB_REFERENCE_PYTHON is not set")
 def test_inspect_a_dm_reverb_server(capsys) -> None:
-    script = textwrap.dedent(
-        """
-        import sys, numpy as np, reverb
-        server = reverb.Server([reverb.Table.queue("dm", 7)])
-        reverb.Client(f"localhost:{server.port}").insert([np.int64(3)], {"dm": 1.0})
-        print(server.port, flush=True)
-        sys.stdin.read()
-        """
-    )
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.Popen(
-        [REFERENCE, "-c", script],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd="/",
-    )
-    try:
-        port = int(proc.stdout.readline())
+    then = 'reverb.Client(f"localhost:{server.port}").insert([np.int64(3)], {"dm": 1.0})'
+    with reference.server('[reverb.Table.queue("dm", 7)]', then) as port:
         assert cli.main(["inspect", f"localhost:{port}"]) == 0
         out = capsys.readouterr().out
         assert "table 'dm': 1 items of at most 7" in out
         assert "sampler Fifo, remover Fifo, max_times_sampled 1" in out
-    finally:
-        proc.kill()
-        proc.communicate(timeout=10)

@@ -6,19 +6,16 @@ dm-reverb 0.14.0 (as tests/test_interop.py)."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
-import subprocess
 
+import _reference as reference
 import numpy as np
 import pytest
 
 import reverb
 
-REFERENCE = os.environ.get("REVERB_REFERENCE_PYTHON")
-pytestmark = pytest.mark.skipif(not REFERENCE, reason="REVERB_REFERENCE_PYTHON is not set")
-QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+pytestmark = pytest.mark.skipif(not reference.PYTHON, reason="REVERB_REFERENCE_PYTHON is not set")
 NAMES = ["prio", "uniform", "fifo", "queue"]
 
 
@@ -27,10 +24,7 @@ def made(tmp_path_factory) -> dict:
     """A checkpoint dm-reverb wrote, and what its tables held (tests/_dm_checkpoint_maker.py)."""
     root = tmp_path_factory.mktemp("dm-reverb")
     script = pathlib.Path(__file__).with_name("_dm_checkpoint_maker.py")
-    out = subprocess.run(
-        [REFERENCE, str(script), str(root)], capture_output=True, text=True, timeout=300, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = reference.run(str(script), str(root), timeout=300)
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
     results = json.loads(line[len("RESULTS") :])
     results["root"] = str(root)

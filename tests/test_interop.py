@@ -4,18 +4,16 @@ our client against its server. Runs when REVERB_REFERENCE_PYTHON names a Python 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import textwrap
 
+import _reference as reference
 import numpy as np
 import pytest
 
 import reverb
 
-REFERENCE = os.environ.get("REVERB_REFERENCE_PYTHON")
-pytestmark = pytest.mark.skipif(not REFERENCE, reason="REVERB_REFERENCE_PYTHON is not set")
-QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+pytestmark = pytest.mark.skipif(not reference.PYTHON, reason="REVERB_REFERENCE_PYTHON is not set")
 
 
 def _fifo(name: str) -> reverb.Table:
@@ -44,10 +42,7 @@ def test_reference_client_against_our_server(make_server) -> None:
         print("done")
         """
     )
-    out = subprocess.run(
-        [REFERENCE, "-c", script], capture_output=True, text=True, timeout=120, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    reference.run("-c", script)
     client = server.localhost_client()
     first, second = client.sample("t", 2, emit_timesteps=False, timeout=10)
     np.testing.assert_array_equal(first.data[0], [[0, 1, 2]])
@@ -57,26 +52,9 @@ def test_reference_client_against_our_server(make_server) -> None:
 
 
 def test_our_client_against_reference_server() -> None:
-    script = textwrap.dedent(
-        """
-        import sys, reverb
-        table = reverb.Table("t", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 100,
-                             reverb.rate_limiters.MinSize(1), max_times_sampled=1)
-        server = reverb.Server([table])
-        print(server.port, flush=True)
-        sys.stdin.read()
-        """
-    )
-    proc = subprocess.Popen(
-        [REFERENCE, "-c", script],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=QUIET,
-    )
-    try:
-        port = int(proc.stdout.readline())
+    tables = """[reverb.Table("t", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 100,
+                             reverb.rate_limiters.MinSize(1), max_times_sampled=1)]"""
+    with reference.server(tables) as port:
         client = reverb.Client(f"localhost:{port}")
         assert list(client.server_info(timeout=10)) == ["t"]
         client.insert({"x": np.arange(4, dtype=np.float64)}, {"t": 1.0}, timeout=10)
@@ -106,9 +84,6 @@ def test_our_client_against_reference_server() -> None:
         )
         (batch,) = list(iterator)
         np.testing.assert_array_equal(batch.data[0][:, 0], frames)
-    finally:
-        proc.kill()
-        proc.communicate(timeout=10)  # also closes the pipes
 
 
 def test_structured_writer_configs_are_the_references_messages() -> None:
@@ -142,14 +117,7 @@ def test_structured_writer_configs_are_the_references_messages() -> None:
     conditions = [sw.Condition.step_index() % 2 == 1, sw.Condition.steps_since_applied() >= 3]
     ours = sw.create_config(pattern, "replay", conditions=conditions)
     encoded = base64.b64encode(ours.SerializeToString()).decode()
-    out = subprocess.run(
-        [REFERENCE, "-c", script, encoded],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=QUIET,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = reference.run("-c", script, encoded)
     theirs_bytes, ok = out.stdout.split()
     assert ok == "ok"
     theirs = patterns_pb2.StructuredWriterConfig.FromString(base64.b64decode(theirs_bytes))
@@ -165,10 +133,7 @@ def _reference_results(scenario_file: str) -> dict:
     import pathlib
 
     script = pathlib.Path(__file__).with_name(scenario_file)
-    out = subprocess.run(
-        [REFERENCE, str(script)], capture_output=True, text=True, timeout=300, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = reference.run(str(script), timeout=300)
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
     return json.loads(line[len("RESULTS") :])
 
@@ -219,10 +184,7 @@ def test_reference_reads_what_our_structured_writer_wrote(make_server) -> None:
         print("ok")
         """
     )
-    out = subprocess.run(
-        [REFERENCE, "-c", script], capture_output=True, text=True, timeout=120, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = reference.run("-c", script)
     assert out.stdout.split()[-1] == "ok"
 
 
@@ -261,10 +223,7 @@ def test_legacy_writers_both_ways(make_server) -> None:
         print("ok")
         """
     )
-    out = subprocess.run(
-        [REFERENCE, "-c", script], capture_output=True, text=True, timeout=120, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = reference.run("-c", script)
     assert out.stdout.split()[-1] == "ok"
     (sample,) = server.localhost_client().sample("theirs", 1, emit_timesteps=False, timeout=10)
     np.testing.assert_array_equal(sample.data[0], [1, 2])
@@ -291,7 +250,11 @@ def test_error_texts_are_the_references() -> None:
     theirs = _reference_results("_error_texts.py")
     script = pathlib.Path(__file__).with_name("_error_texts.py")
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=QUIET
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=reference.QUIET,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULTS")]
@@ -323,10 +286,7 @@ def test_strings_both_ways(make_server) -> None:
             w.create_item("q", 1.0, {{"s": w.history["s"][-2:], "u": w.history["u"][-1]}})
         """
     )
-    out = subprocess.run(
-        [REFERENCE, "-c", write], capture_output=True, text=True, timeout=120, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    reference.run("-c", write)
     client = server.localhost_client()
     got = [
         [d.tolist() for d in s.data]
@@ -352,10 +312,7 @@ def test_strings_both_ways(make_server) -> None:
             print("GOT", [d.tolist() for d in s.data])
         """
     )
-    out = subprocess.run(
-        [REFERENCE, "-c", read], capture_output=True, text=True, timeout=120, env=QUIET
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = reference.run("-c", read)
     lines = [line for line in out.stdout.splitlines() if line.startswith("GOT")]
     assert lines == [
         "GOT " + repr([[[b"ours", b"x" * 50]], [1]]),

@@ -405,37 +405,17 @@ def test_datasets_read_a_list_of_addresses(make_server) -> None:
 def test_reference_servers_as_shards() -> None:
     """dm-reverb servers (which do not report their sampler's total weight) serve as shards:
     uniform tables are drawn by size."""
-    import os
-    import subprocess
-    import textwrap
+    import contextlib
 
-    reference = os.environ.get("REVERB_REFERENCE_PYTHON")
-    if not reference:
+    import _reference as reference
+
+    if not reference.PYTHON:
         pytest.skip("REVERB_REFERENCE_PYTHON is not set")
-    script = textwrap.dedent(
-        """
-        import sys, reverb
-        table = reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
-                             reverb.rate_limiters.MinSize(1))
-        server = reverb.Server([table])
-        print(server.port, flush=True)
-        sys.stdin.read()
-        """
-    )
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
-    procs = [
-        subprocess.Popen(
-            [reference, "-c", script],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        for _ in range(2)
-    ]
-    try:
-        addresses = [f"localhost:{int(p.stdout.readline())}" for p in procs]
+    tables = """[reverb.Table("t", reverb.selectors.Uniform(), reverb.selectors.Fifo(), 100,
+                              reverb.rate_limiters.MinSize(1))]"""
+    with contextlib.ExitStack() as servers:
+        ports = [servers.enter_context(reference.server(tables)) for _ in range(2)]
+        addresses = [f"localhost:{port}" for port in ports]
         client = reverb.ShardedClient(addresses)
         for i in range(40):
             client.insert(np.int64(i), {"t": 1.0}, shard_key=int(i >= 10), timeout=CALL_TIMEOUT)
@@ -455,10 +435,6 @@ def test_reference_servers_as_shards() -> None:
         key = next(iter(_priorities(client.shards[0], 20)))
         client.mutate_priorities("t", updates={key: 4.0}, timeout=CALL_TIMEOUT)
         assert _priorities(client.shards[0], 200)[key] == 4.0
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.communicate(timeout=CALL_TIMEOUT)
 
 
 def test_rate_limited_shards_do_not_deadlock_one_writer_and_one_sampler(make_server) -> None:

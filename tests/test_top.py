@@ -4,17 +4,16 @@ metrics parser reads our endpoint."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.request
 
+import _reference as reference
 import numpy as np
 import pytest
 from _wait import wait_for
@@ -144,36 +143,12 @@ def test_the_live_view_follows_a_writer_in_a_terminal(tmp_path: pathlib.Path) ->
         server.stop()
 
 
-REFERENCE = os.environ.get("REVERB_REFERENCE_PYTHON")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not REFERENCE, reason="REVERB_REFERENCE_PYTHON is not set")
+@pytest.mark.skipif(not reference.PYTHON, reason="REVERB_REFERENCE_PYTHON is not set")
 def test_once_against_a_dm_reverb_server(capsys) -> None:
-    script = textwrap.dedent(
-        """
-        import sys, numpy as np, reverb
-        server = reverb.Server([reverb.Table.queue("dm", 7)])
-        reverb.Client(f"localhost:{server.port}").insert([np.int64(3)], {"dm": 1.0})
-        print(server.port, flush=True)
-        sys.stdin.read()
-        """
-    )
-    proc = subprocess.Popen(
-        [REFERENCE, "-c", script],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        cwd="/",
-    )
-    try:
-        port = int(proc.stdout.readline())
+    then = 'reverb.Client(f"localhost:{server.port}").insert([np.int64(3)], {"dm": 1.0})'
+    with reference.server('[reverb.Table.queue("dm", 7)]', then) as port:
         assert cli.main(["top", f"localhost:{port}", "--once", "--interval", "0.2"]) == 0
         out = capsys.readouterr().out
         assert re.search(r"│ dm\s+│\s+1/7 │", out), out
         assert "no metrics endpoint" in out
-    finally:
-        proc.kill()
-        proc.communicate(timeout=10)
