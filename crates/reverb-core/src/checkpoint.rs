@@ -231,13 +231,7 @@ impl Assembler {
 /// Reads a whole checkpoint, verifying every record. Chunks are shared between the items (and
 /// tables) that reference them.
 pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
-    let mut magic = [0u8; 8];
-    input
-        .read_exact(&mut magic)
-        .map_err(|_| corrupt("file too short for its header"))?;
-    if &magic != MAGIC {
-        return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
-    }
+    check_magic(input)?;
     let mut saved = Assembler::default();
     let mut payload = Vec::new();
     loop {
@@ -258,6 +252,18 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
             other => return Err(corrupt(format!("unknown record kind {other}"))),
         }
     }
+}
+
+/// Reads the file's first bytes: our magic, or the file is refused.
+fn check_magic(input: &mut impl Read) -> Result<()> {
+    let mut magic = [0u8; 8];
+    input
+        .read_exact(&mut magic)
+        .map_err(|_| corrupt("file too short for its header"))?;
+    if &magic != MAGIC {
+        return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
+    }
+    Ok(())
 }
 
 /// Reads the record at the input's position: its kind, with its payload in `payload`,
@@ -337,13 +343,7 @@ impl<F: Read + Seek> Reader<F> {
         let io = |e: std::io::Error| corrupt(format!("cannot read: {e}"));
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         let mut input = std::io::BufReader::with_capacity(1 << 20, &mut file);
-        let mut magic = [0u8; 8];
-        input
-            .read_exact(&mut magic)
-            .map_err(|_| corrupt("file too short for its header"))?;
-        if &magic != MAGIC {
-            return Err(corrupt("not a reverb checkpoint (bad magic bytes)"));
-        }
+        check_magic(&mut input)?;
         let mut tables: Vec<PriorityTableCheckpoint> = Vec::new();
         let mut chunks = HashMap::new();
         let mut runs: Vec<ItemRun> = Vec::new();

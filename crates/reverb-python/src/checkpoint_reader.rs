@@ -205,15 +205,17 @@ impl PyCheckpointItems {
             let Some(item) = source.next_item(cursor)? else {
                 return Ok(None);
             };
-            let keys = item
+            let slices: Vec<_> = item
                 .flat_trajectory
                 .iter()
                 .flat_map(|t| &t.columns)
                 .flat_map(|c| &c.chunk_slices)
-                .map(|s| s.chunk_key);
-            let mut chunks = Vec::new();
-            for key in keys.take(if data { usize::MAX } else { 1 }) {
-                if chunks.iter().any(|c: &ChunkData| c.chunk_key == key) {
+                .collect();
+            // Without data, only the first slice's chunk (for the episode and step).
+            let mut chunks: Vec<ChunkData> = Vec::new();
+            for slice in slices.iter().take(if data { usize::MAX } else { 1 }) {
+                let key = slice.chunk_key;
+                if chunks.iter().any(|c| c.chunk_key == key) {
                     continue;
                 }
                 let chunk = match cache.iter().find(|c| c.chunk_key == key) {
@@ -229,19 +231,10 @@ impl PyCheckpointItems {
                 };
                 chunks.push(chunk);
             }
-            let first = item
-                .flat_trajectory
-                .iter()
-                .flat_map(|t| &t.columns)
-                .flat_map(|c| &c.chunk_slices)
-                .next();
-            let origin = first
-                .and_then(|s| {
-                    chunks
-                        .iter()
-                        .find(|c| c.chunk_key == s.chunk_key)
-                        .map(|c| (s, c))
-                })
+            // (`chunks` starts with the first slice's.)
+            let origin = slices
+                .first()
+                .zip(chunks.first())
                 .and_then(|(s, c)| c.sequence_range.as_ref().map(|r| (s, r)))
                 .map_or((0, 0), |(s, r)| {
                     (r.episode_id, i64::from(r.start) + i64::from(s.offset))
