@@ -7,8 +7,11 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from typing import Callable
 
 import numpy as np
+from _metrics import waiting
+from _wait import wait_for
 
 import reverb
 from reverb import _native
@@ -61,21 +64,31 @@ def _call(port: int, table: str, wait_ms: int, cancel: ctypes.c_bool) -> tuple[i
 
 
 def _queue_server() -> reverb.Server:
-    return reverb.Server([reverb.Table.queue("q", 10)])
+    return reverb.Server([reverb.Table.queue("q", 10)], metrics_port=0)
+
+
+def _waiting_call(server: reverb.Server, cancel: ctypes.c_bool) -> Callable[[], tuple]:
+    """Starts a call of up to 5 s on an empty queue in a thread and returns once it waits;
+    the function returned joins it and gives its (status, samples, seconds)."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_call(server.port, "q", 5000, cancel)))
+    thread.start()
+    wait_for(lambda: waiting(server.metrics_port, "q", "sample") == 1, 10, "the call to wait")
+
+    def join() -> tuple:
+        thread.join(10)
+        return result[0]
+
+    return join
 
 
 def test_a_waiting_call_takes_an_item_inserted_while_it_waits() -> None:
     server = _queue_server()
     try:
         client = server.localhost_client()
-        result = []
-        cancel = ctypes.c_bool(False)
-        t = threading.Thread(target=lambda: result.append(_call(server.port, "q", 5000, cancel)))
-        t.start()
-        time.sleep(0.2)
+        join = _waiting_call(server, ctypes.c_bool(False))
         client.insert([np.int64(1)], {"q": 1.0})
-        t.join(10)
-        status, n, seconds = result[0]
+        status, n, seconds = join()
         assert (status, n) == (0, 1) and seconds < 4
         assert client.server_info()["q"].current_size == 0
     finally:
@@ -86,15 +99,11 @@ def test_a_cancelled_call_returns_soon_and_takes_nothing_after() -> None:
     server = _queue_server()
     try:
         client = server.localhost_client()
-        result = []
         cancel = ctypes.c_bool(False)
-        t = threading.Thread(target=lambda: result.append(_call(server.port, "q", 5000, cancel)))
-        t.start()
-        time.sleep(0.2)
+        join = _waiting_call(server, cancel)
         cancel.value = True
         client.insert([np.int64(1)], {"q": 1.0})
-        t.join(10)
-        status, n, seconds = result[0]
+        status, n, seconds = join()
         assert (status, n) == (0, 0)
         assert seconds < 1.0, f"the cancelled call went on for {seconds:.2f} s"
         # The item is still there for the next caller.
