@@ -31,14 +31,16 @@ BAR = 40
 
 def _kind(options: Any) -> str:
     """A selector's name from its KeyDistributionOptions."""
-    if options.HasField("prioritized"):
-        return f"Prioritized({options.prioritized.priority_exponent:g})"
-    for name in ("fifo", "lifo", "uniform"):
-        if getattr(options, name, False):
-            return name.capitalize()
-    if options.HasField("heap"):
-        return "MinHeap" if options.heap.min_heap else "MaxHeap"
-    return "?"
+    from reverb import item_selectors
+    from reverb.server_executable.server_from_proto import selector_from_proto
+
+    try:
+        selector = selector_from_proto(options)
+    except (NotImplementedError, ValueError):
+        return "?"
+    if isinstance(selector, item_selectors.Prioritized):
+        return f"Prioritized({selector.priority_exponent:g})"
+    return type(selector).__name__
 
 
 def _stats(name: str, values: np.ndarray, bins: int, out: TextIO) -> None:
