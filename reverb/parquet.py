@@ -76,14 +76,23 @@ def _column(pa: Any, name: str, values: List[np.ndarray], first: np.ndarray) -> 
     return pa.ListArray.from_arrays(pa.array(offsets), array)
 
 
+def _meta_fields(pa: Any) -> List[Any]:
+    """The Arrow fields of `META_COLUMNS` (each an attribute of `CheckpointItem`)."""
+    types = [
+        pa.uint64(),
+        pa.float64(),
+        pa.int32(),
+        pa.timestamp("us", tz="UTC"),
+        pa.uint64(),
+        pa.int64(),
+    ]
+    return [pa.field(name, t) for name, t in zip(META_COLUMNS, types)]
+
+
 def _batch(pa: Any, items: List[checkpoint.CheckpointItem], names: List[str], first: list) -> Any:
     columns: Dict[str, Any] = {
-        "key": pa.array([i.key for i in items], pa.uint64()),
-        "priority": pa.array([i.priority for i in items], pa.float64()),
-        "times_sampled": pa.array([i.times_sampled for i in items], pa.int32()),
-        "inserted_at": pa.array([i.inserted_at for i in items], pa.timestamp("us", tz="UTC")),
-        "episode_id": pa.array([i.episode_id for i in items], pa.uint64()),
-        "step": pa.array([i.step for i in items], pa.int64()),
+        field.name: pa.array([getattr(i, field.name) for i in items], field.type)
+        for field in _meta_fields(pa)
     }
     for c, name in enumerate(names):
         columns[name] = _column(pa, name, [np.asarray(i.data[c]) for i in items], first[c])
@@ -150,15 +159,8 @@ def export_table(
             else:
                 os.unlink(partial)
     if writer is None:  # no items: an empty file with the item columns only
-        fields = [
-            pa.field("key", pa.uint64()),
-            pa.field("priority", pa.float64()),
-            pa.field("times_sampled", pa.int32()),
-            pa.field("inserted_at", pa.timestamp("us", tz="UTC")),
-            pa.field("episode_id", pa.uint64()),
-            pa.field("step", pa.int64()),
-        ]
-        schema = pa.schema(fields, metadata={"reverb.table": table, "reverb.rows": "items"})
+        metadata = {"reverb.table": table, "reverb.rows": "items"}
+        schema = pa.schema(_meta_fields(pa), metadata=metadata)
         pq.write_table(schema.empty_table(), path)
     return count
 
