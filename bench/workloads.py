@@ -652,6 +652,12 @@ def append_only(setup: Setup, seconds: float) -> dict:
     return {"value": (elapsed - loop) / steps * 1e6, "unit": "us/append"}
 
 
+def _least_runs(seconds: float) -> int:
+    """The fewest fresh interpreters a wall-time workload starts: 3 for a median, 1 in a
+    smoke run (under a second)."""
+    return 3 if seconds >= 1 else 1
+
+
 def import_time(setup: Setup, seconds: float) -> dict:
     """Wall time of `import reverb` in a fresh interpreter (median of a few), and its RSS."""
     del setup
@@ -663,7 +669,7 @@ def import_time(setup: Setup, seconds: float) -> dict:
     )
     runs = []
     deadline = time.perf_counter() + seconds
-    while len(runs) < 3 or time.perf_counter() < deadline and len(runs) < 9:
+    while len(runs) < _least_runs(seconds) or time.perf_counter() < deadline and len(runs) < 9:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         seconds_taken, rss_kib = out.stdout.split()
         runs.append((float(seconds_taken), int(rss_kib)))
@@ -708,7 +714,7 @@ print(built, time.perf_counter() - t)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     runs = []
     deadline = time.perf_counter() + seconds
-    while len(runs) < 3 or time.perf_counter() < deadline and len(runs) < 7:
+    while len(runs) < _least_runs(seconds) or time.perf_counter() < deadline and len(runs) < 7:
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
         )
@@ -761,19 +767,22 @@ def main() -> None:
     if sys.argv[1] == "actor":
         _actor(sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5])
         os._exit(0)
-    workload, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    structured = workload in STRUCTURED
-    if structured:
-        import structured_workloads
+    # (Several workloads, comma-separated, run one after the other in this process, each
+    # with a setup of its own: for smoke runs; measurements take a process each.)
+    workloads, mode, seconds = sys.argv[1].split(","), sys.argv[2], float(sys.argv[3])
+    for workload in workloads:
+        structured = workload in STRUCTURED
+        if structured:
+            import structured_workloads
 
-        WORKLOADS.update(structured_workloads.WORKLOADS)
-    setup = Setup(mode, structured=structured)
-    try:
-        result = WORKLOADS[workload](setup, seconds)
-    finally:
-        setup.close()
-    print(json.dumps({"workload": workload, "mode": mode, **result}))
-    sys.stdout.flush()
+            WORKLOADS.update(structured_workloads.WORKLOADS)
+        setup = Setup(mode, structured=structured)
+        try:
+            result = WORKLOADS[workload](setup, seconds)
+        finally:
+            setup.close()
+        print(json.dumps({"workload": workload, "mode": mode, **result}))
+        sys.stdout.flush()
     os._exit(0)  # do not wait for servers' background threads
 
 

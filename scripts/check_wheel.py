@@ -7,8 +7,9 @@ whose PATH has no cargo or rustc, and runs it from outside this checkout.
 
 - With this interpreter: `pip install <wheel>[tensorflow]` into a new virtualenv, then
   `examples/demo.py` (the README's demo: an actor process, a learner through a dataset).
-- With every other CPython >= 3.9 found on PATH (python3.9 ... python3.13; none is needed): the
-  wheel alone (numpy, protobuf), then a server, a trajectory writer and a sample."""
+- With the oldest and the newest other CPython found (python3.9 ... python3.13, on PATH or
+  pyenv's; with `--all-pythons` every one of them; none is needed): the wheel alone (numpy,
+  protobuf), then a server, a trajectory writer and a sample."""
 
 from __future__ import annotations
 
@@ -109,6 +110,11 @@ def main() -> None:
         metavar="STUBS",
         help="only print PATH without cargo and rustc (shadowing stubs go to STUBS)",
     )
+    parser.add_argument(
+        "--all-pythons",
+        action="store_true",
+        help="smoke-test every other CPython found, not only the oldest and the newest",
+    )
     args = parser.parse_args()
     if args.rustless_path is not None:
         print(rustless_path(args.rustless_path))
@@ -127,10 +133,20 @@ def main() -> None:
         if run.returncode != 0:
             raise SystemExit(f"examples/demo.py failed with the installed wheel ({run.returncode})")
         me = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        found = {name: find_python(name) for name in OTHER_PYTHONS if name != me}
+        others = [name for name, python in found.items() if python is not None]
+        if not args.all_pythons:
+            others = others[:1] + others[1:][-1:]
         for name in OTHER_PYTHONS:
-            python = find_python(name)
-            if name == me or python is None:
-                print(f"== {name}: {'done above' if name == me else 'not on this machine'}")
+            python = found.get(name)
+            if name == me:
+                print(f"== {name}: done above")
+                continue
+            if python is None:
+                print(f"== {name}: not on this machine")
+                continue
+            if name not in others:
+                print(f"== {name}: skipped (--all-pythons checks it)")
                 continue
             print(f"== {name}: {wheel.name} into a new virtualenv", flush=True)
             venv = work / name

@@ -124,10 +124,27 @@ def rerun_under() -> Callable[..., Tuple[str, subprocess.CompletedProcess]]:
 @pytest.fixture(params=["inproc", "grpc"])
 def both_paths(request, monkeypatch) -> str:
     """Runs a test twice: reaching servers of this process directly (sampling and inserting
-    without gRPC), and over loopback gRPC (`REVERB_NO_INPROC=1`)."""
+    without gRPC), and over loopback gRPC (`REVERB_NO_INPROC=1`); once for tests marked
+    `one_path` (see `pytest_collection_modifyitems`)."""
     if request.param == "grpc":
         monkeypatch.setenv("REVERB_NO_INPROC", "1")
     return request.param
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Leaves out the gRPC run of tests marked `one_path` (tests of what does not depend on
+    the path, e.g. TensorFlow's own modes in a fresh process, which take seconds)."""
+    once = [
+        item
+        for item in items
+        if item.get_closest_marker("one_path")
+        and getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("both_paths") == "grpc"
+    ]
+    if once:
+        config.hook.pytest_deselected(items=once)
+        left_out = set(map(id, once))
+        items[:] = [item for item in items if id(item) not in left_out]
 
 
 @pytest.fixture

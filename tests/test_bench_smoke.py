@@ -21,48 +21,44 @@ def _has_tensorflow() -> bool:
     return True
 
 
+SMOKED = ["writer_small", "writer_frames", "writer_vector", "legacy_writer", "actors2"]
+SMOKED += ["client_sample", "prioritized", "append_only", "import_time"]
+NEEDS_TF = ["dataset_small", "dataset_setup", "structured_small"]
+
+
+@pytest.fixture(scope="module")
+def smoke_results() -> dict:
+    """Every smoked workload's report, from one run of bench/workloads.py (one process:
+    each workload in a process of its own would import TensorFlow again)."""
+    names = SMOKED + (NEEDS_TF if _has_tensorflow() else [])
+    out = subprocess.run(
+        [sys.executable, str(WORKLOADS), ",".join(names), "inproc", "0.2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    reports = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {r["workload"]: r for r in reports}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "workload",
-    [
-        "writer_small",
-        "writer_frames",
-        "writer_vector",
-        "legacy_writer",
-        "actors2",
-        "client_sample",
-        "prioritized",
-        "append_only",
-        "import_time",
-        pytest.param(
-            "dataset_small",
-            marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
-        ),
-        pytest.param(
-            "dataset_setup",
-            marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
-        ),
-        pytest.param(
-            "structured_small",
-            marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"),
-        ),
+    SMOKED
+    + [
+        pytest.param(w, marks=pytest.mark.skipif(not _has_tensorflow(), reason="needs TensorFlow"))
+        for w in NEEDS_TF
     ],
 )
-def test_workload_runs_and_reports(workload: str) -> None:
-    out = subprocess.run(
-        [sys.executable, str(WORKLOADS), workload, "inproc", "0.2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+def test_workload_runs_and_reports(workload: str, smoke_results: dict) -> None:
+    result = smoke_results[workload]
     assert result["workload"] == workload and result["value"] > 0
 
 
 @pytest.mark.slow
 def test_sharded_benchmark_runs_at_small_scale() -> None:
-    """bench/sharded.py with one and two shards for a second each (as root it makes network
+    """bench/sharded.py with two shards for half a second (as root it makes network
     namespaces; the machines this runs on allow that)."""
     import os
 
@@ -70,8 +66,8 @@ def test_sharded_benchmark_runs_at_small_scale() -> None:
         pytest.skip("needs root for network namespaces")
     script = WORKLOADS.parent / "sharded.py"
     out = subprocess.run(
-        [sys.executable, str(script), "--seconds", "1", "--shards", "1,2"]
-        + ["--item-kib", "8", "--distribution-samples", "5000"],
+        [sys.executable, str(script), "--seconds", "0.5", "--shards", "2"]
+        + ["--item-kib", "8", "--distribution-samples", "2000"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -305,9 +305,9 @@ def test_calls_right_after_stop_raise_unavailable_or_wait(make_server):
         expected = (reverb.errors.UnavailableError, reverb.errors.DeadlineExceededError)
         with pytest.raises(expected):
             if round_ % 2:
-                client.reset("t", timeout=0.2)
+                client.reset("t", timeout=0.05)
             else:
-                client.insert(np.int8(1), {"t": 1.0}, timeout=0.2)
+                client.insert(np.int8(1), {"t": 1.0}, timeout=0.05)
 
 
 def test_stop_interrupts_a_blocked_sample(make_server):

@@ -211,6 +211,7 @@ def test_tf1_iterator_methods_as_on_the_references_datasets(server) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.one_path
 def test_ends_cleanly_in_tf_data_debug_mode() -> None:
     """tf.data's debug mode runs the pipeline's functions eagerly: the end of the samples
     still ends the dataset (in a fresh process: the mode cannot be turned off)."""
@@ -249,6 +250,7 @@ def test_ends_cleanly_in_tf_data_debug_mode() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.one_path
 def test_under_mirrored_strategy_over_virtual_cpus() -> None:
     """In a fresh process (logical devices are configured before TensorFlow's runtime
     starts, which making a dataset does): 4 virtual CPUs, a MirroredStrategy, every step of
@@ -535,7 +537,8 @@ def test_unreachable_server_fails_within_seconds(monkeypatch) -> None:
     # TensorFlow turns UNAVAILABLE from a non-communication op into INTERNAL.
     with pytest.raises((tf.errors.UnavailableError, tf.errors.InternalError), match=address):
         next(iter(_dataset(address, rate_limiter_timeout_ms=-1)))
-    assert time.monotonic() - start < 20
+    # (Once: the signature check and the sampler share the wait.)
+    assert time.monotonic() - start < 10
 
 
 @pytest.mark.parametrize(

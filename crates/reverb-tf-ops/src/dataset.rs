@@ -339,9 +339,12 @@ impl DatasetSample {
     fn check_signature(&self, st: &mut State, wait: Duration) -> Result<bool> {
         if let Signature::Unchecked = st.signature {
             let client = self.clients()[0].clone();
-            st.signature = Signature::Fetching(
-                runtime().spawn(async move { client.server_info(Some(SIGNATURE_WAIT)).await }),
-            );
+            st.signature = Signature::Fetching(runtime().spawn(async move {
+                // An unreachable server fails this as it fails the sampler (within the
+                // connection wait, which the sampler then does not wait again).
+                client.wait_reachable("ServerInfo", None).await?;
+                client.server_info(Some(SIGNATURE_WAIT)).await
+            }));
         }
         let fetch = match &mut st.signature {
             Signature::Fetching(fetch) => fetch,
