@@ -10,7 +10,7 @@
 //! elements.
 
 use crate::kernel::Connection;
-use crate::kernel::{Construction, Context, Error, Kernel, Result};
+use crate::kernel::{code, Construction, Context, Error, Kernel, Result};
 use crate::samples::{same_shapes, steps, write_column, write_info, Spec, INFO_OUTPUTS};
 use parking_lot::Mutex;
 use reverb_client::sampler::{Sampler, SamplerOptions};
@@ -340,8 +340,8 @@ impl DatasetSample {
         if let Signature::Unchecked = st.signature {
             let client = self.clients()[0].clone();
             st.signature = Signature::Fetching(runtime().spawn(async move {
-                // An unreachable server fails this as it fails the sampler (within the
-                // connection wait, which the sampler then does not wait again).
+                // An unreachable server fails this within the connection wait, as it would
+                // fail the sampler (not after the longer SIGNATURE_WAIT).
                 client.wait_reachable("ServerInfo", None).await?;
                 client.server_info(Some(SIGNATURE_WAIT)).await
             }));
@@ -355,8 +355,12 @@ impl DatasetSample {
             return Ok(false);
         };
         st.signature = Signature::Checked;
-        let Ok(Ok(infos)) = fetched else {
-            return Ok(true);
+        let infos = match fetched {
+            Ok(Ok(infos)) => infos,
+            // Not reached within the connection wait (see the fetch): the sampler's wait
+            // would begin again, so this call fails as the sampler would have.
+            Ok(Err(e)) if e.code as i32 == code::UNAVAILABLE => return Err(e.into()),
+            _ => return Ok(true),
         };
         let info = infos.iter().find(|t| t.name == self.spec().table);
         if let Some(Ok(Some(signature))) = info.map(|t| decode_signature(&t.signature)) {

@@ -14,6 +14,7 @@ pub mod code {
     pub const FAILED_PRECONDITION: i32 = 9;
     pub const OUT_OF_RANGE: i32 = 11;
     pub const INTERNAL: i32 = 13;
+    pub const UNAVAILABLE: i32 = 14;
 }
 
 /// An error for TensorFlow: a canonical code and a message.

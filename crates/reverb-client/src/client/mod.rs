@@ -220,21 +220,15 @@ impl Client {
         self
     }
 
-    /// A client like this one (address, token, limits) over a connection of its own. It
-    /// shares what is known of the server's reach: a wait for a server that cannot be reached
-    /// goes on from where this client's began instead of starting over.
+    /// A client like this one (address, token, limits) over a connection of its own.
     pub fn reconnected(&self) -> Result<Self> {
-        let mut client = Self::new(&self.address)?
+        Self::new(&self.address)?
             .with_tls(self.tls.as_deref().cloned())?
             .with_auth_token(self.auth_token.as_deref())?
             .with_max_message_size(self.max_message_size)
             .with_inproc(self.inproc_port.is_some())
             .with_inproc_abi(self.inproc_abi)
-            .with_key_shard(self.key_shard.map(usize::from));
-        if let Ok(c) = &mut client {
-            c.reach = self.reach.clone();
-        }
-        client
+            .with_key_shard(self.key_shard.map(usize::from))
     }
 
     /// This client with another message limit (see [`Client::max_message_size`]).
