@@ -84,6 +84,23 @@ def test_sampled_batches_of_inserted_steps_hold_their_own_rows(make_server) -> N
             np.testing.assert_array_equal(got_obs[:, 0], obs[got_i[:, 0]])
 
 
+def test_big_rows_go_in_several_chunks_per_column_and_each_item_keeps_its_own(
+    make_server,
+) -> None:
+    """84x84 frames go two to a chunk, the rewards all in one: every item still holds its
+    own frame and reward (in item runs: our server takes them on both paths)."""
+    server = make_server([reverb.Table.queue("q", 100)])
+    client = server.localhost_client()
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 256, (11, 84, 84), dtype=np.uint8)
+    rewards = np.arange(11, dtype=np.float32) / 2
+    client.insert_steps({"frame": frames, "reward": rewards}, {"q": rewards + 1}, timeout=T)
+    got = _queue_contents(client, "q", 11)
+    for i, (priority, (frame, reward)) in enumerate(got):
+        assert priority == rewards[i] + 1 and reward == rewards[i]
+        np.testing.assert_array_equal(frame, frames[i])
+
+
 def test_bad_batches_are_refused_and_store_nothing(make_server) -> None:
     tf = pytest.importorskip("tensorflow")
     signature = {"obs": tf.TensorSpec([2], tf.float32)}

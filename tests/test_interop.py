@@ -84,6 +84,11 @@ def test_our_client_against_reference_server() -> None:
         )
         (batch,) = list(iterator)
         np.testing.assert_array_equal(batch.data[0][:, 0], frames)
+        # A batched insert: its item runs are ours only (the reference's ServerInfo lists no
+        # features), so the items go one message each.
+        client.insert_steps({"v": np.arange(5, dtype=np.int32)}, {"t": 2.0}, timeout=10)
+        got = client.sample("t", 5, emit_timesteps=False, timeout=10)
+        assert [int(s.data[0][0]) for s in got] == [0, 1, 2, 3, 4]
 
 
 def test_structured_writer_configs_are_the_references_messages() -> None:

@@ -178,6 +178,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
         chunks: vec![chunk.clone()],
         items: vec![encode_item(&bad)],
         keep_chunk_keys: vec![],
+        item_runs: Vec::new(),
     };
     assert_eq!(
         block(client.insert_requests(vec![request], T))
@@ -192,6 +193,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
         chunks: vec![chunk],
         items: vec![encode_item(&squeezed)],
         keep_chunk_keys: vec![],
+        item_runs: Vec::new(),
     };
     assert_eq!(
         block(client.insert_requests(vec![request], T))
@@ -318,6 +320,7 @@ fn items_no_sampler_could_decode_are_refused_and_the_table_keeps_serving() {
             chunks,
             items: items.iter().map(encode_item).collect(),
             keep_chunk_keys: vec![],
+            item_runs: Vec::new(),
         };
         let err = block(client.insert_requests(vec![request], T)).unwrap_err();
         assert_eq!(err.code, Code::InvalidArgument, "{}", err.message);
@@ -385,6 +388,7 @@ fn items_no_sampler_could_decode_are_refused_and_the_table_keeps_serving() {
         chunks: vec![good(), rows_chunk(2, 1, 2, false)],
         items: vec![encode_item(&sliced(18, &[(1, 1, 2, 0), (2, 0, 1, 0)]))],
         keep_chunk_keys: vec![],
+        item_runs: Vec::new(),
     };
     block(client.insert_requests(vec![request], T)).unwrap();
     assert_eq!(t.size(), 1);
@@ -519,6 +523,7 @@ fn wire_fuzz_of_every_rpc_loses_nothing_of_a_well_behaved_client() {
                 chunks: vec![chunk],
                 items: vec![encode_item(&sliced(5, &[(1, 0, 2, 0)]))],
                 keep_chunk_keys: vec![1],
+                item_runs: Vec::new(),
             }
             .encode_to_vec(),
         ),

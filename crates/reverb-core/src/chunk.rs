@@ -168,6 +168,19 @@ const EMPTY: u32 = 4 << FLAG_SHIFT;
 /// A run: `length` rows from `offset` in the chunk at its position, continuing from the
 /// start of each next chunk (by position) until `length` is used up.
 const RUN: u32 = 8 << FLAG_SHIFT;
+/// One column of an item of one row per column (see [`ItemData::of_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowRef {
+    /// The chunk's position in the item's chunk list.
+    pub chunk: u32,
+    /// The tensor of the chunk.
+    pub index: i32,
+    /// The row of the tensor.
+    pub row: i32,
+    /// The column is squeezed (the row itself, not a batch of one).
+    pub squeeze: bool,
+}
+
 /// Most chunks an item may reference.
 pub const MAX_ITEM_CHUNKS: usize = 1 << FLAG_SHIFT;
 
@@ -367,6 +380,30 @@ impl ItemData {
             data.set_inserted_at(at);
         }
         Ok(data)
+    }
+
+    /// An item of one row in every column (an item of an `ItemRun`): column `c` is row
+    /// `rows[c].row` of tensor `rows[c].index` of `chunks[rows[c].chunk]`. The caller has
+    /// checked that every row exists (see the server's insert stream); `chunks` holds each
+    /// chunk once, in order of first reference.
+    pub fn of_rows(key: u64, chunks: Box<[Arc<Chunk>]>, rows: &[RowRef]) -> Self {
+        debug_assert!(!rows.is_empty() && chunks.len() <= MAX_ITEM_CHUNKS);
+        let slice = |r: &RowRef| Slice {
+            offset: r.row,
+            length: 1,
+            index: r.index,
+            chunk: r.chunk | FIRST | if r.squeeze { SQUEEZE } else { 0 },
+        };
+        let slices = match rows {
+            [one] => Slices::One(slice(one)),
+            _ => Slices::Many(rows.iter().map(slice).collect()),
+        };
+        Self {
+            key,
+            trajectory: Trajectory(slices),
+            inserted_at_ns: 0,
+            chunks,
+        }
     }
 
     /// The chunks the item references, in order of first reference.

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, SeedableRng};
 use reverb_proto::{SampleInfo, TableInfo, TableWorkerTime};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -330,33 +331,44 @@ impl Table {
 
     /// Inserts an item, or updates the priority of an existing key. Evicts with the remover
     /// after insertion when the table is over `max_size` (the new item may evict itself).
-    pub fn try_insert(&self, mut item: ItemData, priority: f64) -> Result<InsertOutcome> {
+    pub fn try_insert(&self, item: ItemData, priority: f64) -> Result<InsertOutcome> {
         self.check_priority(priority)?;
         let mut guard = self.state.lock();
-        let st = &mut *guard;
-        if let Some(entry) = st.items.get_mut(&item.key) {
-            st.sampler.update(entry.place(0), priority)?;
-            st.remover.update(entry.place(1), priority)?;
-            entry.priority = priority;
-            drop(guard);
-            self.changed.notify_waiters();
-            return Ok(InsertOutcome::Updated);
-        }
-        if !st.limiter.can_insert(1) {
-            return Ok(InsertOutcome::Blocked(item));
-        }
-        // As the reference: the time the table stored it, whatever the writer sent.
-        item.set_inserted_at(&now());
-        st.add_item(item, priority, 0)?;
-        st.limiter.insert();
-        if st.items.len() as i64 > self.config.max_size {
-            if let Some((victim, _)) = st.remover.sample(&mut st.rng) {
-                st.delete_item(victim);
-            }
-        }
+        let outcome = guard.insert(&self.config, item, priority, &now())?;
         drop(guard);
-        self.changed.notify_waiters();
-        Ok(InsertOutcome::Inserted)
+        if !matches!(outcome, InsertOutcome::Blocked(_)) {
+            self.changed.notify_waiters();
+        }
+        Ok(outcome)
+    }
+
+    /// Inserts items from the front of `items`, each as [`Table::try_insert`] would, while
+    /// the rate limiter allows, in one hold of the lock; returns how many it took (the
+    /// others are left for a call once the table [`changed`](Table::changed)). Priorities
+    /// must have passed [`Table::check_priority`]. An error stops it: the items taken before
+    /// it stay inserted, the failing one is dropped.
+    pub fn try_insert_many(&self, items: &mut VecDeque<(ItemData, f64)>) -> Result<usize> {
+        let at = now();
+        let mut taken = 0;
+        let mut guard = self.state.lock();
+        let result = loop {
+            let Some((item, priority)) = items.pop_front() else {
+                break Ok(());
+            };
+            match guard.insert(&self.config, item, priority, &at) {
+                Ok(InsertOutcome::Blocked(item)) => {
+                    items.push_front((item, priority));
+                    break Ok(());
+                }
+                Ok(_) => taken += 1,
+                Err(e) => break Err(e),
+            }
+        };
+        drop(guard);
+        if taken > 0 {
+            self.changed.notify_waiters();
+        }
+        result.map(|()| taken)
     }
 
     /// Samples up to `max_items` items while the rate limiter allows, stopping early once the
@@ -547,6 +559,35 @@ impl Table {
 
 impl State {
     /// Stores a new item (the caller has checked the key is new and the limiter allows it).
+    /// [`Table::try_insert`] under the lock, `at` being now.
+    fn insert(
+        &mut self,
+        config: &TableConfig,
+        mut item: ItemData,
+        priority: f64,
+        at: &prost_types::Timestamp,
+    ) -> Result<InsertOutcome> {
+        if let Some(entry) = self.items.get_mut(&item.key) {
+            self.sampler.update(entry.place(0), priority)?;
+            self.remover.update(entry.place(1), priority)?;
+            entry.priority = priority;
+            return Ok(InsertOutcome::Updated);
+        }
+        if !self.limiter.can_insert(1) {
+            return Ok(InsertOutcome::Blocked(item));
+        }
+        // As the reference: the time the table stored it, whatever the writer sent.
+        item.set_inserted_at(at);
+        self.add_item(item, priority, 0)?;
+        self.limiter.insert();
+        if self.items.len() as i64 > config.max_size {
+            if let Some((victim, _)) = self.remover.sample(&mut self.rng) {
+                self.delete_item(victim);
+            }
+        }
+        Ok(InsertOutcome::Inserted)
+    }
+
     fn add_item(&mut self, item: ItemData, priority: f64, times_sampled: i32) -> Result<()> {
         let key = item.key;
         let seq = self.next_seq;

@@ -412,3 +412,51 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn insert_many_takes_what_the_limiter_allows_in_order_and_evicts_as_single_inserts_do() {
+    let mut c = config(SelectorKind::Fifo, SelectorKind::Fifo, 3);
+    c.max_times_sampled = 1;
+    c.rate_limiter = RateLimiterConfig {
+        samples_per_insert: 1.0,
+        min_size_to_sample: 1,
+        min_diff: 0.0,
+        max_diff: 2.0,
+    };
+    let t = Table::new(c).unwrap();
+    let shared = chunk(1, 7);
+    let mut items: std::collections::VecDeque<(ItemData, f64)> = (10..15)
+        .map(|key| (item(key, vec![shared.clone()]), key as f64))
+        .collect();
+    assert_eq!(t.try_insert_many(&mut items).unwrap(), 2);
+    assert_eq!(items.front().map(|(i, _)| i.key), Some(12));
+    assert_eq!(t.try_insert_many(&mut items).unwrap(), 0, "still blocked");
+    assert_eq!(t.try_sample(1, usize::MAX)[0].item.key, 10);
+    assert_eq!(t.try_insert_many(&mut items).unwrap(), 1);
+    let keys: Vec<u64> = t
+        .try_sample(5, usize::MAX)
+        .iter()
+        .map(|s| s.item.key)
+        .collect();
+    assert_eq!(keys, [11, 12]);
+    assert_eq!(t.try_insert_many(&mut items).unwrap(), 2);
+    assert!(items.is_empty());
+    let info = t.info();
+    assert_eq!((info.current_size, info.num_episodes), (2, 1));
+
+    // Without a limiter in the way: over max_size the remover evicts after each insert.
+    let t = Table::new(config(SelectorKind::Fifo, SelectorKind::Fifo, 3)).unwrap();
+    let mut items: std::collections::VecDeque<(ItemData, f64)> = (0..5)
+        .map(|key| (item(key, vec![chunk(key, key)]), 1.0))
+        .collect();
+    assert_eq!(t.try_insert_many(&mut items).unwrap(), 5);
+    let held = |t: &Table| -> Vec<(u64, f64)> {
+        let items = t.snapshot().items;
+        items.iter().map(|(i, p, _)| (i.key, *p)).collect()
+    };
+    assert_eq!(held(&t), [(2, 1.0), (3, 1.0), (4, 1.0)]);
+    // A key already held only has its priority updated.
+    let mut again = std::collections::VecDeque::from([(item(4, vec![chunk(4, 4)]), 9.0)]);
+    assert_eq!(t.try_insert_many(&mut again).unwrap(), 1);
+    assert_eq!(held(&t), [(2, 1.0), (3, 1.0), (4, 9.0)]);
+}

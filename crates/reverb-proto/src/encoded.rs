@@ -6,7 +6,7 @@
 //! wire are those of the message `proto/reverb/reverb_service.proto` declares.
 
 use crate::flat_trajectory::Column;
-use crate::{ChunkData, FlatTrajectory, PrioritizedItem};
+use crate::{ChunkData, FlatTrajectory, ItemRun, PrioritizedItem};
 use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
@@ -20,6 +20,8 @@ pub struct InsertStreamRequest {
     pub items: Vec<Bytes>,
     /// Chunks the server keeps after this request (field 3).
     pub keep_chunk_keys: Vec<u64>,
+    /// Items in runs, stored after `items` (field 1000; not in the reference).
+    pub item_runs: Vec<ItemRun>,
 }
 
 impl Message for InsertStreamRequest {
@@ -31,6 +33,9 @@ impl Message for InsertStreamRequest {
             encoding::bytes::encode(2, item, buf);
         }
         encoding::uint64::encode_packed(3, &self.keep_chunk_keys, buf);
+        for run in &self.item_runs {
+            encoding::message::encode(1000, run, buf);
+        }
     }
 
     fn merge_field(
@@ -44,6 +49,7 @@ impl Message for InsertStreamRequest {
             1 => encoding::message::merge_repeated(wire_type, &mut self.chunks, buf, ctx),
             2 => encoding::bytes::merge_repeated(wire_type, &mut self.items, buf, ctx),
             3 => encoding::uint64::merge_repeated(wire_type, &mut self.keep_chunk_keys, buf, ctx),
+            1000 => encoding::message::merge_repeated(wire_type, &mut self.item_runs, buf, ctx),
             _ => encoding::skip_field(wire_type, tag, buf, ctx),
         }
     }
@@ -52,12 +58,14 @@ impl Message for InsertStreamRequest {
         encoding::message::encoded_len_repeated(1, &self.chunks)
             + encoding::bytes::encoded_len_repeated(2, &self.items)
             + encoding::uint64::encoded_len_packed(3, &self.keep_chunk_keys)
+            + encoding::message::encoded_len_repeated(1000, &self.item_runs)
     }
 
     fn clear(&mut self) {
         self.chunks.clear();
         self.items.clear();
         self.keep_chunk_keys.clear();
+        self.item_runs.clear();
     }
 }
 
@@ -175,6 +183,8 @@ mod tests {
             pub items: Vec<crate::PrioritizedItem>,
             #[prost(uint64, repeated, tag = "3")]
             pub keep_chunk_keys: Vec<u64>,
+            #[prost(message, repeated, tag = "1000")]
+            pub item_runs: Vec<crate::ItemRun>,
         }
     }
 
@@ -222,6 +232,17 @@ mod tests {
                 item(u64::MAX, "", 0),
             ],
             keep_chunk_keys: vec![7, 1 << 40],
+            item_runs: vec![crate::ItemRun {
+                table: "transitions".into(),
+                keys: vec![5, 6, u64::MAX],
+                priorities: vec![1.0, 0.5, 0.0],
+                columns: vec![crate::item_run::Column {
+                    chunk_key: 7,
+                    index: 0,
+                    offset: 2,
+                    squeeze: true,
+                }],
+            }],
         }
     }
 
@@ -230,6 +251,7 @@ mod tests {
             chunks: plain.chunks.clone(),
             items: plain.items.iter().map(encode_item).collect(),
             keep_chunk_keys: plain.keep_chunk_keys.clone(),
+            item_runs: plain.item_runs.clone(),
         }
     }
 

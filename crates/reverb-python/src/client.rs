@@ -12,9 +12,11 @@ use pyo3::types::PyList;
 use reverb_client::sampler::sample_shards as sample_shards_of;
 use reverb_client::tensor::TensorView;
 use reverb_client::transport::tls::Tls;
+use reverb_client::writer::runs::run_requests;
 use reverb_client::writer::Inserter;
 use reverb_client::{Client, ClientError, Sample};
 use std::sync::Mutex;
+use std::time::Instant;
 
 /// A client call's future, owning what it needs.
 type BoxFuture<T> =
@@ -393,8 +395,30 @@ impl PyClient {
         priorities: Vec<(String, Vec<f64>)>,
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
-        self.insert_with(py, values, timeout_ms, |i, steps| {
-            i.start_steps(steps, &priorities)
+        let deadline = deadline_ms(timeout_ms)?;
+        let left = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let timeout = left();
+        let takes_runs = self.call(py, move |c| {
+            Box::pin(async move { c.takes_item_runs(timeout).await })
+        })?;
+        if !takes_runs {
+            // (A server that knows only the reference's protocol: items one by one.)
+            return self.insert_with(py, values, timeout_ms, |i, steps| {
+                i.start_steps(steps, &priorities)
+            });
+        }
+        let arrays = values
+            .iter()
+            .map(|v| to_array(py, v))
+            .collect::<PyResult<Vec<_>>>()?;
+        let limit = Some(self.inner.max_message_size());
+        let (requests, items) = on_views(py, &mut (), &arrays, |_, steps| {
+            run_requests(&self.inner, steps, &priorities, limit)
+        })
+        .map_err(client_error)?;
+        let timeout = left();
+        self.call(py, move |c| {
+            Box::pin(async move { c.insert_in_runs(&requests, items, timeout).await })
         })
     }
 

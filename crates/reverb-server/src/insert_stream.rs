@@ -10,12 +10,13 @@
 use crate::status::from_core;
 use crate::tables::Tables;
 use reverb_core::chunk::ItemError;
-use reverb_core::{Chunk, InsertOutcome, ItemData, Table, Waiter};
+use reverb_core::{Chunk, InsertOutcome, ItemData, RowRef, Table, Waiter};
 use reverb_proto::payload::{chunk_layouts, Layouts};
 use reverb_proto::{
-    decode_item, ChunkData, InsertStreamRequest, InsertStreamResponse, KeyHashMap, KeySet,
+    decode_item, ChunkData, InsertStreamRequest, InsertStreamResponse, ItemRun, KeyHashMap, KeySet,
     PrioritizedItem,
 };
+use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
@@ -78,7 +79,7 @@ impl Inserter {
         tables: &Tables,
         request: InsertStreamRequest,
     ) -> Result<Vec<u64>, Status> {
-        if request.chunks.is_empty() && request.items.is_empty() {
+        if request.chunks.is_empty() && request.items.is_empty() && request.item_runs.is_empty() {
             return Err(Status::invalid_argument(
                 "InsertStreamRequest must contain at least one chunk or item",
             ));
@@ -103,11 +104,21 @@ impl Inserter {
             table.check_priority(priority).map_err(from_core)?;
             resolved.push((table, resolve(item, &self.chunks)?, priority));
         }
+        let mut runs = Vec::with_capacity(request.item_runs.len());
+        for run in &request.item_runs {
+            let table = tables.get(&run.table)?;
+            let items = resolve_run(&table, run, &self.chunks)?;
+            runs.push((table, items, &run.keys));
+        }
         let mut confirmed = Vec::with_capacity(resolved.len());
         for (table, item, priority) in resolved {
             let key = item.key;
             insert_waiting(&table, item, priority).await?;
             confirmed.push(key);
+        }
+        for (table, mut items, keys) in runs {
+            insert_many_waiting(&table, &mut items).await?;
+            confirmed.extend_from_slice(keys);
         }
         if !request.keep_chunk_keys.is_empty() || !confirmed.is_empty() {
             let keep: KeySet = request.keep_chunk_keys.into_iter().collect();
@@ -140,6 +151,104 @@ fn resolve(item: &PrioritizedItem, chunks: &KeyHashMap<Received>) -> Result<Item
         )),
         ItemError::Invalid(what) => Status::invalid_argument(what),
     })
+}
+
+/// The items of a run, checked against the table (their priorities) and the chunks they
+/// reference (every row within its tensor); one list of chunks is shared by all of them.
+fn resolve_run(
+    table: &Table,
+    run: &ItemRun,
+    chunks: &KeyHashMap<Received>,
+) -> Result<VecDeque<(ItemData, f64)>, Status> {
+    let name = &run.table;
+    let n = run.keys.len();
+    if n == 0 || run.priorities.len() != n {
+        return Err(Status::invalid_argument(format!(
+            "An item run of table '{name}' needs as many priorities as keys, at least one; \
+             it has {n} keys and {} priorities",
+            run.priorities.len()
+        )));
+    }
+    if run.columns.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "An item run of table '{name}' has no columns"
+        )));
+    }
+    for &priority in &run.priorities {
+        table.check_priority(priority).map_err(from_core)?;
+    }
+    let mut used: Vec<Arc<Chunk>> = Vec::new();
+    let mut rows = Vec::with_capacity(run.columns.len());
+    for (c, column) in run.columns.iter().enumerate() {
+        let key = column.chunk_key;
+        let received = chunks.get(&key).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "Could not find sequence chunk {key} referenced by column {c} of an item run \
+                 of table '{name}'"
+            ))
+        })?;
+        let held = usize::try_from(column.index)
+            .ok()
+            .and_then(|i| received.tensors.get(i))
+            .map_or(0, |t| t.shape().first().copied().unwrap_or(0));
+        let end = i64::from(column.offset) + n as i64;
+        if column.offset < 0 || end > held || received.tensors.len() <= column.index as usize {
+            return Err(Status::invalid_argument(format!(
+                "Column {c} of an item run of table '{name}' references rows {}..{end} of \
+                 tensor {} of chunk {key}, which holds {} tensors (that one {held} rows)",
+                column.offset,
+                column.index,
+                received.tensors.len()
+            )));
+        }
+        let position = match used.iter().position(|u| u.key() == key) {
+            Some(p) => p,
+            None => {
+                used.push(received.chunk.clone());
+                used.len() - 1
+            }
+        };
+        rows.push(RowRef {
+            chunk: position as u32,
+            index: column.index,
+            row: column.offset,
+            squeeze: column.squeeze,
+        });
+    }
+    let used: Box<[Arc<Chunk>]> = used.into_boxed_slice();
+    let mut items = VecDeque::with_capacity(n);
+    let mut item_rows = rows.clone();
+    for (i, (&key, &priority)) in run.keys.iter().zip(&run.priorities).enumerate() {
+        for (r, first) in item_rows.iter_mut().zip(&rows) {
+            r.row = first.row + i as i32;
+        }
+        items.push_back((ItemData::of_rows(key, used.clone(), &item_rows), priority));
+    }
+    Ok(items)
+}
+
+/// Inserts `items` in order, each batch of them the rate limiter allows in one hold of the
+/// table's lock, waiting while it blocks.
+async fn insert_many_waiting(
+    table: &Table,
+    items: &mut VecDeque<(ItemData, f64)>,
+) -> Result<(), Status> {
+    table.try_insert_many(items).map_err(from_core)?;
+    if items.is_empty() {
+        return Ok(());
+    }
+    let _waiting = table.waiting(Waiter::Insert);
+    loop {
+        let notified = table.changed().notified();
+        tokio::pin!(notified);
+        // Registered before trying again, so a change after this attempt wakes the wait.
+        notified.as_mut().enable();
+        table.try_insert_many(items).map_err(from_core)?;
+        if items.is_empty() {
+            return Ok(());
+        }
+        notified.await;
+    }
 }
 
 /// Inserts, waiting while the rate limiter blocks.

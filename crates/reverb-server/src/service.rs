@@ -71,6 +71,10 @@ impl<T> Stream for Driven<T> {
     }
 }
 
+/// What this server understands beyond the reference's protocol, listed in
+/// `ServerInfoResponse.features`: `item_runs`, items in runs (`InsertStreamRequest.item_runs`).
+pub const FEATURES: &[&str] = &["item_runs"];
+
 /// The service: a fixed set of tables, shared with whoever else holds them.
 #[derive(Clone)]
 pub struct ReverbServiceImpl {
@@ -110,11 +114,12 @@ impl ReverbServiceImpl {
         &self.tables
     }
 
-    /// `ServerInfo`.
+    /// `ServerInfo` (with [`FEATURES`]).
     pub(crate) fn info(&self) -> ServerInfoResponse {
         ServerInfoResponse {
             tables_state_id: Some(self.tables_state_id),
             table_info: self.tables.iter().map(|t| t.info()).collect(),
+            features: FEATURES.iter().map(|f| f.to_string()).collect(),
         }
     }
 

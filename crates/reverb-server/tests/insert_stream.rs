@@ -7,7 +7,7 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use reverb_core::{SelectorKind, Waiter};
-use reverb_proto::InsertStreamRequest;
+use reverb_proto::{InsertStreamRequest, ItemRun};
 use tonic::Code;
 
 #[tokio::test]
@@ -151,6 +151,7 @@ async fn malformed_requests_are_invalid_arguments_naming_the_problem() {
                 // Field 1 (the key) as a varint, cut short.
                 items: vec![Bytes::from_static(b"\x08\xff")],
                 keep_chunk_keys: vec![],
+                item_runs: Vec::new(),
             },
             vec!["An item could not be decoded"],
         ),
@@ -306,4 +307,113 @@ async fn a_blocked_insert_whose_client_goes_away_stores_nothing() {
     assert_eq!(samples[0].key(), 1);
     assert_eq!(size(&stub, "t").await, 0);
     assert_eq!(completed(&stub, "t").await, (1, 1));
+}
+
+#[tokio::test]
+async fn item_runs_store_one_item_per_row_sharing_the_chunks() {
+    let t = table("t", SelectorKind::Fifo, 100, 1, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    assert_eq!(server_info_response(&stub).await.features, ["item_runs"]);
+    let mut stream = InsertStream::open(&stub).await;
+    // Two columns over two 4-row chunks; items 10..13 hold rows 1..4, after a plain item.
+    let mut request = request(
+        vec![chunk(1, 7, 4), chunk(2, 7, 4)],
+        &[item(9, "t", 0.5, 1, 0, 1)],
+        vec![],
+    );
+    request.item_runs = vec![run("t", &[10, 11, 12], &[1, 2], 1)];
+    request.item_runs[0].priorities = vec![1.0, 2.0, 3.0];
+    assert_eq!(stream.insert(request).await, [9, 10, 11, 12]);
+    let info = table_info(&stub, "t").await;
+    assert_eq!((info.current_size, info.num_episodes), (4, 1));
+    let samples = sample(&stub, "t", 4, Some(1000)).await.unwrap();
+    for (i, s) in samples[1..].iter().enumerate() {
+        let got = s.item();
+        assert_eq!((got.key, got.priority), (10 + i as u64, 1.0 + i as f64));
+        let columns = &got.flat_trajectory.as_ref().unwrap().columns;
+        let slices: Vec<(u64, i32, i32)> = columns
+            .iter()
+            .map(|c| {
+                let s = &c.chunk_slices[0];
+                (s.chunk_key, s.offset, s.length)
+            })
+            .collect();
+        assert_eq!(slices, [(1, 1 + i as i32, 1), (2, 1 + i as i32, 1)]);
+        assert_eq!(s.chunks, [chunk(1, 7, 4), chunk(2, 7, 4)]);
+    }
+}
+
+#[tokio::test]
+async fn item_runs_that_do_not_fit_their_chunks_are_refused_and_nothing_of_the_request_stored() {
+    let t = table("t", SelectorKind::Fifo, 100, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let cases: Vec<(ItemRun, Code, &[&str])> = vec![
+        (
+            run("t", &[1, 2], &[5], 0),
+            Code::InvalidArgument,
+            &["sequence chunk 5"],
+        ),
+        (
+            run("t", &[1, 2], &[1], 2),
+            Code::InvalidArgument,
+            &["rows 2..4", "3 rows"],
+        ),
+        (
+            run("t", &[1], &[1], -1),
+            Code::InvalidArgument,
+            &["rows -1..0"],
+        ),
+        (run("t", &[], &[1], 0), Code::InvalidArgument, &["0 keys"]),
+        (
+            run("t", &[1], &[], 0),
+            Code::InvalidArgument,
+            &["no columns"],
+        ),
+        (run("nope", &[1], &[1], 0), Code::NotFound, &["nope"]),
+        (
+            ItemRun {
+                priorities: vec![1.0, 2.0],
+                ..run("t", &[1], &[1], 0)
+            },
+            Code::InvalidArgument,
+            &["1 keys and 2 priorities"],
+        ),
+        (
+            ItemRun {
+                priorities: vec![f64::NAN],
+                ..run("t", &[1], &[1], 0)
+            },
+            Code::InvalidArgument,
+            &["NaN"],
+        ),
+    ];
+    for (bad, code, words) in cases {
+        let mut stream = InsertStream::open(&stub).await;
+        let mut refused = request(vec![chunk(1, 7, 3)], &[item(9, "t", 1.0, 1, 0, 1)], vec![]);
+        refused.item_runs = vec![run("t", &[20], &[1], 0), bad];
+        assert_status(&stream.refused(refused).await, code, words);
+        assert_eq!(size(&stub, "t").await, 0, "{words:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_item_run_waits_for_the_rate_limiter_and_keeps_its_order() {
+    let t = table("t", SelectorKind::Fifo, 10, 1, queue_limiter(2));
+    let (stub, _) = serve(vec![t.clone()]).await;
+    let mut stream = InsertStream::open(&stub).await;
+    let mut request = request(vec![chunk(1, 7, 5)], &[], vec![]);
+    request.item_runs = vec![run("t", &[1, 2, 3, 4, 5], &[1], 0)];
+    stream.send(request).await;
+    wait_for("the run waits", || t.waits(Waiter::Insert).0 == 1).await;
+    assert_eq!(
+        size(&stub, "t").await,
+        2,
+        "the items the limiter allowed are stored"
+    );
+    let mut sampled = Vec::new();
+    for _ in 0..5 {
+        sampled.push(sample(&stub, "t", 1, Some(5000)).await.unwrap()[0].key());
+    }
+    assert_eq!(sampled, [1, 2, 3, 4, 5]);
+    assert_eq!(stream.confirmed().await, [1, 2, 3, 4, 5]);
 }

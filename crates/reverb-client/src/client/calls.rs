@@ -12,6 +12,15 @@ use tonic::Code;
 impl Client {
     /// `ServerInfo`: every table's `TableInfo`.
     pub async fn server_info(&self, timeout: Option<Duration>) -> Result<Vec<TableInfo>> {
+        Ok(self.server_info_response(timeout).await?.table_info)
+    }
+
+    /// `ServerInfo` whole: the tables, and what the server understands beyond the
+    /// reference's protocol (`features`; empty for the reference's servers).
+    pub async fn server_info_response(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<ServerInfoResponse> {
         self.with_deadline("ServerInfo", timeout, |server| async move {
             server.server_info().await
         })

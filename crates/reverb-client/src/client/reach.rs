@@ -236,7 +236,7 @@ impl Client {
     /// it, failing with DEADLINE_EXCEEDED once `timeout` passes. An attempt that could not
     /// connect (nothing was sent: the server went away since the last call) waits for the
     /// server again and is retried, within the same deadline.
-    pub(super) async fn with_deadline<T, F, Fut>(
+    pub(crate) async fn with_deadline<T, F, Fut>(
         &self,
         what: &str,
         timeout: Option<Duration>,

@@ -19,7 +19,7 @@ pub mod shm;
 pub mod tls;
 
 use crate::{Result, Sampled};
-use reverb_proto::{InsertStreamRequest, TableInfo};
+use reverb_proto::{InsertStreamRequest, ServerInfoResponse};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -45,8 +45,9 @@ pub(crate) trait Server: Send + Sync {
     /// this process (a stop itself may take a second; a restarted one is found on its port).
     fn reconnect_window(&self) -> Duration;
 
-    /// Every table's info (`ServerInfo`).
-    fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>>;
+    /// Every table's info, and what the server understands beyond the reference's protocol
+    /// (`ServerInfo`).
+    fn server_info(&self) -> BoxFuture<'_, Result<ServerInfoResponse>>;
 
     /// Deletes `deletes`, then updates priorities (`MutatePriorities`); unknown keys are
     /// ignored.

@@ -68,7 +68,7 @@ fn string_rows(open: &OpenChunk) -> impl Iterator<Item = &[u8]> {
 }
 
 /// Target size of an automatically sized chunk.
-const AUTO_CHUNK_BYTES: usize = 16 << 10;
+pub(super) const AUTO_CHUNK_BYTES: usize = 16 << 10;
 
 impl Column {
     fn chunk_length(&self) -> usize {

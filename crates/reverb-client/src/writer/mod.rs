@@ -14,6 +14,7 @@ mod episodes;
 mod insert;
 pub mod patterns;
 mod pending;
+pub mod runs;
 pub mod scalars;
 pub mod schedule;
 mod stream;

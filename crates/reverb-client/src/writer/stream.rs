@@ -469,6 +469,7 @@ fn request(batch: &[Outgoing], sent_chunks: &KeySet) -> InsertStreamRequest {
         chunks,
         items: batch.iter().map(|o| o.item.clone()).collect(),
         keep_chunk_keys: keep,
+        item_runs: Vec::new(),
     }
 }
 

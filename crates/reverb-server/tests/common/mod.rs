@@ -18,7 +18,7 @@ use reverb_proto::reverb_service_server::ReverbServiceServer;
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::tensorflow::DataType;
 use reverb_proto::{
-    encode_item, ChunkData, FlatTrajectory, InsertStreamRequest, InsertStreamResponse,
+    encode_item, ChunkData, FlatTrajectory, InsertStreamRequest, InsertStreamResponse, ItemRun,
     PrioritizedItem, SampleInfo, SampleStreamRequest, SampleStreamResponse, SequenceRange,
     ServerInfoRequest, ServerInfoResponse, TableInfo, Timeout,
 };
@@ -213,6 +213,26 @@ pub fn request(
         chunks,
         items: items.iter().map(encode_item).collect(),
         keep_chunk_keys: keep,
+        item_runs: Vec::new(),
+    }
+}
+
+/// An item run of `table`: `keys` (priority 1.0 each), item `i` holding row `offset + i` of
+/// tensor 0 of each of `chunk_keys` (one column each).
+pub fn run(table: &str, keys: &[u64], chunk_keys: &[u64], offset: i32) -> ItemRun {
+    ItemRun {
+        table: table.into(),
+        keys: keys.to_vec(),
+        priorities: vec![1.0; keys.len()],
+        columns: chunk_keys
+            .iter()
+            .map(|&chunk_key| reverb_proto::item_run::Column {
+                chunk_key,
+                index: 0,
+                offset,
+                squeeze: false,
+            })
+            .collect(),
     }
 }
 

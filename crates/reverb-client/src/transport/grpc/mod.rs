@@ -44,14 +44,14 @@ impl Server for Grpc {
         Box::pin(self.client.wait_until(what, timeout, deadline))
     }
 
-    fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>> {
+    fn server_info(&self) -> BoxFuture<'_, Result<ServerInfoResponse>> {
         let mut stub = self.client.stub.clone();
         Box::pin(async move {
             let response = stub
                 .server_info(ServerInfoRequest {})
                 .await
                 .map_err(|s| self.client.status(s))?;
-            Ok(response.into_inner().table_info)
+            Ok(response.into_inner())
         })
     }
 

@@ -24,7 +24,7 @@ pub mod abi;
 
 use crate::transport::{BoxFuture, InsertStream, SampleStream, SampleStreamOptions, Server};
 use reverb_proto::inproc::Service;
-use reverb_proto::{InsertStreamRequest, TableInfo};
+use reverb_proto::{InsertStreamRequest, ServerInfoResponse};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -74,9 +74,9 @@ impl Server for InProc {
         Duration::from_secs(2)
     }
 
-    fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>> {
+    fn server_info(&self) -> BoxFuture<'_, Result<ServerInfoResponse>> {
         let info = self.service.server_info().map_err(error(&self.address));
-        Box::pin(async move { Ok(info?.table_info) })
+        Box::pin(async move { info })
     }
 
     fn mutate_priorities<'a>(
@@ -308,7 +308,7 @@ impl Server for Abi {
         Duration::ZERO // (a stopped server is not looked for again)
     }
 
-    fn server_info(&self) -> BoxFuture<'_, Result<Vec<TableInfo>>> {
+    fn server_info(&self) -> BoxFuture<'_, Result<ServerInfoResponse>> {
         self.grpc.server_info()
     }
 

@@ -1,0 +1,322 @@
+//! Batched inserts in item runs (`Client.insert_steps` against servers that list
+//! "item_runs"): N steps become N items per table without an item message each. Every
+//! column's rows go into chunks of about `AUTO_CHUNK_BYTES` (as a trajectory writer sizes
+//! them), and each group of rows that shares one chunk in every column is one `ItemRun` per
+//! table: item `i` of the group holds row `i` of each of those chunks.
+
+use super::columns::AUTO_CHUNK_BYTES;
+use crate::tensor::{encode_chunk_with, Tensor, TensorView, DT_STRING};
+use crate::{Client, ClientError, Result};
+use prost::Message;
+use reverb_proto::{item_run, ChunkData, InsertStreamRequest, ItemRun, SequenceRange};
+use std::time::Duration;
+use tonic::Code;
+
+/// What a server lists in `ServerInfoResponse.features` when it takes item runs.
+pub const FEATURE: &str = "item_runs";
+
+/// The requests of an insert of `steps` (leaves with a leading dimension N) as N items per
+/// `(table, priorities)` (N priorities each), item `i` holding step `i`, in one episode;
+/// and how many items they hold. Each request stays under half of `max_request_bytes` when
+/// it can (a chunk is never split). Strings are refused (UNIMPLEMENTED): they go step by step.
+pub fn run_requests(
+    client: &Client,
+    steps: &[TensorView<'_>],
+    priorities: &[(String, Vec<f64>)],
+    max_request_bytes: Option<usize>,
+) -> Result<(Vec<InsertStreamRequest>, usize)> {
+    let n = check(steps, priorities)?;
+    let episode_id = rand::random();
+    // Each column's chunks, as (first row, chunk).
+    let mut chunks: Vec<Vec<(usize, ChunkData)>> = Vec::with_capacity(steps.len());
+    for step in steps {
+        let row_bytes = step.row_bytes();
+        let length = (AUTO_CHUNK_BYTES / row_bytes.max(1)).clamp(1, n);
+        let column = (0..n)
+            .step_by(length)
+            .map(|first| {
+                let rows = length.min(n - first);
+                let mut shape = Vec::with_capacity(step.shape.len());
+                shape.push(rows as i64);
+                shape.extend_from_slice(&step.shape[1..]);
+                let tensor = Tensor {
+                    dtype: step.dtype,
+                    shape,
+                    data: step.data[first * row_bytes..(first + rows) * row_bytes].to_vec(),
+                };
+                let range = SequenceRange {
+                    episode_id,
+                    start: first as i32,
+                    end: (first + rows - 1) as i32,
+                    sparse: false,
+                };
+                let chunk = encode_chunk_with(rand::random(), range, &[tensor], false);
+                (first, chunk)
+            })
+            .collect();
+        chunks.push(column);
+    }
+    // Groups of rows sharing one chunk in every column: split wherever any column's
+    // chunks are.
+    let mut starts: Vec<usize> = chunks
+        .iter()
+        .flat_map(|column| column.iter().map(|(first, _)| *first))
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let limit = max_request_bytes.unwrap_or(usize::MAX) / 2;
+    let mut requests = Vec::new();
+    let mut request = InsertStreamRequest::default();
+    let mut bytes = 0;
+    // Per column, the index of the chunk the group is in and of the next one to send.
+    let mut current = vec![0usize; chunks.len()];
+    let mut unsent = vec![0usize; chunks.len()];
+    for (g, &first) in starts.iter().enumerate() {
+        let end = starts.get(g + 1).copied().unwrap_or(n);
+        let mut columns = Vec::with_capacity(chunks.len());
+        let mut new_bytes = 0;
+        for (c, column) in chunks.iter().enumerate() {
+            while current[c] + 1 < column.len() && column[current[c] + 1].0 <= first {
+                current[c] += 1;
+            }
+            let (chunk_first, chunk) = &column[current[c]];
+            if unsent[c] <= current[c] {
+                new_bytes += chunk.encoded_len();
+            }
+            columns.push(item_run::Column {
+                chunk_key: chunk.chunk_key,
+                index: 0,
+                offset: (first - chunk_first) as i32,
+                squeeze: false,
+            });
+        }
+        // A full request goes out first; the chunks its successors still use are kept.
+        if bytes > 0 && bytes + new_bytes > limit {
+            request.keep_chunk_keys = (0..chunks.len())
+                .filter(|&c| unsent[c] > current[c])
+                .map(|c| chunks[c][current[c]].1.chunk_key)
+                .collect();
+            requests.push(std::mem::take(&mut request));
+            bytes = 0;
+        }
+        for (c, column) in chunks.iter().enumerate() {
+            if unsent[c] <= current[c] {
+                request.chunks.push(column[current[c]].1.clone());
+                unsent[c] = current[c] + 1;
+            }
+        }
+        bytes += new_bytes;
+        for (table, priorities) in priorities {
+            let keys: Vec<u64> = (first..end).map(|_| client.new_item_key()).collect();
+            bytes += keys.len() * 17;
+            request.item_runs.push(ItemRun {
+                table: table.clone(),
+                keys,
+                priorities: priorities[first..end].to_vec(),
+                columns: columns.clone(),
+            });
+        }
+    }
+    requests.push(request);
+    Ok((requests, n * priorities.len()))
+}
+
+/// The number of steps, once every leaf has the same leading dimension (>= 1) and every
+/// table one priority per step.
+fn check(steps: &[TensorView<'_>], priorities: &[(String, Vec<f64>)]) -> Result<usize> {
+    if priorities.is_empty() {
+        return Err(ClientError::invalid("priorities must not be empty"));
+    }
+    let n = match steps.first() {
+        None => {
+            return Err(ClientError::invalid(
+                "data must contain at least one tensor",
+            ))
+        }
+        Some(v) => v.shape.first().copied().unwrap_or(0),
+    };
+    if n < 1 || steps.iter().any(|v| v.shape.first() != Some(&n)) {
+        return Err(ClientError::invalid(
+            "insert_steps needs every value to have the same leading (step) dimension, >= 1",
+        ));
+    }
+    if steps.iter().any(|v| v.dtype == DT_STRING) {
+        return Err(ClientError::unimplemented(
+            "item runs do not take string values: insert them step by step",
+        ));
+    }
+    let n = n as usize;
+    if let Some((table, p)) = priorities.iter().find(|(_, p)| p.len() != n) {
+        return Err(ClientError::invalid(format!(
+            "table '{table}' has {} priorities for {n} steps",
+            p.len()
+        )));
+    }
+    if let Some((table, _)) = priorities.iter().find(|(t, _)| t.is_empty()) {
+        return Err(ClientError::invalid(format!(
+            "table must be a non-empty string, got {table:?}"
+        )));
+    }
+    Ok(n)
+}
+
+impl Client {
+    /// Whether the server takes item runs (a server of this process always does; another
+    /// says so in `ServerInfo`).
+    pub async fn takes_item_runs(&self, timeout: Option<Duration>) -> Result<bool> {
+        if self.inproc().is_some() {
+            return Ok(true);
+        }
+        let info = self.server_info_response(timeout).await?;
+        Ok(info.features.iter().any(|f| f == FEATURE))
+    }
+
+    /// Sends the requests of an insert in item runs ([`run_requests`], holding `items`
+    /// items) on one insert stream and waits until the server stored every item
+    /// (DEADLINE_EXCEEDED after `timeout`). The server must take item runs (see
+    /// [`Client::takes_item_runs`]). On an error or a timeout, the items stored before it
+    /// stay and the others are never stored.
+    pub async fn insert_in_runs(
+        &self,
+        requests: &[InsertStreamRequest],
+        items: usize,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.with_deadline("InsertStream", timeout, |server| async move {
+            let mut stream = server.insert_stream();
+            for request in requests {
+                stream.send(request.clone()).await?;
+            }
+            let mut left = items;
+            while left > 0 {
+                let Some(confirmed) = stream.confirmed().await? else {
+                    return Err(ClientError::new(
+                        Code::Internal,
+                        format!(
+                            "Server at {} closed the insert stream before confirming every item",
+                            self.address()
+                        ),
+                    ));
+                };
+                left = left.saturating_sub(confirmed.len());
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::{decode_chunk, AsView};
+    use std::collections::HashMap;
+
+    const DT_UINT8: i32 = 4;
+    const DT_INT32: i32 = 3;
+
+    /// Every item of `requests` as a server reads them, in order: (table, priority, its
+    /// row of each column), checking that every chunk a run uses was sent in its request or
+    /// kept from an earlier one.
+    fn items_of(requests: &[InsertStreamRequest]) -> Vec<(String, f64, Vec<Vec<u8>>)> {
+        let mut held: HashMap<u64, Tensor> = HashMap::new();
+        let mut out = Vec::new();
+        for request in requests {
+            for chunk in &request.chunks {
+                let mut tensors = decode_chunk(chunk).unwrap();
+                held.insert(chunk.chunk_key, tensors.remove(0));
+            }
+            for run in &request.item_runs {
+                for (i, priority) in run.priorities.iter().enumerate() {
+                    let rows = run
+                        .columns
+                        .iter()
+                        .map(|c| {
+                            let t = held.get(&c.chunk_key).expect("a sent or kept chunk");
+                            let row = t.view().row_bytes();
+                            let at = (c.offset as usize + i) * row;
+                            t.data[at..at + row].to_vec()
+                        })
+                        .collect();
+                    out.push((run.table.clone(), *priority, rows));
+                }
+            }
+            held.retain(|k, _| request.keep_chunk_keys.contains(k));
+        }
+        out
+    }
+
+    #[test]
+    fn groups_follow_every_columns_chunks_and_big_inserts_split_keeping_shared_chunks() {
+        let client = Client::new("localhost:1").unwrap();
+        let n = 7usize;
+        // 6000-byte rows go 2 to a chunk; int32 rows all in one.
+        // (Noise, which snappy cannot shrink: the chunks keep their size.)
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let frames: Vec<u8> = (0..n * 6000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let ids: Vec<u8> = (0..n as i32).flat_map(i32::to_le_bytes).collect();
+        let frames = Tensor::new(DT_UINT8, vec![n as i64, 6000], frames).unwrap();
+        let ids = Tensor::new(DT_INT32, vec![n as i64], ids).unwrap();
+        let steps = [frames.view(), ids.view()];
+        let priorities = vec![
+            (
+                "a".to_string(),
+                (0..n).map(|i| i as f64).collect::<Vec<f64>>(),
+            ),
+            ("b".to_string(), vec![0.5; n]),
+        ];
+        let expected: Vec<(String, f64, Vec<Vec<u8>>)> = (0..n)
+            .map(|i| {
+                let frame = frames.data[i * 6000..(i + 1) * 6000].to_vec();
+                vec![frame, (i as i32).to_le_bytes().to_vec()]
+            })
+            .enumerate()
+            .flat_map(|(i, rows)| {
+                [("a", i as f64), ("b", 0.5)].map(|(t, p)| (t.to_string(), p, rows.clone()))
+            })
+            .collect();
+        let by_table = |mut items: Vec<(String, f64, Vec<Vec<u8>>)>| {
+            items.sort_by(|x, y| x.0.cmp(&y.0));
+            items
+        };
+        for limit in [None, Some(30_000), Some(1)] {
+            let (requests, items) = run_requests(&client, &steps, &priorities, limit).unwrap();
+            assert_eq!(items, 2 * n);
+            // Groups [0,2) [2,4) [4,6) [6,7): one run per table each.
+            let runs: usize = requests.iter().map(|r| r.item_runs.len()).sum();
+            assert_eq!(runs, 8, "{limit:?}");
+            let chunks: usize = requests.iter().map(|r| r.chunks.len()).sum();
+            assert_eq!(chunks, 5, "each chunk sent once ({limit:?})");
+            if limit.is_some() {
+                assert!(requests.len() >= 2, "{limit:?}: {}", requests.len());
+            }
+            assert_eq!(
+                by_table(items_of(&requests)),
+                by_table(expected.clone()),
+                "{limit:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_steps_are_refused() {
+        let client = Client::new("localhost:1").unwrap();
+        let one = Tensor::new(DT_INT32, vec![2], vec![0; 8]).unwrap();
+        let other = Tensor::new(DT_INT32, vec![3], vec![0; 12]).unwrap();
+        let p = |n: usize| vec![("t".to_string(), vec![1.0; n])];
+        let refused = |steps: &[TensorView<'_>], p: &[(String, Vec<f64>)]| {
+            run_requests(&client, steps, p, None).unwrap_err().message
+        };
+        assert!(refused(&[one.view(), other.view()], &p(2)).contains("same leading"));
+        assert!(refused(&[one.view()], &p(3)).contains("3 priorities for 2 steps"));
+        assert!(refused(&[one.view()], &[]).contains("priorities must not be empty"));
+        assert!(refused(&[], &p(2)).contains("at least one tensor"));
+    }
+}
