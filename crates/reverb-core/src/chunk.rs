@@ -365,8 +365,9 @@ pub struct ItemData {
     /// When the table stored it, in nanoseconds since the Unix epoch (0: not yet; see
     /// [`ItemData::inserted_at`]).
     inserted_at_ns: i64,
-    /// The chunks the trajectory references, in order of first reference.
-    chunks: Box<[Arc<Chunk>]>,
+    /// The chunks the trajectory references, in order of first reference (shared by the
+    /// items of an item run).
+    chunks: Arc<[Arc<Chunk>]>,
 }
 
 impl ItemData {
@@ -386,7 +387,7 @@ impl ItemData {
     /// `rows[c].row` of tensor `rows[c].index` of `chunks[rows[c].chunk]`. The caller has
     /// checked that every row exists (see the server's insert stream); `chunks` holds each
     /// chunk once, in order of first reference.
-    pub fn of_rows(key: u64, chunks: Box<[Arc<Chunk>]>, rows: &[RowRef]) -> Self {
+    pub fn of_rows(key: u64, chunks: Arc<[Arc<Chunk>]>, rows: &[RowRef]) -> Self {
         debug_assert!(!rows.is_empty() && chunks.len() <= MAX_ITEM_CHUNKS);
         let slice = |r: &RowRef| Slice {
             offset: r.row,
@@ -434,7 +435,7 @@ impl ItemData {
             key,
             trajectory: Trajectory::new(trajectory, &chunks)?,
             inserted_at_ns: 0,
-            chunks: chunks.into_boxed_slice(),
+            chunks: chunks.into(),
         })
     }
 

@@ -602,10 +602,8 @@ impl State {
             return Err(e);
         }
         self.next_seq += 1;
-        for chunk in item.chunks() {
-            *self
-                .episode_refs
-                .get_or_insert_with(chunk.episode_id(), || 0) += 1;
+        for episode in episodes(&item) {
+            *self.episode_refs.get_or_insert_with(episode, || 0) += 1;
         }
         self.items.insert(
             key,
@@ -633,8 +631,7 @@ impl State {
         let moved = self.remover.delete(entry.place(1));
         debug_assert!(moved.is_none(), "a remover keeps its own slots");
         self.limiter.delete();
-        for chunk in entry.data.chunks() {
-            let episode = chunk.episode_id();
+        for episode in episodes(&entry.data) {
             if let Some(refs) = self.episode_refs.get_mut(&episode) {
                 *refs -= 1;
                 if *refs == 0 {
@@ -644,6 +641,17 @@ impl State {
             }
         }
     }
+}
+
+/// The episodes of an item's chunks, each run of chunks of one episode counted once (an
+/// item's chunks are mostly of one episode: one count instead of one per column).
+fn episodes(item: &ItemData) -> impl Iterator<Item = u64> + '_ {
+    let chunks = item.chunks();
+    chunks
+        .iter()
+        .enumerate()
+        .filter(move |&(i, c)| i == 0 || chunks[i - 1].episode_id() != c.episode_id())
+        .map(|(_, c)| c.episode_id())
 }
 
 fn now() -> prost_types::Timestamp {

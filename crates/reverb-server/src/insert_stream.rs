@@ -215,7 +215,7 @@ fn resolve_run(
             squeeze: column.squeeze,
         });
     }
-    let used: Box<[Arc<Chunk>]> = used.into_boxed_slice();
+    let used: Arc<[Arc<Chunk>]> = used.into();
     let mut items = VecDeque::with_capacity(n);
     let mut item_rows = rows.clone();
     for (i, (&key, &priority)) in run.keys.iter().zip(&run.priorities).enumerate() {
