@@ -137,15 +137,23 @@ impl Drop for Chunk {
 /// but the first: what writers make) is one slice, a run, split again by the chunks' rows
 /// when the wire form is asked for: a 10-step item of 2-step frame chunks holds one slice
 /// rather than five or six.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Trajectory(Slices);
 
+impl PartialEq for Trajectory {
+    fn eq(&self, other: &Self) -> bool {
+        self.slices().eq(other.slices())
+    }
+}
+
 /// A trajectory's slices: one (an item of one column kept as one run, as frame items are)
-/// held inline, more in an allocation of their own.
-#[derive(Debug, Clone, PartialEq)]
+/// held inline, more in an allocation of their own, or those of an item run shared by its
+/// items (see [`RunShape`]), whose rows item `i` of the run finds `i` rows further.
+#[derive(Debug, Clone)]
 enum Slices {
     One(Slice),
     Many(Box<[Slice]>),
+    Shifted(Arc<[Slice]>, i32),
 }
 
 /// One chunk slice of a column, or the place of a column that has none.
@@ -168,17 +176,39 @@ const EMPTY: u32 = 4 << FLAG_SHIFT;
 /// A run: `length` rows from `offset` in the chunk at its position, continuing from the
 /// start of each next chunk (by position) until `length` is used up.
 const RUN: u32 = 8 << FLAG_SHIFT;
-/// One column of an item of one row per column (see [`ItemData::of_rows`]).
+/// One column of the items of an item run (see [`RunShape`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowRef {
-    /// The chunk's position in the item's chunk list.
+    /// The chunk's position in the items' chunk list.
     pub chunk: u32,
     /// The tensor of the chunk.
     pub index: i32,
-    /// The row of the tensor.
+    /// The row of the tensor item 0 of the run holds.
     pub row: i32,
     /// The column is squeezed (the row itself, not a batch of one).
     pub squeeze: bool,
+}
+
+/// The columns of the items of an item run, one row each, shared by them: item `i` holds
+/// row `row + i` of each column's tensor (see [`ItemData::of_run`]).
+#[derive(Debug, Clone)]
+pub struct RunShape(Arc<[Slice]>);
+
+impl RunShape {
+    /// The shape of a run whose item 0 holds `rows` (at least one column).
+    pub fn new(rows: &[RowRef]) -> Self {
+        debug_assert!(!rows.is_empty());
+        Self(
+            rows.iter()
+                .map(|r| Slice {
+                    offset: r.row,
+                    length: 1,
+                    index: r.index,
+                    chunk: r.chunk | FIRST | if r.squeeze { SQUEEZE } else { 0 },
+                })
+                .collect(),
+        )
+    }
 }
 
 /// Most chunks an item may reference.
@@ -259,11 +289,16 @@ impl Trajectory {
         }))
     }
 
-    fn slices(&self) -> &[Slice] {
-        match &self.0 {
-            Slices::One(one) => std::slice::from_ref(one),
-            Slices::Many(many) => many,
-        }
+    fn slices(&self) -> impl ExactSizeIterator<Item = Slice> + '_ {
+        let (slices, shift) = match &self.0 {
+            Slices::One(one) => (std::slice::from_ref(one), 0),
+            Slices::Many(many) => (&many[..], 0),
+            Slices::Shifted(shared, shift) => (&shared[..], *shift),
+        };
+        slices.iter().map(move |s| Slice {
+            offset: s.offset + shift,
+            ..*s
+        })
     }
 
     /// Calls `f` with every slice of every column (runs split again by their chunks'
@@ -309,17 +344,13 @@ impl Trajectory {
 
     /// How many columns it has.
     fn columns(&self) -> usize {
-        self.slices()
-            .iter()
-            .filter(|s| s.chunk & FIRST != 0)
-            .count()
+        self.slices().filter(|s| s.chunk & FIRST != 0).count()
     }
 
     /// The wire form, with the keys of `chunks` (the list it was made with).
     pub fn to_proto(&self, chunks: &[Arc<Chunk>]) -> FlatTrajectory {
         let mut columns: Vec<flat_trajectory::Column> = self
             .slices()
-            .iter()
             .filter(|s| s.chunk & FIRST != 0)
             .map(|s| flat_trajectory::Column {
                 chunk_slices: Vec::new(),
@@ -383,21 +414,17 @@ impl ItemData {
         Ok(data)
     }
 
-    /// An item of one row in every column (an item of an `ItemRun`): column `c` is row
-    /// `rows[c].row` of tensor `rows[c].index` of `chunks[rows[c].chunk]`. The caller has
-    /// checked that every row exists (see the server's insert stream); `chunks` holds each
-    /// chunk once, in order of first reference.
-    pub fn of_rows(key: u64, chunks: Arc<[Arc<Chunk>]>, rows: &[RowRef]) -> Self {
-        debug_assert!(!rows.is_empty() && chunks.len() <= MAX_ITEM_CHUNKS);
-        let slice = |r: &RowRef| Slice {
-            offset: r.row,
-            length: 1,
-            index: r.index,
-            chunk: r.chunk | FIRST | if r.squeeze { SQUEEZE } else { 0 },
-        };
-        let slices = match rows {
-            [one] => Slices::One(slice(one)),
-            _ => Slices::Many(rows.iter().map(slice).collect()),
+    /// Item `i` of an item run of `shape` over `chunks` (each chunk once, in order of first
+    /// reference). The caller has checked that every row exists, `row + i` included (see the
+    /// server's insert stream). Items of one run share `shape` and `chunks`.
+    pub fn of_run(key: u64, chunks: Arc<[Arc<Chunk>]>, shape: &RunShape, i: i32) -> Self {
+        debug_assert!(chunks.len() <= MAX_ITEM_CHUNKS);
+        let slices = match &shape.0[..] {
+            [one] => Slices::One(Slice {
+                offset: one.offset + i,
+                ..*one
+            }),
+            _ => Slices::Shifted(shape.0.clone(), i),
         };
         Self {
             key,

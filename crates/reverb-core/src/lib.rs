@@ -9,7 +9,7 @@ pub mod rate_limiter;
 pub mod selectors;
 pub mod table;
 
-pub use chunk::{Chunk, ItemData, RowRef, Trajectory};
+pub use chunk::{Chunk, ItemData, RowRef, RunShape, Trajectory};
 pub use error::{CoreError, Result};
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};

@@ -402,8 +402,10 @@ impl PyClient {
             Box::pin(async move { c.takes_item_runs(timeout).await })
         })?;
         if !takes_runs {
-            // (A server that knows only the reference's protocol: items one by one.)
-            return self.insert_with(py, values, timeout_ms, |i, steps| {
+            // (A server that knows only the reference's protocol: items one by one, within
+            // what is left of the timeout.)
+            let left_ms = left().map(|d| d.as_millis().min(i64::MAX as u128) as i64);
+            return self.insert_with(py, values, left_ms, |i, steps| {
                 i.start_steps(steps, &priorities)
             });
         }

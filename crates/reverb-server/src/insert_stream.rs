@@ -10,7 +10,7 @@
 use crate::status::from_core;
 use crate::tables::Tables;
 use reverb_core::chunk::ItemError;
-use reverb_core::{Chunk, InsertOutcome, ItemData, RowRef, Table, Waiter};
+use reverb_core::{Chunk, InsertOutcome, ItemData, RowRef, RunShape, Table, Waiter};
 use reverb_proto::payload::{chunk_layouts, Layouts};
 use reverb_proto::{
     decode_item, ChunkData, InsertStreamRequest, InsertStreamResponse, ItemRun, KeyHashMap, KeySet,
@@ -178,6 +178,7 @@ fn resolve_run(
         table.check_priority(priority).map_err(from_core)?;
     }
     let mut used: Vec<Arc<Chunk>> = Vec::new();
+    let mut positions: KeyHashMap<usize> = KeyHashMap::default();
     let mut rows = Vec::with_capacity(run.columns.len());
     for (c, column) in run.columns.iter().enumerate() {
         let key = column.chunk_key;
@@ -192,7 +193,12 @@ fn resolve_run(
             .and_then(|i| received.tensors.get(i))
             .map_or(0, |t| t.shape().first().copied().unwrap_or(0));
         let end = i64::from(column.offset) + n as i64;
-        if column.offset < 0 || end > held || received.tensors.len() <= column.index as usize {
+        // (The last item's row must be an i32 too: a tensor without data may claim 2^40 rows.)
+        if column.offset < 0
+            || end > held
+            || end - 1 > i64::from(i32::MAX)
+            || received.tensors.len() <= column.index as usize
+        {
             return Err(Status::invalid_argument(format!(
                 "Column {c} of an item run of table '{name}' references rows {}..{end} of \
                  tensor {} of chunk {key}, which holds {} tensors (that one {held} rows)",
@@ -201,13 +207,10 @@ fn resolve_run(
                 received.tensors.len()
             )));
         }
-        let position = match used.iter().position(|u| u.key() == key) {
-            Some(p) => p,
-            None => {
-                used.push(received.chunk.clone());
-                used.len() - 1
-            }
-        };
+        let position = *positions.entry(key).or_insert_with(|| {
+            used.push(received.chunk.clone());
+            used.len() - 1
+        });
         rows.push(RowRef {
             chunk: position as u32,
             index: column.index,
@@ -215,14 +218,14 @@ fn resolve_run(
             squeeze: column.squeeze,
         });
     }
+    // The items share their chunk list and their columns (a run's items cost the same
+    // whatever its number of columns).
     let used: Arc<[Arc<Chunk>]> = used.into();
+    let shape = RunShape::new(&rows);
     let mut items = VecDeque::with_capacity(n);
-    let mut item_rows = rows.clone();
     for (i, (&key, &priority)) in run.keys.iter().zip(&run.priorities).enumerate() {
-        for (r, first) in item_rows.iter_mut().zip(&rows) {
-            r.row = first.row + i as i32;
-        }
-        items.push_back((ItemData::of_rows(key, used.clone(), &item_rows), priority));
+        let item = ItemData::of_run(key, used.clone(), &shape, i as i32);
+        items.push_back((item, priority));
     }
     Ok(items)
 }

@@ -370,6 +370,12 @@ async fn item_runs_that_do_not_fit_their_chunks_are_refused_and_nothing_of_the_r
             &["no columns"],
         ),
         (run("nope", &[1], &[1], 0), Code::NotFound, &["nope"]),
+        // The last item's row past i32 (a tensor without data may claim 2^40 rows).
+        (
+            run("t", &[1, 2], &[3], i32::MAX),
+            Code::InvalidArgument,
+            &["rows 2147483647..2147483649"],
+        ),
         (
             ItemRun {
                 priorities: vec![1.0, 2.0],
@@ -389,7 +395,11 @@ async fn item_runs_that_do_not_fit_their_chunks_are_refused_and_nothing_of_the_r
     ];
     for (bad, code, words) in cases {
         let mut stream = InsertStream::open(&stub).await;
-        let mut refused = request(vec![chunk(1, 7, 3)], &[item(9, "t", 1.0, 1, 0, 1)], vec![]);
+        let mut refused = request(
+            vec![chunk(1, 7, 3), no_data_rows(3, 1 << 40)],
+            &[item(9, "t", 1.0, 1, 0, 1)],
+            vec![],
+        );
         refused.item_runs = vec![run("t", &[20], &[1], 0), bad];
         assert_status(&stream.refused(refused).await, code, words);
         assert_eq!(size(&stub, "t").await, 0, "{words:?}");
@@ -416,4 +426,16 @@ async fn an_item_run_waits_for_the_rate_limiter_and_keeps_its_order() {
     }
     assert_eq!(sampled, [1, 2, 3, 4, 5]);
     assert_eq!(stream.confirmed().await, [1, 2, 3, 4, 5]);
+}
+
+/// A chunk of one int32 tensor of `rows` rows of no elements (shape `[rows, 0]`).
+fn no_data_rows(key: u64, rows: i64) -> reverb_proto::ChunkData {
+    let tensor = reverb_client::Tensor::new(3, vec![rows, 0], vec![]).expect("a valid tensor");
+    let range = reverb_proto::SequenceRange {
+        episode_id: 7,
+        start: 0,
+        end: 0,
+        sparse: false,
+    };
+    reverb_client::tensor::encode_chunk(key, range, &[tensor])
 }
