@@ -53,6 +53,13 @@ def late_server():
     started.stop()
 
 
+@pytest.fixture
+def tf():
+    """TensorFlow, imported before a late server's clock starts (the first import in a
+    process takes seconds: the server would be up before the call)."""
+    return pytest.importorskip("tensorflow")
+
+
 def _one_item(address: str) -> None:
     reverb.Client(address).insert(np.float32(7.0), {"q": 1.0}, timeout=10)
 
@@ -108,8 +115,7 @@ def test_a_call_waits_for_a_server_started_later(late_server, call) -> None:
     assert time.monotonic() - start >= LATER * 0.9
 
 
-def test_a_dataset_waits_for_a_server_started_later(late_server) -> None:
-    tf = pytest.importorskip("tensorflow")
+def test_a_dataset_waits_for_a_server_started_later(tf, late_server) -> None:
     address = f"localhost:{late_server.port}"
     # A time, pacing (as in `_sample`).
     feeder = threading.Thread(target=lambda: (time.sleep(LATER + 0.5), _one_item(address)))
@@ -127,8 +133,7 @@ def test_a_dataset_waits_for_a_server_started_later(late_server) -> None:
     assert float(sample.data[0]) == 7.0
 
 
-def test_a_tf_client_waits_for_a_server_started_later(late_server) -> None:
-    tf = pytest.importorskip("tensorflow")
+def test_a_tf_client_waits_for_a_server_started_later(tf, late_server) -> None:
     address = f"localhost:{late_server.port}"
     start = time.monotonic()
     reverb.TFClient(address).insert(

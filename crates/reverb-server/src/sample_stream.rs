@@ -198,6 +198,10 @@ pub(crate) async fn sample_waiting(
     if !batch.is_empty() {
         return Ok(batch);
     }
+    if timeout == Some(Duration::ZERO) {
+        // Nothing to wait for: not counted as a call waiting on the rate limiter either.
+        return Err(Some(Status::deadline_exceeded(RATE_LIMITER_TIMEOUT)));
+    }
     let deadline = timeout.map(|t| Instant::now() + t);
     tokio::pin!(gone);
     let mut _waiting = None;
