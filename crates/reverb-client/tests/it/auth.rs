@@ -2,9 +2,8 @@
 //! call gets UNAUTHENTICATED and reads or changes nothing, over gRPC and in-process alike.
 
 use reverb_client::{Client, Tensor};
-mod common;
 
-use common::{block, insert_step, table, T};
+use crate::common::{block, insert_step, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};

@@ -1,10 +1,8 @@
 //! The unary RPCs as a client sees them over the wire: `ServerInfo`, `MutatePriorities`,
 //! `Reset`, `Checkpoint` (without a checkpointer), and `InitializeConnection`.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use reverb_core::{SelectorKind, Table, TableConfig};
 use reverb_proto::key_distribution_options::{Distribution, Prioritized};
 use reverb_proto::{

@@ -3,9 +3,8 @@
 
 use reverb_client::writer::{ItemColumn, TrajectoryWriter, WriterOptions};
 use reverb_client::Tensor;
-mod common;
 
-use common::{grpc_client, table};
+use crate::common::{grpc_client, table};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -107,7 +106,7 @@ fn a_clients_writers_share_one_connection_of_their_own() {
     assert_eq!(t.size(), 3);
     assert_eq!(connections_to(server.port()), 1, "the writers' connection");
     // Other calls use the client's own connection.
-    common::block(client.server_info(Some(Duration::from_secs(10)))).unwrap();
+    crate::common::block(client.server_info(Some(Duration::from_secs(10)))).unwrap();
     assert_eq!(connections_to(server.port()), 2, "and the client's");
     // A writer made from a writer's client shares the first writers' connection.
     let mut more =
@@ -155,6 +154,6 @@ fn writers_keep_writing_while_the_shared_runtime_is_busy() {
     assert!(start.elapsed() < Duration::from_secs(2));
     assert_eq!(t.size(), 21);
     for sleeper in sleepers {
-        common::block(sleeper).unwrap();
+        crate::common::block(sleeper).unwrap();
     }
 }

@@ -4,9 +4,8 @@
 
 use reverb_client::writer::{ItemColumn, TrajectoryWriter, WriterOptions};
 use reverb_client::{Client, Tensor};
-mod common;
 
-use common::{block, blocking_queue, client, queue, T, TRANSPORTS};
+use crate::common::{block, blocking_queue, client, queue, T, TRANSPORTS};
 use reverb_core::Table;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};
@@ -169,7 +168,7 @@ fn unconfirmed_items_reach_a_restarted_server() {
             1,
             "{transport}: only the unconfirmed item is resent"
         );
-        let again = common::client(&restarted, transport);
+        let again = crate::common::client(&restarted, transport);
         assert_eq!(drain(&again, "q", 1), vec![vec![2]], "{transport}");
     }
 }
@@ -264,7 +263,7 @@ fn incompressible(n: usize) -> Tensor {
 fn an_item_over_the_message_limit_fails_fast_and_the_writer_goes_on() {
     let q = queue("q", 10);
     let server = Server::start(vec![q.clone()], ServerOptions::default()).unwrap();
-    let client = common::grpc_client(&server).with_max_message_size(64 << 10);
+    let client = crate::common::grpc_client(&server).with_max_message_size(64 << 10);
     let mut w = writer(&client, WriterOptions::default());
     w.append(vec![(0, incompressible(16 << 10))], false)
         .unwrap();
@@ -298,7 +297,7 @@ fn a_server_with_a_smaller_message_limit_refuses_the_item_not_the_writer() {
         ..ServerOptions::default()
     };
     let server = Server::start(vec![q.clone()], options).unwrap();
-    let client = common::grpc_client(&server);
+    let client = crate::common::grpc_client(&server);
     let mut w = writer(&client, WriterOptions::default());
     w.append(vec![(0, incompressible(16 << 10))], false)
         .unwrap();

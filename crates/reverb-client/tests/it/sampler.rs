@@ -1,11 +1,10 @@
 //! The prefetching sampler against a real server: partial batches are kept across timed-out
 //! calls, max_samples is exact over several workers, and a rate-limiter timeout ends cleanly.
 
+use crate::common::{block, client, grpc_client, insert_step, queue, table, T, TRANSPORTS};
 use reverb_client::sampler::{Sampler, SamplerOptions};
 use reverb_client::transport::shm;
 use reverb_client::{Client, Sampled, Tensor};
-mod common;
-use common::{block, client, grpc_client, insert_step, queue, table, T, TRANSPORTS};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};

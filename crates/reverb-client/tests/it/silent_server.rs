@@ -3,9 +3,8 @@
 
 use reverb_client::transport::connect::SILENCE;
 use reverb_client::Client;
-mod common;
 
-use common::block;
+use crate::common::block;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 use tonic::Code;

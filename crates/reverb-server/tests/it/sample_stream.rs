@@ -2,9 +2,7 @@
 //! entries and responses, several requests on one stream, the legacy `flexible_batch_size`
 //! field, rate-limiter timeouts, `max_times_sampled` and cancellation.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use reverb_core::{SelectorKind, Waiter};
 use reverb_proto::codec::ReverbCodec;
 use reverb_proto::tensorflow::DataType;

@@ -1,9 +1,8 @@
 //! Client against a real server on a localhost port.
 
 use reverb_client::Tensor;
-mod common;
 
-use common::{block, client, insert_step, table, T, TRANSPORTS};
+use crate::common::{block, client, insert_step, table, T, TRANSPORTS};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};

@@ -3,9 +3,8 @@
 use bytes::{Buf, BufMut};
 use prost::Message;
 use reverb_client::{Client, Tensor};
-mod common;
 
-use common::{block, grpc_client, insert_step, table, T};
+use crate::common::{block, grpc_client, insert_step, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::flat_trajectory::{ChunkSlice, Column};
 use reverb_proto::tensorflow::DataType;

@@ -2,10 +2,8 @@
 //! `keep_chunk_keys`, refused requests (and that nothing of them is stored), rate-limiter
 //! waits and cancellation.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use reverb_core::{SelectorKind, Waiter};
 use reverb_proto::{InsertStreamRequest, ItemRun};
 use tonic::Code;

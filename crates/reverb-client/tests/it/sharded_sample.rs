@@ -4,9 +4,8 @@
 
 use reverb_client::sampler::sample_shards;
 use reverb_client::{Client, Tensor};
-mod common;
 
-use common::{block, grpc_client, insert_step, queue, table, T};
+use crate::common::{block, grpc_client, insert_step, queue, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions};

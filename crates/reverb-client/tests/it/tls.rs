@@ -4,9 +4,8 @@
 
 use reverb_client::transport::tls::Tls;
 use reverb_client::{Client, ClientError, Tensor};
-mod common;
 
-use common::{block, insert_step, table, T};
+use crate::common::{block, insert_step, table, T};
 use reverb_core::SelectorKind;
 use reverb_proto::tensorflow::DataType;
 use reverb_server::{Server, ServerOptions, ServerTls};
