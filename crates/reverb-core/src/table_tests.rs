@@ -26,6 +26,20 @@ fn config(sampler: SelectorKind, remover: SelectorKind, max_size: i64) -> TableC
     }
 }
 
+/// A FIFO queue of `max_size` items, each sampled once, whose inserts wait while `size`
+/// items are unsampled (the reference's `Queue` limiter).
+fn queue(max_size: i64, size: i64) -> TableConfig {
+    let mut c = config(SelectorKind::Fifo, SelectorKind::Fifo, max_size);
+    c.max_times_sampled = 1;
+    c.rate_limiter = RateLimiterConfig {
+        samples_per_insert: 1.0,
+        min_size_to_sample: 1,
+        min_diff: 0.0,
+        max_diff: size as f64,
+    };
+    c
+}
+
 fn chunk(key: u64, episode: u64) -> Arc<Chunk> {
     Arc::new(Chunk::new(ChunkData {
         chunk_key: key,
@@ -125,14 +139,7 @@ fn max_times_sampled_deletes_inside_sampling() {
 
 #[test]
 fn queue_blocks_inserts_when_full_and_samples_when_empty() {
-    let mut c = config(SelectorKind::Fifo, SelectorKind::Fifo, 2);
-    c.max_times_sampled = 1;
-    c.rate_limiter = RateLimiterConfig {
-        samples_per_insert: 1.0,
-        min_size_to_sample: 1,
-        min_diff: 0.0,
-        max_diff: 2.0,
-    };
+    let c = queue(2, 2);
     let t = Table::new(c).unwrap();
     assert!(t.try_sample(1, usize::MAX).is_empty());
     insert(&t, 1, 0.0);
@@ -415,14 +422,7 @@ proptest::proptest! {
 
 #[test]
 fn insert_many_takes_what_the_limiter_allows_in_order_and_evicts_as_single_inserts_do() {
-    let mut c = config(SelectorKind::Fifo, SelectorKind::Fifo, 3);
-    c.max_times_sampled = 1;
-    c.rate_limiter = RateLimiterConfig {
-        samples_per_insert: 1.0,
-        min_size_to_sample: 1,
-        min_diff: 0.0,
-        max_diff: 2.0,
-    };
+    let c = queue(3, 2);
     let t = Table::new(c).unwrap();
     let shared = chunk(1, 7);
     let mut items: std::collections::VecDeque<(ItemData, f64)> = (10..15)
