@@ -414,13 +414,13 @@ impl PyClient {
             .map(|v| to_array(py, v))
             .collect::<PyResult<Vec<_>>>()?;
         let limit = Some(self.inner.max_message_size());
-        let (requests, items) = on_views(py, &mut (), &arrays, |_, steps| {
+        let requests = on_views(py, &mut (), &arrays, |_, steps| {
             run_requests(&self.inner, steps, &priorities, limit)
         })
         .map_err(client_error)?;
         let timeout = left();
         self.call(py, move |c| {
-            Box::pin(async move { c.insert_in_runs(&requests, items, timeout).await })
+            Box::pin(async move { c.insert_requests(requests, timeout).await })
         })
     }
 

@@ -58,8 +58,10 @@ impl Client {
         .await
     }
 
-    /// Sends requests on one `InsertStream` and waits until every item is confirmed. Every
-    /// item must be an encoded `PrioritizedItem` (else INVALID_ARGUMENT, nothing sent).
+    /// Sends requests on one `InsertStream` and waits until every item (those of its item
+    /// runs too) is confirmed. Every item must be an encoded `PrioritizedItem` (else
+    /// INVALID_ARGUMENT, nothing sent); item runs go only to servers that take them (see
+    /// [`Client::takes_item_runs`]).
     pub async fn insert_requests(
         &self,
         requests: Vec<InsertStreamRequest>,
@@ -72,6 +74,8 @@ impl Client {
             })?;
             keys.insert(item.key);
         }
+        let runs = requests.iter().flat_map(|r| r.item_runs.iter());
+        keys.extend(runs.flat_map(|run| run.keys.iter().copied()));
         let (requests, keys) = (&requests, &keys);
         self.with_deadline("InsertStream", timeout, |server| async move {
             let mut stream = server.insert_stream();

@@ -134,30 +134,8 @@ impl Inserter {
         steps: &[V],
         priorities: &[(String, Vec<f64>)],
     ) -> Result<Vec<u64>> {
-        if priorities.is_empty() {
-            return Err(ClientError::invalid("priorities must not be empty"));
-        }
         let views: Vec<TensorView<'_>> = steps.iter().map(AsView::view).collect();
-        let n = match views.first() {
-            None => {
-                return Err(ClientError::invalid(
-                    "data must contain at least one tensor",
-                ))
-            }
-            Some(v) => v.shape.first().copied().unwrap_or(0),
-        };
-        if n < 1 || views.iter().any(|v| v.shape.first() != Some(&n)) {
-            return Err(ClientError::invalid(
-                "insert_steps needs every value to have the same leading (step) dimension, >= 1",
-            ));
-        }
-        let n = n as usize;
-        if let Some((table, p)) = priorities.iter().find(|(_, p)| p.len() != n) {
-            return Err(ClientError::invalid(format!(
-                "table '{table}' has {} priorities for {n} steps",
-                p.len()
-            )));
-        }
+        let n = steps_of(&views, priorities)?;
         self.writer_for(n)?;
         let writer = self.writer.as_mut().expect("made above");
         let rows: Vec<TensorView<'_>> = views
@@ -266,6 +244,38 @@ impl Inserter {
             }
         }
     }
+}
+
+/// The number of steps N of an insert of `steps` (leaves with a leading dimension N >= 1,
+/// the same for all) with one priority per step for each table.
+pub(super) fn steps_of(
+    steps: &[TensorView<'_>],
+    priorities: &[(String, Vec<f64>)],
+) -> Result<usize> {
+    if priorities.is_empty() {
+        return Err(ClientError::invalid("priorities must not be empty"));
+    }
+    let n = match steps.first() {
+        None => {
+            return Err(ClientError::invalid(
+                "data must contain at least one tensor",
+            ))
+        }
+        Some(v) => v.shape.first().copied().unwrap_or(0),
+    };
+    if n < 1 || steps.iter().any(|v| v.shape.first() != Some(&n)) {
+        return Err(ClientError::invalid(
+            "insert_steps needs every value to have the same leading (step) dimension, >= 1",
+        ));
+    }
+    let n = n as usize;
+    if let Some((table, p)) = priorities.iter().find(|(_, p)| p.len() != n) {
+        return Err(ClientError::invalid(format!(
+            "table '{table}' has {} priorities for {n} steps",
+            p.len()
+        )));
+    }
+    Ok(n)
 }
 
 /// An append's error as an insert reports it (each leaf has a column of its own, so only a

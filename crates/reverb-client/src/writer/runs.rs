@@ -10,21 +10,20 @@ use crate::{Client, ClientError, Result};
 use prost::Message;
 use reverb_proto::{item_run, ChunkData, InsertStreamRequest, ItemRun, SequenceRange};
 use std::time::Duration;
-use tonic::Code;
 
 /// What a server lists in `ServerInfoResponse.features` when it takes item runs.
 pub const FEATURE: &str = "item_runs";
 
 /// The requests of an insert of `steps` (leaves with a leading dimension N) as N items per
-/// `(table, priorities)` (N priorities each), item `i` holding step `i`, in one episode;
-/// and how many items they hold. Each request stays under half of `max_request_bytes` when
+/// `(table, priorities)` (N priorities each), item `i` holding step `i`, in one episode (sent
+/// with [`Client::insert_requests`]). Each request stays under half of `max_request_bytes` when
 /// it can (a chunk is never split). Strings are refused (UNIMPLEMENTED): they go step by step.
 pub fn run_requests(
     client: &Client,
     steps: &[TensorView<'_>],
     priorities: &[(String, Vec<f64>)],
     max_request_bytes: Option<usize>,
-) -> Result<(Vec<InsertStreamRequest>, usize)> {
+) -> Result<Vec<InsertStreamRequest>> {
     let n = check(steps, priorities)?;
     let episode_id = rand::random();
     // Each column's chunks, as (first row, chunk).
@@ -118,39 +117,17 @@ pub fn run_requests(
         }
     }
     requests.push(request);
-    Ok((requests, n * priorities.len()))
+    Ok(requests)
 }
 
-/// The number of steps, once every leaf has the same leading dimension (>= 1) and every
-/// table one priority per step.
+/// The number of steps ([`super::insert::steps_of`]), once no leaf is of strings and every
+/// table is named.
 fn check(steps: &[TensorView<'_>], priorities: &[(String, Vec<f64>)]) -> Result<usize> {
-    if priorities.is_empty() {
-        return Err(ClientError::invalid("priorities must not be empty"));
-    }
-    let n = match steps.first() {
-        None => {
-            return Err(ClientError::invalid(
-                "data must contain at least one tensor",
-            ))
-        }
-        Some(v) => v.shape.first().copied().unwrap_or(0),
-    };
-    if n < 1 || steps.iter().any(|v| v.shape.first() != Some(&n)) {
-        return Err(ClientError::invalid(
-            "insert_steps needs every value to have the same leading (step) dimension, >= 1",
-        ));
-    }
+    let n = super::insert::steps_of(steps, priorities)?;
     if steps.iter().any(|v| v.dtype == DT_STRING) {
         return Err(ClientError::unimplemented(
             "item runs do not take string values: insert them step by step",
         ));
-    }
-    let n = n as usize;
-    if let Some((table, p)) = priorities.iter().find(|(_, p)| p.len() != n) {
-        return Err(ClientError::invalid(format!(
-            "table '{table}' has {} priorities for {n} steps",
-            p.len()
-        )));
     }
     if let Some((table, _)) = priorities.iter().find(|(t, _)| t.is_empty()) {
         return Err(ClientError::invalid(format!(
@@ -169,40 +146,6 @@ impl Client {
         }
         let info = self.server_info_response(timeout).await?;
         Ok(info.features.iter().any(|f| f == FEATURE))
-    }
-
-    /// Sends the requests of an insert in item runs ([`run_requests`], holding `items`
-    /// items) on one insert stream and waits until the server stored every item
-    /// (DEADLINE_EXCEEDED after `timeout`). The server must take item runs (see
-    /// [`Client::takes_item_runs`]). On an error or a timeout, the items stored before it
-    /// stay and the others are never stored.
-    pub async fn insert_in_runs(
-        &self,
-        requests: &[InsertStreamRequest],
-        items: usize,
-        timeout: Option<Duration>,
-    ) -> Result<()> {
-        self.with_deadline("InsertStream", timeout, |server| async move {
-            let mut stream = server.insert_stream();
-            for request in requests {
-                stream.send(request.clone()).await?;
-            }
-            let mut left = items;
-            while left > 0 {
-                let Some(confirmed) = stream.confirmed().await? else {
-                    return Err(ClientError::new(
-                        Code::Internal,
-                        format!(
-                            "Server at {} closed the insert stream before confirming every item",
-                            self.address()
-                        ),
-                    ));
-                };
-                left = left.saturating_sub(confirmed.len());
-            }
-            Ok(())
-        })
-        .await
     }
 }
 
@@ -287,11 +230,16 @@ mod tests {
             items
         };
         for limit in [None, Some(30_000), Some(1)] {
-            let (requests, items) = run_requests(&client, &steps, &priorities, limit).unwrap();
-            assert_eq!(items, 2 * n);
+            let requests = run_requests(&client, &steps, &priorities, limit).unwrap();
             // Groups [0,2) [2,4) [4,6) [6,7): one run per table each.
             let runs: usize = requests.iter().map(|r| r.item_runs.len()).sum();
             assert_eq!(runs, 8, "{limit:?}");
+            let items: usize = requests
+                .iter()
+                .flat_map(|r| &r.item_runs)
+                .map(|run| run.keys.len())
+                .sum();
+            assert_eq!(items, 2 * n);
             let chunks: usize = requests.iter().map(|r| r.chunks.len()).sum();
             assert_eq!(chunks, 5, "each chunk sent once ({limit:?})");
             if limit.is_some() {
