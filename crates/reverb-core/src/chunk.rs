@@ -597,6 +597,27 @@ impl StoredItem for ItemData {
         }
     }
 
+    fn prefetch(&self, level: usize) {
+        match level {
+            0 => {
+                reverb_proto::prefetch(self.chunks.as_ptr());
+                match &self.trajectory.0 {
+                    Slices::One(_) => {}
+                    Slices::Many(many) => reverb_proto::prefetch(many.as_ptr()),
+                    Slices::Shifted(shared, _) => reverb_proto::prefetch(shared.as_ptr()),
+                }
+            }
+            1 => self
+                .chunks
+                .iter()
+                .for_each(|c| reverb_proto::prefetch(Arc::as_ptr(c))),
+            _ => self
+                .chunks
+                .iter()
+                .for_each(|c| reverb_proto::prefetch(c.payload.as_ptr())),
+        }
+    }
+
     fn for_each_slice(&self, f: &mut dyn FnMut(SliceView)) {
         self.trajectory.for_each_slice(&self.chunks, f)
     }

@@ -67,6 +67,15 @@ impl SampledItem {
     }
 }
 
+/// A [`SampledItem`]'s values other than the item and its table, as drawn.
+#[derive(Debug, Clone, Copy)]
+struct Drawn {
+    priority: f64,
+    times_sampled: i32,
+    probability: f64,
+    table_size: i64,
+}
+
 /// What `try_insert` did.
 #[derive(Debug)]
 pub enum InsertOutcome {
@@ -375,42 +384,63 @@ impl Table {
     /// sampled chunks add up to `max_bytes` (`usize::MAX`: never, and chunks are not looked at). Returns an empty batch when nothing may be sampled.
     /// Items reaching `max_times_sampled` are deleted before the lock is released.
     pub fn try_sample(&self, max_items: usize, max_bytes: usize) -> Vec<SampledItem> {
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
+        let max = self.config.max_times_sampled;
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        while out.len() < max_items && bytes < max_bytes && st.limiter.can_sample(1) {
-            let Some((key, probability)) = st.sampler.sample(&mut st.rng) else {
-                break;
-            };
-            let table_size = st.items.len() as i64;
-            let entry = st.items.get_mut(&key).expect("selector and items agree");
-            entry.times_sampled += 1;
-            if entry.times_sampled == 1 {
-                st.num_unique_samples += 1;
+        // Two passes. The first draws and counts without taking a reference to the items (an
+        // atomic write per item, past which no load may start), so the cache misses of
+        // successive draws overlap, and prefetches the items' records; the second takes
+        // them. With max_times_sampled, an item is taken as it is drawn (the first pass
+        // may delete it).
+        let mut drawn: Vec<(u64, Option<Arc<ItemData>>, Drawn)> = Vec::new();
+        if max == 0 && max_bytes == usize::MAX && !st.sampler.is_empty() {
+            // Nothing changes the table between draws: as many as the rate limiter allows
+            // are drawn together (the selector's descents overlap), then counted.
+            let mut n = 0;
+            while n < max_items && st.limiter.can_sample(1) {
+                st.limiter.sample();
+                n += 1;
             }
-            st.limiter.sample();
-            if max_bytes != usize::MAX {
-                bytes += entry
-                    .data
-                    .chunks()
-                    .iter()
-                    .map(|c| c.byte_size())
-                    .sum::<usize>();
+            let mut keys = Vec::with_capacity(n);
+            st.sampler.sample_many(&mut st.rng, n, &mut keys);
+            debug_assert_eq!(keys.len(), n, "a selector with keys always draws");
+            for (key, probability) in keys {
+                let (item, values) = st.count_draw(key, probability);
+                reverb_proto::prefetch(Arc::as_ptr(item));
+                drawn.push((key, None, values));
             }
-            out.push(SampledItem {
-                item: entry.data.clone(),
-                table: self.name.clone(),
-                priority: entry.priority,
-                times_sampled: entry.times_sampled,
-                probability,
-                table_size,
-            });
-            let max = self.config.max_times_sampled;
-            if max > 0 && entry.times_sampled >= max {
-                st.delete_item(key);
+        } else {
+            let mut bytes = 0usize;
+            while drawn.len() < max_items && bytes < max_bytes && st.limiter.can_sample(1) {
+                let Some((key, probability)) = st.sampler.sample(&mut st.rng) else {
+                    break;
+                };
+                let (item, values) = st.count_draw(key, probability);
+                if max_bytes != usize::MAX {
+                    bytes += item.chunks().iter().map(|c| c.byte_size()).sum::<usize>();
+                }
+                let item = (max > 0).then(|| item.clone());
+                st.limiter.sample();
+                drawn.push((key, item, values));
+                if max > 0 && values.times_sampled >= max {
+                    st.delete_item(key);
+                }
             }
         }
+        let out: Vec<SampledItem> = drawn
+            .into_iter()
+            .map(|(key, item, v)| SampledItem {
+                item: item.unwrap_or_else(|| {
+                    let entry = st.items.get(&key).expect("drawn above");
+                    entry.data.clone()
+                }),
+                table: self.name.clone(),
+                priority: v.priority,
+                times_sampled: v.times_sampled,
+                probability: v.probability,
+                table_size: v.table_size,
+            })
+            .collect();
         drop(guard);
         if !out.is_empty() {
             self.changed.notify_waiters();
@@ -431,13 +461,16 @@ impl Table {
                 st.delete_item(*key);
             }
         }
+        let mut places = (Vec::with_capacity(updates.len()), Vec::new());
         for &(key, priority) in updates {
             if let Some(entry) = st.items.get_mut(&key) {
-                st.sampler.update(entry.place(0), priority)?;
-                st.remover.update(entry.place(1), priority)?;
                 entry.priority = priority;
+                places.0.push((entry.place(0), priority));
+                places.1.push((entry.place(1), priority));
             }
         }
+        st.sampler.update_many(&places.0)?;
+        st.remover.update_many(&places.1)?;
         drop(guard);
         self.changed.notify_waiters();
         Ok(())
@@ -616,6 +649,24 @@ impl State {
             },
         );
         Ok(())
+    }
+
+    /// Counts a draw of `key` (its times sampled, the table's unique samples): its item and
+    /// what its sample reports.
+    fn count_draw(&mut self, key: u64, probability: f64) -> (&Arc<ItemData>, Drawn) {
+        let table_size = self.items.len() as i64;
+        let entry = self.items.get_mut(&key).expect("selector and items agree");
+        entry.times_sampled += 1;
+        if entry.times_sampled == 1 {
+            self.num_unique_samples += 1;
+        }
+        let values = Drawn {
+            priority: entry.priority,
+            times_sampled: entry.times_sampled,
+            probability,
+            table_size,
+        };
+        (&entry.data, values)
     }
 
     fn delete_item(&mut self, key: u64) {

@@ -460,3 +460,41 @@ fn insert_many_takes_what_the_limiter_allows_in_order_and_evicts_as_single_inser
     assert_eq!(t.try_insert_many(&mut again).unwrap(), 1);
     assert_eq!(held(&t), [(2, 1.0), (3, 1.0), (4, 9.0)]);
 }
+
+proptest::proptest! {
+    // A batch drawn in one call is what as many single draws give (same seed, same items):
+    // the same items with the same values, and the same table after, whether the batch's
+    // items stay (taken after drawing) or reach max_times_sampled inside it.
+    #[test]
+    fn a_batch_is_what_single_draws_give(
+        pair in 0usize..4,
+        max_times in 0i32..3,
+        items in 1u64..40,
+        batches in proptest::collection::vec(1usize..64, 1..6),
+    ) {
+        use SelectorKind::*;
+        let prioritized = Prioritized { priority_exponent: 0.8 };
+        let (sampler, remover) =
+            [(Uniform, Fifo), (prioritized, Fifo), (Fifo, Fifo), (MaxHeap, Uniform)][pair];
+        let mut c = config(sampler, remover, 100);
+        c.max_times_sampled = max_times;
+        let (batched, single) = (Table::with_seed(c.clone(), 7).unwrap(), Table::with_seed(c, 7).unwrap());
+        for key in 1..=items {
+            insert(&batched, key, key as f64);
+            insert(&single, key, key as f64);
+        }
+        for n in batches {
+            let got = batched.try_sample(n, usize::MAX);
+            let want: Vec<SampledItem> =
+                (0..n).flat_map(|_| single.try_sample(1, usize::MAX)).collect();
+            let values = |s: &[SampledItem]| -> Vec<(u64, f64, i32, f64, i64)> {
+                s.iter()
+                    .map(|s| (s.item.key, s.priority, s.times_sampled, s.probability, s.table_size))
+                    .collect()
+            };
+            proptest::prop_assert_eq!(values(&got), values(&want));
+            proptest::prop_assert_eq!(batched.size(), single.size());
+            proptest::prop_assert_eq!(batched.info().num_unique_samples, single.info().num_unique_samples);
+        }
+    }
+}

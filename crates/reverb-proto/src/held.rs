@@ -46,6 +46,11 @@ pub trait StoredItem: Send + Sync + std::fmt::Debug {
     fn chunk_count(&self) -> usize;
     /// The chunk at `position` of its chunk list.
     fn chunk(&self, position: usize) -> ChunkView<'_>;
+    /// Prefetches (see [`crate::prefetch`]) what reading it takes at `level` of the walk
+    /// from the item to its rows: 0 its own parts (after the record itself), 1 its chunks'
+    /// records, 2 their payloads' first lines. Each level reads only what the one before
+    /// loaded.
+    fn prefetch(&self, level: usize);
     /// Calls `f` with every slice of every column, columns in order, each column's slices
     /// in order (a column without slices has none).
     fn for_each_slice(&self, f: &mut dyn FnMut(SliceView));

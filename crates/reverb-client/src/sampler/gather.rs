@@ -135,35 +135,29 @@ pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result
     Ok(Some(Batch { info, columns: out }))
 }
 
-/// Loads what gathering `samples` reads (items' slices, chunk records, payloads), level by
-/// level over the whole batch: the loads of one level do not wait on each other, so the
-/// memory system serves many at once instead of one cache miss after another.
+/// Loads what gathering `samples` reads (item records, their slices and chunk lists, chunk
+/// records, payloads) level by level over the whole batch with prefetches: the loads of one
+/// level do not wait on each other, so the memory system serves many at once instead of one
+/// cache miss after another.
 fn warm(samples: &[HeldSample]) {
-    let mut sum = 0usize;
     for s in samples {
-        sum = sum.wrapping_add(s.item.columns());
-        for p in 0..s.item.chunk_count() {
-            sum = sum.wrapping_add(s.item.chunk(p).payload.len());
+        reverb_proto::prefetch(Arc::as_ptr(&s.item));
+    }
+    for level in 0..3 {
+        for s in samples {
+            s.item.prefetch(level);
         }
     }
-    for s in samples {
-        for p in 0..s.item.chunk_count() {
-            sum = sum.wrapping_add(s.item.chunk(p).payload.first().copied().unwrap_or(0).into());
-        }
-    }
-    std::hint::black_box(sum);
 }
 
-/// Loads the first row each part copies (as [`warm`] loads the chunks): rows of large chunks
+/// Prefetches the first row each part copies (as [`warm`] does the chunks): rows of large chunks
 /// lie far from their headers.
 fn warm_rows(columns: &[Vec<Part<'_>>]) {
-    let mut sum = 0u8;
     for part in columns.iter().flatten() {
         // (Stored bytes follow a few bytes of snappy header: near enough.)
         let at = part.offset.saturating_mul(part.row_bytes().unwrap_or(0));
-        sum ^= part.content.get(at).copied().unwrap_or(0);
+        reverb_proto::prefetch(part.content.as_ptr().wrapping_add(at));
     }
-    std::hint::black_box(sum);
 }
 
 /// Column `c` of `n` samples from its parts (every sample's, in sample order).

@@ -145,6 +145,22 @@ pub trait Selector: Send {
     fn delete(&mut self, at: Place) -> Option<(u64, u32)>;
     /// Picks a key and the probability it had of being picked; `None` when empty.
     fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)>;
+    /// Picks `n` keys as `n` calls of [`Selector::sample`] would (the same keys from the
+    /// same random numbers), appending them to `out`; fewer only when empty.
+    fn sample_many(&mut self, rng: &mut StdRng, n: usize, out: &mut Vec<(u64, f64)>) {
+        for _ in 0..n {
+            match self.sample(rng) {
+                Some(drawn) => out.push(drawn),
+                None => break,
+            }
+        }
+    }
+    /// Changes the priorities of the keys at the places given, as [`Selector::update`] of
+    /// each in turn would. Errs on a priority the selector does not take (which the table
+    /// checks before).
+    fn update_many(&mut self, updates: &[(Place, f64)]) -> Result<()> {
+        updates.iter().try_for_each(|&(at, p)| self.update(at, p))
+    }
     /// Removes every key.
     fn clear(&mut self);
     /// Number of keys.
@@ -202,6 +218,14 @@ impl Selector for Indexed {
     }
     fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
         self.inner.sample(rng)
+    }
+    fn sample_many(&mut self, rng: &mut StdRng, n: usize, out: &mut Vec<(u64, f64)>) {
+        self.inner.sample_many(rng, n, out)
+    }
+    fn update_many(&mut self, updates: &[(Place, f64)]) -> Result<()> {
+        let updates: Vec<(Place, f64)> =
+            updates.iter().map(|&(at, p)| (self.place(at), p)).collect();
+        self.inner.update_many(&updates)
     }
     fn clear(&mut self) {
         self.inner.clear();

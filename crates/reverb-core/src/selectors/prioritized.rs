@@ -193,6 +193,94 @@ impl Selector for PrioritizedSelector {
         let weight = self.get(slot);
         Some((self.keys[slot], weight / total))
     }
+    /// The descents of the `n` draws go down the trees together, a level at a time, each
+    /// prefetching its next node: one draw's cache misses no longer wait for the last's.
+    fn sample_many(&mut self, rng: &mut StdRng, n: usize, out: &mut Vec<(u64, f64)>) {
+        let total = self.top[1];
+        if self.keys.is_empty() || total <= 0.0 {
+            for _ in 0..n {
+                out.extend(self.sample(rng));
+            }
+            return;
+        }
+        // (block, node in its tree, what is left of the target), from the same random
+        // numbers in the same order as single draws.
+        let mut at: Vec<(usize, usize, f64)> = (0..n)
+            .map(|_| {
+                let (b, target) =
+                    Self::descend(&self.top, self.top_capacity, rng.random::<f64>() * total);
+                (b, 1, target)
+            })
+            .collect();
+        let mut i = 1;
+        while i < self.capacity {
+            for (b, node, target) in at.iter_mut() {
+                let Some(tree) = self.blocks.get(*b) else {
+                    continue;
+                };
+                let left = tree[2 * *node];
+                if *target < left || tree[2 * *node + 1] <= 0.0 {
+                    *node *= 2;
+                } else {
+                    *target -= left;
+                    *node = 2 * *node + 1;
+                }
+                if let Some(next) = tree.get(2 * *node) {
+                    reverb_proto::prefetch(next);
+                }
+            }
+            i *= 2;
+        }
+        let n_keys = self.keys.len();
+        for (b, node, _) in at {
+            let mut slot = usize::MAX;
+            if b < self.blocks.len() && self.top[self.top_capacity + b] > 0.0 {
+                slot = b * self.capacity + (node - self.capacity);
+            }
+            if slot >= n_keys || self.get(slot) <= 0.0 {
+                // (The safeguard of `sample`.)
+                match (0..n_keys).rev().find(|&s| self.get(s) > 0.0) {
+                    Some(s) => slot = s,
+                    None => continue,
+                }
+            }
+            out.push((self.keys[slot], self.get(slot) / total));
+        }
+    }
+    /// Leaves first, then the sums above them a level at a time (every node above a changed
+    /// leaf recomputed from its children, as single updates leave it: the same trees).
+    fn update_many(&mut self, updates: &[(Place, f64)]) -> Result<()> {
+        let weights = updates
+            .iter()
+            .map(|&(_, p)| self.weight(p))
+            .collect::<Result<Vec<f64>>>()?;
+        let cap = self.capacity;
+        for (&(at, _), &w) in updates.iter().zip(&weights) {
+            let slot = at.slot as usize;
+            debug_assert_eq!(self.keys[slot], at.key);
+            self.blocks[slot / cap][cap + slot % cap] = w;
+        }
+        let mut level = 1;
+        while (cap >> level) >= 1 {
+            for &(at, _) in updates {
+                let slot = at.slot as usize;
+                let node = (cap + slot % cap) >> level;
+                let tree = &mut self.blocks[slot / cap];
+                tree[node] = tree[2 * node] + tree[2 * node + 1];
+            }
+            level += 1;
+        }
+        let mut blocks: Vec<usize> = updates
+            .iter()
+            .map(|(at, _)| at.slot as usize / cap)
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        for b in blocks {
+            set_leaf(&mut self.top, self.top_capacity, b, self.blocks[b][1]);
+        }
+        Ok(())
+    }
     fn clear(&mut self) {
         *self = Self::new(self.exponent);
     }

@@ -93,6 +93,12 @@ impl Selector for Box<dyn Selector> {
     fn sample(&mut self, rng: &mut StdRng) -> Option<(u64, f64)> {
         (**self).sample(rng)
     }
+    fn sample_many(&mut self, rng: &mut StdRng, n: usize, out: &mut Vec<(u64, f64)>) {
+        (**self).sample_many(rng, n, out)
+    }
+    fn update_many(&mut self, updates: &[(Place, f64)]) -> Result<()> {
+        (**self).update_many(updates)
+    }
     fn clear(&mut self) {
         (**self).clear()
     }
@@ -426,5 +432,48 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    // The prioritized selector's batches are its single calls: `sample_many` draws what as
+    // many `sample`s draw from the same random numbers, and `update_many` leaves the very
+    // trees (every sum, bit for bit) that updates one by one leave, within a block and
+    // across blocks, repeated keys and zero weights included.
+    #[test]
+    fn prioritized_batches_are_single_calls(
+        keys in prop_oneof![1u64..3000, (BLOCK as u64 - 50)..(BLOCK as u64 + 2000)],
+        seed in any::<u64>(),
+        updates in proptest::collection::vec((any::<prop::sample::Index>(), 0u32..5), 0..300),
+        n in 0usize..300,
+    ) {
+        let build = || {
+            let mut s = Keyed::new(PrioritizedSelector::new(0.6));
+            for k in 0..keys {
+                s.insert(k, 1.0 + (k % 7) as f64).unwrap();
+            }
+            s
+        };
+        let (mut one, mut many) = (build(), build());
+        let updates: Vec<(u64, f64)> = updates
+            .iter()
+            .map(|(i, p)| (i.index(keys as usize) as u64, *p as f64 * 0.5))
+            .collect();
+        for &(k, p) in &updates {
+            one.update(k, p).unwrap();
+        }
+        let places: Vec<(Place, f64)> =
+            updates.iter().map(|&(k, p)| (many.places[&k], p)).collect();
+        many.sel.update_many(&places).unwrap();
+        prop_assert_eq!(&one.sel.blocks, &many.sel.blocks);
+        prop_assert_eq!(&one.sel.top, &many.sel.top);
+        assert_sums(&many.sel);
+        let mut rng_one = StdRng::seed_from_u64(seed);
+        let singles: Vec<(u64, f64)> = (0..n).filter_map(|_| one.sample(&mut rng_one)).collect();
+        let mut rng_many = StdRng::seed_from_u64(seed);
+        let mut batch = Vec::new();
+        many.sel.sample_many(&mut rng_many, n, &mut batch);
+        prop_assert_eq!(singles, batch);
     }
 }
