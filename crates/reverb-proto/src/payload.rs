@@ -380,6 +380,12 @@ fn scan_layouts(payload: &[u8]) -> Option<Layouts> {
 /// its stored bytes and its size once decompressed), for the payloads writers send
 /// (fixed-size dtypes); `None` when the scan does not apply or there is no such tensor.
 pub fn scan_tensor_at(payload: &[u8], index: usize) -> Option<(Layout, &[u8], usize)> {
+    scan_tensor(tensor_at(payload, index)?)
+}
+
+/// Tensor `index` of a chunk payload (a serialized `TensorProto`), found without reading the
+/// tensors; `None` when the payload is not a list of tensors or has no such tensor.
+fn tensor_at(payload: &[u8], index: usize) -> Option<&[u8]> {
     let mut wire = Wire(payload);
     let mut at = 0;
     while let Some((field, kind)) = wire.field()? {
@@ -388,11 +394,41 @@ pub fn scan_tensor_at(payload: &[u8], index: usize) -> Option<(Layout, &[u8], us
         }
         let tensor = wire.bytes()?;
         if at == index {
-            return scan_tensor(tensor);
+            return Some(tensor);
         }
         at += 1;
     }
     None
+}
+
+/// [`scan_tensor_at`] over many tensors of one column: a tensor whose bytes before its
+/// content are those of the last one read in full (and as long: its content ends it too)
+/// has that one's layout, and only its content's size is read.
+#[derive(Debug, Default)]
+pub struct TensorScan<'a> {
+    /// The last tensor read in full whose content ends it: its bytes before the content,
+    /// its length, layout and decompressed size.
+    last: Option<(&'a [u8], usize, Layout, usize)>,
+}
+
+impl<'a> TensorScan<'a> {
+    /// What [`scan_tensor_at`] gives for tensor `index` of `payload`.
+    pub fn scan(&mut self, payload: &'a [u8], index: usize) -> Option<(Layout, &'a [u8], usize)> {
+        let tensor = tensor_at(payload, index)?;
+        if let Some((header, tensor_len, layout, len)) = &self.last {
+            if tensor.len() == *tensor_len && tensor.starts_with(header) {
+                let content = &tensor[header.len()..];
+                let stored = snap::raw::decompress_len(content).ok()?;
+                return (stored == *len).then(|| (layout.clone(), content, *len));
+            }
+        }
+        let (layout, content, len) = scan_tensor(tensor)?;
+        let start = (content.as_ptr() as usize).wrapping_sub(tensor.as_ptr() as usize);
+        if !content.is_empty() && start.checked_add(content.len()) == Some(tensor.len()) {
+            self.last = Some((&tensor[..start], tensor.len(), layout.clone(), len));
+        }
+        Some((layout, content, len))
+    }
 }
 
 /// [`read_chunk`]'s tensors read as [`scan_layouts`] reads them (no message decoded, no
@@ -691,6 +727,20 @@ mod tests {
         }
     }
 
+    /// A fixed-size tensor of a writer's kind (its content set by the test).
+    fn fixed_tensor() -> impl Strategy<Value = TensorProto> {
+        let dtypes = prop_oneof![
+            Just(DataType::DtFloat as i32),
+            Just(DataType::DtUint8 as i32),
+            Just(DataType::DtInt64 as i32),
+        ];
+        (dtypes, proptest::collection::vec(0i64..5, 0..3)).prop_map(|(dtype, dims)| TensorProto {
+            dtype,
+            tensor_shape: Some(TensorShapeProto::of(&dims)),
+            ..Default::default()
+        })
+    }
+
     fn arb_tensor() -> impl Strategy<Value = TensorProto> {
         let dtypes = prop_oneof![
             Just(DataType::DtFloat as i32),
@@ -767,6 +817,53 @@ mod tests {
                 proptest::prop_assert!(scanned.is_some());
             }
             proptest::prop_assert_eq!(chunk_layouts(&chunk), read);
+        }
+
+        // A column's tensors scanned in turn by one TensorScan read as each read alone: of a
+        // few layouts, their contents of the right size or not, compressed or stored.
+        #[test]
+        fn a_column_scan_reads_each_tensor_as_alone(
+            templates in proptest::collection::vec(prop_oneof![3 => fixed_tensor(), 1 => arb_tensor()], 1..4),
+            tensors in proptest::collection::vec((0usize..4, any::<u8>(), 0usize..3, any::<bool>(), 0usize..3), 1..24),
+        ) {
+            let payloads: Vec<(Vec<u8>, usize)> = tensors
+                .iter()
+                .map(|&(t, fill, off, compress, index)| {
+                    let mut tensor = templates[t % templates.len()].clone();
+                    // Bytes of the size its shape gives, one less or one more.
+                    let dims: Vec<i64> = tensor.tensor_shape.iter().flat_map(|s| s.dim.iter().map(|d| d.size)).collect();
+                    let right = elements_of(&dims)
+                        .zip(dtype_size(tensor.dtype))
+                        .map_or(8, |(n, d)| n.saturating_mul(d).min(4096));
+                    let raw = vec![fill; (right + off).saturating_sub(1)];
+                    tensor.tensor_content = if compress {
+                        snap::raw::Encoder::new().compress_vec(&raw).unwrap().into()
+                    } else {
+                        Bytes::from(raw)
+                    };
+                    // The tensor at `index`, after another when 1; when 2, with a field after
+                    // its content (version_number: which prost never writes there).
+                    let mut bytes = tensor.encode_to_vec();
+                    if index == 2 {
+                        bytes.extend_from_slice(&[3 << 3, 1]);
+                    }
+                    let mut payload = Vec::new();
+                    if index == 1 {
+                        payload = ChunkTensors { tensors: vec![templates[0].clone()] }.encode_to_vec();
+                    }
+                    payload.push(1 << 3 | 2);
+                    prost::encoding::encode_varint(bytes.len() as u64, &mut payload);
+                    payload.extend_from_slice(&bytes);
+                    (payload, usize::from(index == 1))
+                })
+                .collect();
+            let mut scan = TensorScan::default();
+            for (payload, index) in &payloads {
+                let alone = scan_tensor_at(payload, *index);
+                let column = scan.scan(payload, *index);
+                let key = |r: &Option<(Layout, &[u8], usize)>| r.as_ref().map(|(l, c, n)| (l.clone(), c.to_vec(), *n));
+                proptest::prop_assert_eq!(key(&column), key(&alone));
+            }
         }
 
         // Any bytes at all: the scan never accepts what read_chunk refuses.

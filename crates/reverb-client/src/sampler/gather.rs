@@ -9,7 +9,7 @@ use super::Batch;
 use crate::tensor::stored_bytes;
 use crate::{ClientError, Result, Tensor};
 use reverb_proto::held::{HeldSample, StoredItem};
-use reverb_proto::payload::{dtype_name, dtype_size, scan_tensor_at, Layout};
+use reverb_proto::payload::{dtype_name, dtype_size, Layout, TensorScan};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -61,6 +61,8 @@ pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result
     let width = first.item.columns();
     let mut columns: Vec<Vec<Part<'_>>> = (0..width).map(|_| Vec::with_capacity(n)).collect();
     let mut squeezed = vec![false; width];
+    // (A column's chunks mostly have tensors of one layout: read once.)
+    let mut scans: Vec<TensorScan<'_>> = (0..width).map(|_| TensorScan::default()).collect();
     // A column squeezed in one sample and not in another (the first such).
     let mut squeeze_differs = None;
     for (i, sample) in samples.iter().enumerate() {
@@ -75,7 +77,7 @@ pub(super) fn gather(samples: &[HeldSample], cache: &mut DecodedCache) -> Result
         item.for_each_slice(&mut |s| {
             let chunk = item.chunk(s.chunk);
             let scanned = (!chunk.delta_encoded)
-                .then(|| scan_tensor_at(chunk.payload, s.index))
+                .then(|| scans[s.column].scan(chunk.payload, s.index))
                 .flatten();
             let Some((layout, content, len)) = scanned else {
                 readable = false;
