@@ -197,10 +197,11 @@ fn gather_column(
         .filter(|&s| s <= isize::MAX as usize)
         .ok_or_else(|| ClientError::data_loss(format!("Column {c} of {rows} rows is too large")))?;
     let total = batch_bytes(n, size)?;
-    let mut data = vec![0u8; total];
+    // Rows are appended in order (no bytes written twice: the batch's allocation is not
+    // zeroed first).
+    let mut data = Vec::with_capacity(total);
     let mut sample = 0;
     let mut own = first; // the current sample's first part
-    let mut at = 0; // where in `data` the next rows go
     let mut filled = 0; // bytes of the current sample's column written
     let differ = |k: usize| differ(c, parts, k, (dtype, row_shape, rows));
     for part in parts {
@@ -239,23 +240,24 @@ fn gather_column(
             return Err(differ(sample));
         }
         if bytes > 0 {
-            let dest = &mut data[at..at + bytes];
             let rows = part.offset * row..end * row;
             if let Some(raw) = stored_bytes(part.content, part.len) {
-                dest.copy_from_slice(&raw[rows]);
+                data.extend_from_slice(&raw[rows]);
             } else if rows.len() == part.len {
-                decompress(decoder, part, dest)?;
+                let at = data.len();
+                data.resize(at + bytes, 0);
+                decompress(decoder, part, &mut data[at..])?;
             } else {
                 let whole = cache.get(part, &samples[part.sample], decoder)?;
-                dest.copy_from_slice(&whole[rows]);
+                data.extend_from_slice(&whole[rows]);
             }
         }
-        at += bytes;
         filled += bytes;
     }
     if filled != size || sample + 1 != n {
         return Err(differ(if filled != size { sample } else { sample + 1 }));
     }
+    debug_assert_eq!(data.len(), total);
     let mut shape = Vec::with_capacity(row_shape.len() + 2);
     shape.push(n as i64);
     if !squeeze {
