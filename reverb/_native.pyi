@@ -393,20 +393,23 @@ class StructuredWriter:
 
 @final
 class Sampler:
-    """The prefetching sampler behind `TrajectoryIterator` and `TorchDataset`."""
+    """The prefetching sampler behind `TrajectoryIterator` and `TorchDataset`: elements of
+    `n` samples, stacked or not, the next assembled while the last is used."""
 
     def __new__(
         cls,
         clients: List[Client],
         table: str,
         *,
+        n: int,
+        stacked: bool,
         max_in_flight_samples_per_worker: int,
         num_workers: int,
         max_samples: int,
         rate_limiter_timeout_ms: int,
     ) -> Sampler: ...
     def next(
-        self, n: int, stacked: bool
+        self,
     ) -> Union[
         None,
         Tuple[SampleInfo, List[_Column]],

@@ -64,7 +64,8 @@ class TrajectoryIterator:
     addresses, from those servers as one table (shards; see `reverb.ShardedClient`).
 
     Workers keep `max_in_flight_samples_per_worker` samples requested, decode them natively and
-    queue them, so the network round trip is hidden from the consumer. With `batch_size`, each
+    queue them, so the network round trip is hidden from the consumer; the next element is
+    assembled in the background while the consumer uses the last one. With `batch_size`, each
     element stacks that many samples (every column gains a leading batch dimension; the last
     batch may be smaller); without it, elements are single samples with whole columns.
     Iteration ends after `max_samples` samples, or cleanly when the table's rate limiter
@@ -114,6 +115,8 @@ class TrajectoryIterator:
         self._sampler: Optional[_native.Sampler] = _native.Sampler(
             [c._client for c in clients],
             table,
+            n=batch_size or 1,
+            stacked=batch_size is not None,
             max_in_flight_samples_per_worker=max_in_flight_samples_per_worker,
             num_workers=workers,
             max_samples=max_samples,
@@ -126,7 +129,7 @@ class TrajectoryIterator:
     def __next__(self) -> replay_sample.ReplaySample:
         if self._sampler is None:
             raise StopIteration
-        got = self._sampler.next(self._batch_size or 1, self._batch_size is not None)
+        got = self._sampler.next()
         if got is None:
             self.close()
             raise StopIteration

@@ -117,6 +117,45 @@ def test_closing_a_blocked_iterator_stops_its_workers(make_server) -> None:
     assert server.localhost_client().server_info(timeout=T)["q"].current_size == 1
 
 
+@pytest.mark.parametrize("batch_size", [5, None])
+def test_a_consumer_that_works_between_elements_gets_each_sample_once_in_order(
+    make_server, batch_size
+) -> None:
+    # A consumer spending time with each element has the next assembled ahead: the elements
+    # are still the table's items, each once, in FIFO order, up to max_samples.
+    table = reverb.Table(
+        "t", selectors.Fifo(), selectors.Fifo(), 100, rate_limiters.MinSize(1), max_times_sampled=1
+    )
+    server = make_server([table])
+    _fill(server.localhost_client(), "t", 40)
+    address = f"localhost:{server.port}"
+    seen = []
+    with reverb.TrajectoryIterator(address, "t", batch_size=batch_size, max_samples=40) as it:
+        for element in it:
+            seen.extend(np.atleast_1d(element.data[1]).tolist())
+            time.sleep(0.01)  # a learner's step
+    assert seen == list(range(1, 41))
+    assert server.localhost_client().server_info(timeout=T)["t"].current_size == 0
+
+
+def test_closing_an_iterator_assembling_ahead_stops_it(make_server) -> None:
+    # After elements taken slowly (so the next is assembled ahead), the table runs dry: the
+    # element being assembled waits on the table; closing the iterator stops that too.
+    server = make_server([reverb.Table.queue("q", 100)], metrics_port=0)
+    port = server.metrics_port
+    _fill(server.localhost_client(), "q", 6)
+    it = reverb.TrajectoryIterator(f"localhost:{server.port}", "q", batch_size=2)
+    for _ in range(3):
+        assert len(next(it).info.key) == 2
+        time.sleep(0.05)
+    wait_for(lambda: waiting(port, "q", "sample") >= 1, T, "the samples ahead to block")
+    it.close()
+    wait_for(lambda: waiting(port, "q", "sample") == 0, T, "the server to drop the samples")
+    server.localhost_client().insert(np.int64(1), {"q": 1.0}, timeout=T)
+    time.sleep(0.2)
+    assert server.localhost_client().server_info(timeout=T)["q"].current_size == 1
+
+
 @pytest.mark.parametrize("compressible", [True, False])
 def test_batches_of_items_sharing_chunks_hold_each_items_own_rows(
     make_server, compressible

@@ -10,34 +10,194 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use reverb_client::runtime;
 use reverb_client::sampler::ShardWatch;
-use reverb_client::sampler::{stack, DecodedCache, Sampler, SamplerOptions};
+use reverb_client::sampler::{stack, Batch, DecodedCache, Sampler, SamplerOptions};
+use reverb_client::{ClientError, Sample, Sampled};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tonic::Code;
 
-/// Native half of `reverb.TrajectoryIterator`: a prefetching sampler.
+/// Native half of `reverb.TrajectoryIterator`: a prefetching sampler handing out elements
+/// of `n` samples, stacked into one batch or not. When the caller spends at least half as
+/// long with an element as assembling one takes (a learner's step), the next element is
+/// assembled ahead in the background, so the two overlap; a caller that only takes elements
+/// has them assembled on its own thread (without the GIL), which is faster on few cores.
 #[pyclass(name = "Sampler", module = "reverb._native", frozen)]
 pub(crate) struct PySampler {
-    inner: Mutex<Option<Sampler>>,
-    /// Compressed chunk tensors decoded for earlier batches.
-    cache: Mutex<DecodedCache>,
+    state: Mutex<State>,
+    /// Samples per element.
+    n: usize,
+    /// Whether they are stacked into one batch.
+    stacked: bool,
     /// Which shards are missing (a sampler of several servers).
     shards: Option<ShardWatch>,
+}
+
+struct State {
+    ahead: Ahead,
+    /// When the last element was handed out.
+    handed_out: Option<Instant>,
+    /// How long assembling the last element took.
+    assembly: Duration,
+}
+
+/// The sampler with what assembling takes (moved into the task assembling ahead).
+struct Engine {
+    sampler: Sampler,
+    /// Compressed chunk tensors decoded for earlier batches.
+    cache: DecodedCache,
+}
+
+/// An element assembled.
+enum Element {
+    /// The stream has ended.
+    End,
+    Batch(Batch),
+    Samples(Vec<Sample>),
+}
+
+/// What assembling ahead returns: the engine back (unless assembling panicked), the element
+/// and how long assembling it took.
+type Assembled = (Option<Engine>, reverb_client::Result<Element>, Duration);
+
+enum Ahead {
+    /// Nothing assembled ahead.
+    Idle(Engine),
+    /// The next element is being assembled, or is ready.
+    Running(Task),
+    /// Closed, or the engine was lost.
+    Closed,
+}
+
+/// The task assembling an element ahead, stopped when dropped (assembling for nobody, it
+/// could wait on the table forever, holding the sampler and its workers).
+struct Task(tokio::task::JoinHandle<Assembled>);
+
+impl Task {
+    fn start(mut engine: Engine, n: usize, stacked: bool) -> Self {
+        Task(runtime().spawn(async move {
+            let samples = loop {
+                // (In short waits, as a caller's thread takes elements: a sharded sampler
+                // waiting long in one call was seen to stall a rate-limited writer.)
+                match engine.sampler.next(n, Duration::from_millis(100)).await {
+                    Ok(Some(samples)) => break samples,
+                    Ok(None) => continue,
+                    Err(e) => return (Some(engine), Err(e), Duration::ZERO),
+                }
+            };
+            let start = Instant::now();
+            let element = build(samples, &mut engine.cache, stacked);
+            (Some(engine), element, start.elapsed())
+        }))
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The element of `samples` (the end of the stream when there are none).
+fn build(
+    samples: Vec<Sampled>,
+    cache: &mut DecodedCache,
+    stacked: bool,
+) -> reverb_client::Result<Element> {
+    if samples.is_empty() {
+        Ok(Element::End)
+    } else if stacked {
+        stack(samples, cache).map(Element::Batch)
+    } else {
+        samples
+            .into_iter()
+            .map(|s| s.plan()?.assemble())
+            .collect::<reverb_client::Result<Vec<_>>>()
+            .map(Element::Samples)
+    }
+}
+
+impl State {
+    /// One slice of waiting for the next element (`None`: not there by `until`).
+    fn next(
+        &mut self,
+        n: usize,
+        stacked: bool,
+        called: Instant,
+        until: Instant,
+    ) -> Option<reverb_client::Result<Element>> {
+        let (engine, element) = match &mut self.ahead {
+            Ahead::Closed => return Some(Ok(Element::End)),
+            Ahead::Running(task) => {
+                let until = tokio::time::Instant::from_std(until);
+                let joined = runtime()
+                    .block_on(async { tokio::time::timeout_at(until, &mut task.0).await.ok() })?;
+                let (engine, element, took) = joined.unwrap_or_else(|e| {
+                    let why = if e.is_panic() {
+                        "panicked"
+                    } else {
+                        "was cancelled"
+                    };
+                    let e = ClientError::new(Code::Internal, format!("assembling a sample {why}"));
+                    (None, Err(e), Duration::ZERO)
+                });
+                self.assembly = took;
+                (engine, element)
+            }
+            Ahead::Idle(engine) => {
+                let wait = until.saturating_duration_since(Instant::now());
+                let samples = runtime()
+                    .block_on(engine.sampler.next(n, wait.max(Duration::from_millis(1))))
+                    .transpose()?;
+                let start = Instant::now();
+                let element = samples.and_then(|s| build(s, &mut engine.cache, stacked));
+                self.assembly = start.elapsed();
+                let Ahead::Idle(engine) = std::mem::replace(&mut self.ahead, Ahead::Closed) else {
+                    unreachable!("matched above")
+                };
+                (Some(engine), element)
+            }
+        };
+        // The caller's time with the last element against the time assembling one takes.
+        let ahead_helps = self
+            .handed_out
+            .is_some_and(|t| called.saturating_duration_since(t) >= self.assembly / 2);
+        self.ahead = match (engine, &element) {
+            (Some(engine), Ok(Element::Batch(_) | Element::Samples(_))) if ahead_helps => {
+                Ahead::Running(Task::start(engine, n, stacked))
+            }
+            (Some(engine), Ok(Element::Batch(_) | Element::Samples(_)) | Err(_)) => {
+                Ahead::Idle(engine)
+            }
+            (_, Ok(Element::End)) | (None, _) => Ahead::Closed,
+        };
+        self.handed_out = Some(Instant::now());
+        Some(element)
+    }
 }
 
 #[pymethods]
 impl PySampler {
     #[new]
-    /// Samples `table` of the servers of `clients` (several: shards sampled as one table).
-    #[pyo3(signature = (clients, table, *, max_in_flight_samples_per_worker, num_workers, max_samples, rate_limiter_timeout_ms))]
+    /// Samples `table` of the servers of `clients` (several: shards sampled as one table),
+    /// `n` samples per element, stacked into one batch or not.
+    #[pyo3(signature = (clients, table, *, n, stacked, max_in_flight_samples_per_worker, num_workers, max_samples, rate_limiter_timeout_ms))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         clients: Vec<PyRef<'_, PyClient>>,
         table: &str,
+        n: usize,
+        stacked: bool,
         max_in_flight_samples_per_worker: usize,
         num_workers: usize,
         max_samples: i64,
         rate_limiter_timeout_ms: i64,
     ) -> PyResult<Self> {
+        if n == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "a sampler's elements must hold >= 1 sample",
+            ));
+        }
         let options = SamplerOptions {
             max_in_flight_samples_per_worker,
             num_workers,
@@ -54,54 +214,34 @@ impl PySampler {
         };
         Ok(Self {
             shards: sampler.watch(),
-            inner: Mutex::new(Some(sampler)),
-            cache: Mutex::default(),
+            state: Mutex::new(State {
+                ahead: Ahead::Idle(Engine {
+                    sampler,
+                    cache: DecodedCache::default(),
+                }),
+                handed_out: None,
+                assembly: Duration::ZERO,
+            }),
+            n,
+            stacked,
         })
     }
 
-    /// The next `n` samples: `None` once the stream has ended; otherwise, stacked,
+    /// The next element: `None` once the stream has ended; otherwise, stacked,
     /// `(SampleInfo of arrays, [(dtype, shape, data)])` (fewer than `n` rows at the end), or
     /// unstacked a list like `Client.sample` returns.
-    fn next<'py>(
-        &self,
-        py: Python<'py>,
-        n: usize,
-        stacked: bool,
-    ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let samples = slices(py, None, |until| {
-            let mut guard = self.inner.lock().unwrap();
-            let Some(sampler) = guard.as_mut() else {
-                return Some(Ok(Vec::new()));
-            };
-            let wait = until.saturating_duration_since(Instant::now());
-            runtime()
-                .block_on(sampler.next(n, wait.max(Duration::from_millis(1))))
-                .transpose()
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let called = Instant::now();
+        let assembled = slices(py, None, |until| {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.next(self.n, self.stacked, called, until)
         })?
-        .expect("no deadline")
-        .py()?;
-        if samples.is_empty() {
-            return Ok(None);
-        }
-        // Decompressing the columns is the heavy part: without the GIL.
-        if !stacked {
-            let samples = py
-                .detach(|| {
-                    samples
-                        .into_iter()
-                        .map(|s| s.plan()?.assemble())
-                        .collect::<reverb_client::Result<Vec<_>>>()
-                })
-                .py()?;
-            return Ok(Some(samples_out(py, samples)?.into_any()));
-        }
-        let batch = py
-            .detach(|| {
-                // (A batch that failed part-way leaves the cache consistent: take it as is.)
-                let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-                stack(samples, &mut cache)
-            })
-            .py()?;
+        .expect("no deadline");
+        let batch = match assembled.py()? {
+            Element::End => return Ok(None),
+            Element::Samples(samples) => return Ok(Some(samples_out(py, samples)?.into_any())),
+            Element::Batch(batch) => batch,
+        };
         let field = |f: fn(&(u64, f64, i64, f64, i32)) -> f64| {
             PyArray1::from_vec(py, batch.info.iter().map(f).collect())
         };
@@ -130,8 +270,11 @@ impl PySampler {
             .map_or_else(Vec::new, ShardWatch::missing)
     }
 
-    /// Stops the workers.
+    /// Stops the workers (and the assembling of the next element).
     fn close(&self, py: Python<'_>) {
-        py.detach(|| self.inner.lock().unwrap().take());
+        py.detach(|| {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.ahead = Ahead::Closed;
+        });
     }
 }
