@@ -9,7 +9,10 @@ the CPU, its buffer functions jit-compiled as its documentation shows):
   priorities, from 100k small items;
 - `insert_small_1` / `insert_small_256`: small transitions inserted one per call (ours: a
   trajectory writer, an item per step), or 256 per call (ours: `Client.insert_steps`),
-  timed until stored.
+  timed until stored;
+- `learner_small`: a learner's loop, a uniform batch of 256 small transitions then a step
+  of numpy work on it (an MLP's forward pass over the observations, 128 wide: about 0.3 ms
+  on the 2-vCPU VM): what sampling costs a learner that does something with its batches.
 
 Ours runs with the server in the benchmark's process (its fastest setting; the in-process
 buffers have no other), through the APIs users call: `TrajectoryIterator`,
@@ -44,7 +47,14 @@ PEERS: Dict[str, List[str]] = {
     # JAX on the CPU (the buffer lives on the device; here that is the CPU).
     "flashbax": ["flashbax==0.1.3", "jax[cpu]==0.4.38", "numpy==2.2.6"],
 }
-CASES = ["sample_small", "sample_frames", "prioritized", "insert_small_1", "insert_small_256"]
+CASES = [
+    "sample_small",
+    "sample_frames",
+    "prioritized",
+    "insert_small_1",
+    "insert_small_256",
+    "learner_small",
+]
 SMALL_ITEMS = 100_000
 FRAME_ITEMS = 20_000
 BATCH = 256
@@ -70,6 +80,19 @@ def frame_steps(n: int) -> Dict[str, np.ndarray]:
     }
 
 
+_WEIGHTS = (
+    np.random.default_rng(2).random((8, 128), dtype=np.float32),
+    np.random.default_rng(3).random((128, 128), dtype=np.float32),
+)
+
+
+def learner_step(obs: np.ndarray) -> None:
+    """The learner's work on a batch of observations: an MLP's forward pass (numpy)."""
+    w1, w2 = _WEIGHTS
+    hidden = np.maximum(np.asarray(obs, np.float32).reshape(len(obs), 8) @ w1, 0.0)
+    float(np.tanh(hidden @ w2).sum())
+
+
 def timed(seconds: float, step: Callable[[], int]) -> float:
     """Calls `step` (returning the items it handled) for `seconds`; items per second."""
     step()  # warm-up
@@ -93,12 +116,22 @@ def ours(case: str, seconds: float) -> float:
     try:
         address = setup.address
         client = reverb.Client(address)
-        if case in ("sample_small", "sample_frames"):
-            small = case == "sample_small"
+        if case in ("sample_small", "sample_frames", "learner_small"):
+            small = case != "sample_frames"
             table = workloads.TRANSITIONS if small else workloads.FRAME_ITEMS
             steps = small_steps(SMALL_ITEMS) if small else frame_steps(FRAME_ITEMS)
             _fill(client, table, steps)
-            it = reverb.TrajectoryIterator(address, table, batch_size=BATCH)
+            it = reverb.TrajectoryIterator(
+                address, table, batch_size=BATCH, unpack_as_table_signature=True
+            )
+            if case == "learner_small":
+
+                def learn() -> int:
+                    batch = next(it)
+                    learner_step(batch.data["obs"])
+                    return len(batch.info.key)
+
+                return timed(seconds, learn)
             return timed(seconds, lambda: len(next(it).info.key))
         if case == "prioritized":
             _fill(client, workloads.PRIORITIZED, small_steps(SMALL_ITEMS))
@@ -177,6 +210,15 @@ def cpprb(case: str, seconds: float) -> float:
             rb = lib.ReplayBuffer(FRAME_ITEMS, env_dict=frames)
             rb.add(**frame_steps(FRAME_ITEMS))
         return timed(seconds, lambda: len(rb.sample(BATCH)["reward"]))
+    if case == "learner_small":
+        rb = lib.ReplayBuffer(SMALL_ITEMS, env_dict=small)
+        rb.add(**small_steps(SMALL_ITEMS))
+
+        def learn() -> int:
+            learner_step(rb.sample(BATCH)["obs"])
+            return BATCH
+
+        return timed(seconds, learn)
     if case == "prioritized":
         rb = lib.PrioritizedReplayBuffer(SMALL_ITEMS, env_dict=small, alpha=0.6)
         rb.add(**small_steps(SMALL_ITEMS))
@@ -223,7 +265,7 @@ def flashbax(case: str, seconds: float) -> float:
 
     warnings.filterwarnings("ignore")  # (buffer donation is a no-op on some backends)
     key = jax.random.PRNGKey(0)
-    if case in ("sample_small", "sample_frames", "prioritized"):
+    if case in ("sample_small", "sample_frames", "prioritized", "learner_small"):
         steps = frame_steps(FRAME_ITEMS) if case == "sample_frames" else small_steps(SMALL_ITEMS)
         n, rows = len(steps["reward"]), 1000
         if case == "prioritized":
@@ -243,6 +285,15 @@ def flashbax(case: str, seconds: float) -> float:
         for i in range(0, n, rows):
             state = add(state, {k: jnp.asarray(v[i : i + rows]) for k, v in steps.items()})
         sample = jax.jit(buffer.sample)
+        if case == "learner_small":
+
+            def learn() -> int:
+                nonlocal key
+                key, sub = jax.random.split(key)
+                learner_step(np.asarray(sample(state, sub).experience.first["obs"]))
+                return BATCH
+
+            return timed(seconds, learn)
         if case != "prioritized":
 
             def draw() -> int:
