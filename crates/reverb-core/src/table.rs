@@ -396,15 +396,17 @@ impl Table {
         if max == 0 && max_bytes == usize::MAX && !st.sampler.is_empty() {
             // Nothing changes the table between draws: as many as the rate limiter allows
             // are drawn together (the selector's descents overlap), then counted.
+            // (`can_sample(n)`: whether n more samples may be drawn, as n single checks
+            // with a sample counted after each.)
             let mut n = 0;
-            while n < max_items && st.limiter.can_sample(1) {
-                st.limiter.sample();
+            while n < max_items && st.limiter.can_sample(n as i64 + 1) {
                 n += 1;
             }
             let mut keys = Vec::with_capacity(n);
             st.sampler.sample_many(&mut st.rng, n, &mut keys);
             debug_assert_eq!(keys.len(), n, "a selector with keys always draws");
             for (key, probability) in keys {
+                st.limiter.sample();
                 let (item, values) = st.count_draw(key, probability);
                 reverb_proto::prefetch(Arc::as_ptr(item));
                 drawn.push((key, None, values));

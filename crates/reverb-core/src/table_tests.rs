@@ -475,7 +475,7 @@ proptest::proptest! {
         use SelectorKind::*;
         let prioritized = Prioritized { priority_exponent: 0.8 };
         let (sampler, remover) =
-            [(Uniform, Fifo), (prioritized, Fifo), (Fifo, Fifo), (MaxHeap, Uniform)][pair];
+            [(Uniform, Fifo), (prioritized, Fifo), (Fifo, Fifo), (MaxHeap, prioritized)][pair];
         let mut c = config(sampler, remover, 100);
         c.max_times_sampled = max_times;
         let (batched, single) = (Table::with_seed(c.clone(), 7).unwrap(), Table::with_seed(c, 7).unwrap());
@@ -494,7 +494,17 @@ proptest::proptest! {
             };
             proptest::prop_assert_eq!(values(&got), values(&want));
             proptest::prop_assert_eq!(batched.size(), single.size());
-            proptest::prop_assert_eq!(batched.info().num_unique_samples, single.info().num_unique_samples);
+            let (a, b) = (batched.info(), single.info());
+            proptest::prop_assert_eq!(a.num_unique_samples, b.num_unique_samples);
+            proptest::prop_assert_eq!(a.rate_limiter_info, b.rate_limiter_info);
+            // Priorities of the drawn items changed in one call, or one call per key.
+            let updates: Vec<(u64, f64)> =
+                got.iter().map(|s| (s.item.key, (s.item.key % 5) as f64 + 0.5)).collect();
+            batched.mutate_items(&updates, &[]).unwrap();
+            for &update in &updates {
+                single.mutate_items(&[update], &[]).unwrap();
+            }
+            proptest::prop_assert_eq!(batched.info().sampler_total_weight, single.info().sampler_total_weight);
         }
     }
 }

@@ -12,6 +12,7 @@ use reverb_client::runtime;
 use reverb_client::sampler::ShardWatch;
 use reverb_client::sampler::{stack, Batch, DecodedCache, Sampler, SamplerOptions};
 use reverb_client::{ClientError, Sample, Sampled};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -30,12 +31,14 @@ pub(crate) struct PySampler {
     stacked: bool,
     /// Which shards are missing (a sampler of several servers).
     shards: Option<ShardWatch>,
+    /// When the sampler was made, and when it last handed out an element, in nanoseconds
+    /// after that (0: never), set once the element is a Python object.
+    created: Instant,
+    handed_out: AtomicU64,
 }
 
 struct State {
     ahead: Ahead,
-    /// When the last element was handed out.
-    handed_out: Option<Instant>,
     /// How long assembling the last element took.
     assembly: Duration,
 }
@@ -85,6 +88,8 @@ impl Task {
                 }
             };
             let start = Instant::now();
+            // (On the runtime's worker: `block_in_place` here, which hands the worker's other
+            // tasks over, cost a learner's loop 12%.)
             let element = build(samples, &mut engine.cache, stacked);
             (Some(engine), element, start.elapsed())
         }))
@@ -117,12 +122,13 @@ fn build(
 }
 
 impl State {
-    /// One slice of waiting for the next element (`None`: not there by `until`).
+    /// One slice of waiting for the next element (`None`: not there by `until`); `gap` is
+    /// the caller's time with the last element.
     fn next(
         &mut self,
         n: usize,
         stacked: bool,
-        called: Instant,
+        gap: Option<Duration>,
         until: Instant,
     ) -> Option<reverb_client::Result<Element>> {
         let (engine, element) = match &mut self.ahead {
@@ -158,9 +164,7 @@ impl State {
             }
         };
         // The caller's time with the last element against the time assembling one takes.
-        let ahead_helps = self
-            .handed_out
-            .is_some_and(|t| called.saturating_duration_since(t) >= self.assembly / 2);
+        let ahead_helps = gap.is_some_and(|gap| gap >= self.assembly / 2);
         self.ahead = match (engine, &element) {
             (Some(engine), Ok(Element::Batch(_) | Element::Samples(_))) if ahead_helps => {
                 Ahead::Running(Task::start(engine, n, stacked))
@@ -170,7 +174,6 @@ impl State {
             }
             (_, Ok(Element::End)) | (None, _) => Ahead::Closed,
         };
-        self.handed_out = Some(Instant::now());
         Some(element)
     }
 }
@@ -219,11 +222,12 @@ impl PySampler {
                     sampler,
                     cache: DecodedCache::default(),
                 }),
-                handed_out: None,
                 assembly: Duration::ZERO,
             }),
             n,
             stacked,
+            created: Instant::now(),
+            handed_out: AtomicU64::new(0),
         })
     }
 
@@ -231,13 +235,49 @@ impl PySampler {
     /// `(SampleInfo of arrays, [(dtype, shape, data)])` (fewer than `n` rows at the end), or
     /// unstacked a list like `Client.sample` returns.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let called = Instant::now();
+        let gap = match self.handed_out.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(
+                self.created
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(at)),
+            ),
+        };
         let assembled = slices(py, None, |until| {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.next(self.n, self.stacked, called, until)
+            state.next(self.n, self.stacked, gap, until)
         })?
         .expect("no deadline");
-        let batch = match assembled.py()? {
+        let out = self.to_python(py, assembled.py()?);
+        let now = self.created.elapsed().as_nanos().clamp(1, u64::MAX as u128) as u64;
+        self.handed_out.store(now, Ordering::Relaxed);
+        out
+    }
+
+    /// Addresses of the shards that cannot be reached now.
+    fn missing_shards(&self) -> Vec<String> {
+        self.shards
+            .as_ref()
+            .map_or_else(Vec::new, ShardWatch::missing)
+    }
+
+    /// Stops the workers (and the assembling of the next element).
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.ahead = Ahead::Closed;
+        });
+    }
+}
+
+impl PySampler {
+    /// An element as Python objects (see [`PySampler::next`]).
+    fn to_python<'py>(
+        &self,
+        py: Python<'py>,
+        element: Element,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let batch = match element {
             Element::End => return Ok(None),
             Element::Samples(samples) => return Ok(Some(samples_out(py, samples)?.into_any())),
             Element::Batch(batch) => batch,
@@ -261,20 +301,5 @@ impl PySampler {
         Ok(Some(
             PyTuple::new(py, [info.into_any(), PyList::new(py, columns)?.into_any()])?.into_any(),
         ))
-    }
-
-    /// Addresses of the shards that cannot be reached now.
-    fn missing_shards(&self) -> Vec<String> {
-        self.shards
-            .as_ref()
-            .map_or_else(Vec::new, ShardWatch::missing)
-    }
-
-    /// Stops the workers (and the assembling of the next element).
-    fn close(&self, py: Python<'_>) {
-        py.detach(|| {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.ahead = Ahead::Closed;
-        });
     }
 }

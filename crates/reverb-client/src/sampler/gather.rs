@@ -197,8 +197,8 @@ fn gather_column(
         .filter(|&s| s <= isize::MAX as usize)
         .ok_or_else(|| ClientError::data_loss(format!("Column {c} of {rows} rows is too large")))?;
     let total = batch_bytes(n, size)?;
-    // Rows are appended in order (no bytes written twice: the batch's allocation is not
-    // zeroed first).
+    // Rows are appended in order (the batch's allocation is not zeroed first, but where a
+    // tensor is decompressed into its place).
     let mut data = Vec::with_capacity(total);
     let mut sample = 0;
     let mut own = first; // the current sample's first part
