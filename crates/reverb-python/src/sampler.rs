@@ -29,6 +29,10 @@ pub(crate) struct PySampler {
     n: usize,
     /// Whether they are stacked into one batch.
     stacked: bool,
+    /// Whether elements may be assembled ahead: not from shards, where a sharded sampler
+    /// assembling ahead was seen to stall a writer blocked on a rate limiter (CI, under
+    /// load) and the cause is not known yet.
+    ahead_allowed: bool,
     /// Which shards are missing (a sampler of several servers).
     shards: Option<ShardWatch>,
     /// When the sampler was made, and when it last handed out an element, in nanoseconds
@@ -210,6 +214,7 @@ impl PySampler {
             // Read with the GIL held, as `REVERB_NO_INPROC` (see `inproc_allowed`).
             shared_memory: std::env::var_os("REVERB_NO_SHM").is_none_or(|v| v.is_empty()),
         };
+        let ahead_allowed = clients.len() == 1;
         let sampler = {
             let _guard = runtime().enter();
             let clients = clients.iter().map(|c| c.fresh(py)).collect();
@@ -226,6 +231,7 @@ impl PySampler {
             }),
             n,
             stacked,
+            ahead_allowed,
             created: Instant::now(),
             handed_out: AtomicU64::new(0),
         })
@@ -236,6 +242,7 @@ impl PySampler {
     /// unstacked a list like `Client.sample` returns.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let gap = match self.handed_out.load(Ordering::Relaxed) {
+            _ if !self.ahead_allowed => None,
             0 => None,
             at => Some(
                 self.created
