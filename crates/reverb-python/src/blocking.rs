@@ -96,7 +96,7 @@ fn spin_on<T>(
 }
 
 /// The error of a call whose task did not finish.
-fn join_error(e: tokio::task::JoinError) -> ClientError {
+pub(crate) fn join_error(e: tokio::task::JoinError) -> ClientError {
     let why = if e.is_panic() {
         "panicked"
     } else {

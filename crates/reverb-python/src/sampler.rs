@@ -1,7 +1,7 @@
 //! `reverb._native.Sampler`: the prefetching sampler behind `TrajectoryIterator` and
 //! `TorchDataset`.
 
-use crate::blocking::slices;
+use crate::blocking::{join_error, slices};
 use crate::client::{sample_info, samples_out, PyClient};
 use crate::errors::IntoPyResult;
 use crate::numpy::column_out;
@@ -11,11 +11,10 @@ use pyo3::types::{PyList, PyTuple};
 use reverb_client::runtime;
 use reverb_client::sampler::ShardWatch;
 use reverb_client::sampler::{stack, Batch, DecodedCache, Sampler, SamplerOptions};
-use reverb_client::{ClientError, Sample, Sampled};
+use reverb_client::{Sample, Sampled};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tonic::Code;
 
 /// Native half of `reverb.TrajectoryIterator`: a prefetching sampler handing out elements
 /// of `n` samples, stacked into one batch or not. When the caller spends at least half as
@@ -141,15 +140,8 @@ impl State {
                 let until = tokio::time::Instant::from_std(until);
                 let joined = runtime()
                     .block_on(async { tokio::time::timeout_at(until, &mut task.0).await.ok() })?;
-                let (engine, element, took) = joined.unwrap_or_else(|e| {
-                    let why = if e.is_panic() {
-                        "panicked"
-                    } else {
-                        "was cancelled"
-                    };
-                    let e = ClientError::new(Code::Internal, format!("assembling a sample {why}"));
-                    (None, Err(e), Duration::ZERO)
-                });
+                let (engine, element, took) =
+                    joined.unwrap_or_else(|e| (None, Err(join_error(e)), Duration::ZERO));
                 self.assembly = took;
                 (engine, element)
             }
