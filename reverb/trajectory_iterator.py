@@ -63,11 +63,12 @@ class TrajectoryIterator:
     """Streams samples of `table` from the server at `server_address`; given a list of
     addresses, from those servers as one table (shards; see `reverb.ShardedClient`).
 
-    Workers keep `max_in_flight_samples_per_worker` samples requested, decode them natively and
-    queue them, so the network round trip is hidden from the consumer; the next element is
-    assembled in the background while the consumer uses the last one. With `batch_size`, each
-    element stacks that many samples (every column gains a leading batch dimension; the last
-    batch may be smaller); without it, elements are single samples with whole columns.
+    Workers keep `max_in_flight_samples_per_worker` samples requested (with `batch_size`, at
+    least a batch), decode them natively and queue them, so the network round trip is hidden
+    from the consumer; the next element is assembled in the background while the consumer uses
+    the last one. With `batch_size`, each element stacks that many samples (every column gains
+    a leading batch dimension; the last batch may be smaller), and our servers send them as
+    columns; without it, elements are single samples with whole columns.
     Iteration ends after `max_samples` samples, or cleanly when the table's rate limiter
     blocks for `rate_limiter_timeout_ms` (-1: wait forever). Arguments as in
     `reverb.TrajectoryDataset`.

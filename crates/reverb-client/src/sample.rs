@@ -2,14 +2,17 @@
 //! ([`PartialSample`]), checked and sized with its columns still compressed in their chunks
 //! ([`PlannedSample`], [`LazyTensor`]), and decoded ([`Sample`]). Every transport ends here;
 //! a server of this process hands its items over in place instead ([`Sampled::Held`]),
-//! whose batches are gathered from the chunks as stored (`sampler::batch`).
+//! whose batches are gathered from the chunks as stored (`sampler::batch`); our server
+//! answers a sampler that stacks batches with columns ([`Sampled::Row`]).
 
 use crate::tensor::{encode_strings, parse_chunk, Encoded, Tensor, DT_STRING};
 use crate::{ClientError, Result};
 use reverb_proto::held::HeldSample;
-use reverb_proto::{sample_stream_response, ChunkData, KeyHashMap, SampleInfo};
+use reverb_proto::payload::dtype_size;
+use reverb_proto::{sample_stream_response, ChunkData, KeyHashMap, SampleBatch, SampleInfo};
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One sampled item: its info and one decoded tensor per column.
 #[derive(Debug, Clone)]
@@ -28,10 +31,14 @@ pub enum Sampled {
     Held(HeldSample),
     /// Checked and sized, columns still compressed.
     Planned(PlannedSample),
+    /// A row of samples that arrived as columns (asked for by samplers that stack batches:
+    /// only a batch takes it, see `sampler::stack`).
+    Row(Row),
 }
 
 impl Sampled {
-    /// The sample planned (a held one through its wire form, checked as a message is).
+    /// The sample planned (a held one through its wire form, checked as a message is). A
+    /// row of columns cannot be planned: it is stacked into a batch.
     pub fn plan(self) -> Result<PlannedSample> {
         match self {
             Sampled::Planned(planned) => Ok(planned),
@@ -39,6 +46,10 @@ impl Sampled {
                 let (info, chunks) = held.to_wire();
                 plan(info, &chunks)
             }
+            Sampled::Row(_) => Err(ClientError::new(
+                tonic::Code::Internal,
+                "a sample that arrived as columns can only be stacked into a batch",
+            )),
         }
     }
 
@@ -47,6 +58,7 @@ impl Sampled {
         match self {
             Sampled::Held(held) => held.probability,
             Sampled::Planned(planned) => planned.info.probability,
+            Sampled::Row(row) => row.probability,
         }
     }
 
@@ -55,6 +67,7 @@ impl Sampled {
         match self {
             Sampled::Held(held) => held.table_size,
             Sampled::Planned(planned) => planned.info.table_size,
+            Sampled::Row(row) => row.table_size,
         }
     }
 
@@ -66,7 +79,118 @@ impl Sampled {
             Sampled::Planned(planned) => {
                 (planned.info.probability, planned.info.table_size) = (probability, table_size)
             }
+            Sampled::Row(row) => (row.probability, row.table_size) = (probability, table_size),
         }
+    }
+}
+
+/// One sample of a batch that arrived as columns (`SampleBatch`): its row of each.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The batch it arrived in.
+    pub(crate) batch: Arc<Columns>,
+    /// Its row.
+    pub(crate) index: usize,
+    /// Probability the sampler had of picking it.
+    pub(crate) probability: f64,
+    /// Table size when sampled.
+    pub(crate) table_size: i64,
+}
+
+impl Row {
+    /// `(key, probability, table_size, priority, times_sampled)`.
+    pub(crate) fn info(&self) -> (u64, f64, i64, f64, i32) {
+        let b = &*self.batch;
+        (
+            b.keys[self.index],
+            self.probability,
+            self.table_size,
+            b.priorities[self.index],
+            b.times_sampled[self.index],
+        )
+    }
+}
+
+/// A batch that arrived as columns, checked: every field has a value per sample and every
+/// column a row per sample.
+#[derive(Debug)]
+pub(crate) struct Columns {
+    pub keys: Vec<u64>,
+    pub priorities: Vec<f64>,
+    pub times_sampled: Vec<i32>,
+    pub columns: Vec<RowsOf>,
+}
+
+/// One column of a batch that arrived as columns.
+#[derive(Debug)]
+pub(crate) struct RowsOf {
+    pub dtype: i32,
+    /// The shape of one row (without the batch dimension).
+    pub row_shape: Vec<i64>,
+    pub row_bytes: usize,
+    pub data: bytes::Bytes,
+}
+
+impl Columns {
+    /// The rows of `batch` (an error saying what is malformed if it is).
+    pub(crate) fn rows(batch: SampleBatch) -> Result<Vec<Sampled>> {
+        let n = batch.keys.len();
+        let bad = |what: String| {
+            ClientError::data_loss(format!("Malformed batch of {n} samples as columns: {what}"))
+        };
+        for (field, len) in [
+            ("probabilities", batch.probabilities.len()),
+            ("table sizes", batch.table_sizes.len()),
+            ("priorities", batch.priorities.len()),
+            ("times sampled", batch.times_sampled.len()),
+        ] {
+            if len != n {
+                return Err(bad(format!("{len} {field}")));
+            }
+        }
+        let mut columns = Vec::with_capacity(batch.columns.len());
+        for (c, column) in batch.columns.into_iter().enumerate() {
+            let size = dtype_size(column.dtype)
+                .ok_or_else(|| bad(format!("column {c} has dtype {}", column.dtype)))?;
+            let row_bytes = match column.shape.split_first() {
+                Some((&rows, row)) if rows == n as i64 && row.iter().all(|&d| d >= 0) => {
+                    row.iter().try_fold(size, |b, &d| b.checked_mul(d as usize))
+                }
+                _ => None,
+            };
+            let row_bytes = row_bytes
+                .filter(|&r| r.checked_mul(n) == Some(column.data.len()))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "column {c} of shape {:?} has {} bytes",
+                        column.shape,
+                        column.data.len()
+                    ))
+                })?;
+            columns.push(RowsOf {
+                dtype: column.dtype,
+                row_shape: column.shape[1..].to_vec(),
+                row_bytes,
+                data: column.data,
+            });
+        }
+        let (probabilities, table_sizes) = (batch.probabilities, batch.table_sizes);
+        let columns = Arc::new(Columns {
+            keys: batch.keys,
+            priorities: batch.priorities,
+            times_sampled: batch.times_sampled,
+            columns,
+        });
+        Ok((0..n)
+            .map(|index| {
+                Sampled::Row(Row {
+                    batch: columns.clone(),
+                    index,
+                    probability: probabilities[index],
+                    table_size: table_sizes[index],
+                })
+            })
+            .collect())
     }
 }
 
@@ -398,6 +522,101 @@ mod tests {
     use crate::tensor::{encode_chunk_with, Tensor};
     use reverb_proto::flat_trajectory::{ChunkSlice, Column};
     use reverb_proto::{FlatTrajectory, PrioritizedItem, SampleInfo, SequenceRange};
+
+    /// A batch as columns that does not hold what it says is refused as data loss, saying
+    /// what is wrong; a good one gives a row per sample.
+    #[test]
+    fn malformed_batches_of_columns_are_refused() {
+        use super::{Columns, Sampled};
+        use reverb_proto::{sample_batch, SampleBatch};
+        let good = || SampleBatch {
+            keys: vec![1, 2],
+            probabilities: vec![0.5, 0.5],
+            table_sizes: vec![2, 2],
+            priorities: vec![1.0, 2.0],
+            times_sampled: vec![1, 1],
+            columns: vec![sample_batch::Column {
+                dtype: 3, // int32
+                shape: vec![2, 3],
+                data: vec![0u8; 24].into(),
+                ..Default::default()
+            }],
+        };
+        let rows = Columns::rows(good()).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(matches!(&rows[1], Sampled::Row(r) if r.info() == (2, 0.5, 2, 2.0, 1)));
+        let cases: Vec<(SampleBatch, &str)> = vec![
+            (
+                SampleBatch {
+                    priorities: vec![1.0],
+                    ..good()
+                },
+                "1 priorities",
+            ),
+            (
+                SampleBatch {
+                    table_sizes: vec![],
+                    ..good()
+                },
+                "0 table sizes",
+            ),
+            (
+                SampleBatch {
+                    columns: vec![sample_batch::Column {
+                        dtype: 7,
+                        ..good().columns[0].clone()
+                    }],
+                    ..good()
+                },
+                "dtype 7",
+            ),
+            (
+                SampleBatch {
+                    columns: vec![sample_batch::Column {
+                        data: vec![0u8; 23].into(),
+                        ..good().columns[0].clone()
+                    }],
+                    ..good()
+                },
+                "has 23 bytes",
+            ),
+            (
+                SampleBatch {
+                    columns: vec![sample_batch::Column {
+                        shape: vec![3, 2],
+                        ..good().columns[0].clone()
+                    }],
+                    ..good()
+                },
+                "shape [3, 2]",
+            ),
+            (
+                SampleBatch {
+                    columns: vec![sample_batch::Column {
+                        shape: vec![2, -3],
+                        ..good().columns[0].clone()
+                    }],
+                    ..good()
+                },
+                "shape [2, -3]",
+            ),
+            (
+                SampleBatch {
+                    columns: vec![sample_batch::Column {
+                        shape: vec![2, 1 << 62, 1 << 62],
+                        ..good().columns[0].clone()
+                    }],
+                    ..good()
+                },
+                "has 24 bytes",
+            ),
+        ];
+        for (batch, says) in cases {
+            let e = Columns::rows(batch).unwrap_err();
+            assert_eq!(e.code, tonic::Code::DataLoss);
+            assert!(e.message.contains(says), "{} (wanted {says})", e.message);
+        }
+    }
 
     fn assemble(info: SampleInfo, chunks: &[reverb_proto::ChunkData]) -> crate::Result<Sample> {
         plan(info, chunks)?.assemble()

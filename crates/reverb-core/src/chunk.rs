@@ -443,6 +443,11 @@ pub struct ItemData {
 }
 
 impl ItemData {
+    /// Bytes of the chunks it references.
+    pub fn byte_size(&self) -> usize {
+        self.chunks.iter().map(|c| c.byte_size()).sum()
+    }
+
     /// Builds an item from its wire form and the chunks it references (every chunk a slice
     /// names must be among them).
     pub fn from_proto(item: &PrioritizedItem, chunks: Vec<Arc<Chunk>>) -> Result<Self, String> {

@@ -10,6 +10,7 @@ use crate::{invalid_arg, Result};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, SeedableRng};
+use reverb_proto::held::HeldSample;
 use reverb_proto::{SampleInfo, TableInfo, TableWorkerTime};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -63,6 +64,20 @@ impl SampledItem {
             probability: self.probability,
             table_size: self.table_size,
             rate_limited: false,
+        }
+    }
+}
+
+impl From<SampledItem> for HeldSample {
+    /// The sample held in place (what a client of this process, or a gather, reads).
+    fn from(s: SampledItem) -> Self {
+        HeldSample {
+            item: s.item,
+            table: s.table,
+            priority: s.priority,
+            times_sampled: s.times_sampled,
+            probability: s.probability,
+            table_size: s.table_size,
         }
     }
 }
@@ -419,7 +434,7 @@ impl Table {
                 };
                 let (item, values) = st.count_draw(key, probability);
                 if max_bytes != usize::MAX {
-                    bytes += item.chunks().iter().map(|c| c.byte_size()).sum::<usize>();
+                    bytes += item.byte_size();
                 }
                 let item = (max > 0).then(|| item.clone());
                 st.limiter.sample();

@@ -7,6 +7,7 @@
 #[cfg(feature = "service")]
 pub mod codec;
 pub mod encoded;
+pub mod gather;
 pub mod held;
 #[cfg(feature = "service")]
 pub mod inproc;

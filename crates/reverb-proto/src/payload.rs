@@ -636,6 +636,50 @@ fn read_strings(
     })
 }
 
+/// The bytes of snappy data written as one literal of the whole length (how writers store
+/// tensors whose compression does not pay), if it is such: they are the uncompressed bytes,
+/// read in place.
+pub fn stored_bytes(content: &[u8], len: usize) -> Option<&[u8]> {
+    // The length: a varint of at most 5 bytes and 32 bits, as snappy reads it.
+    let mut at = 0;
+    let mut n: u64 = 0;
+    loop {
+        let b = *content.get(at)?;
+        n |= u64::from(b & 0x7f) << (7 * at);
+        at += 1;
+        if b & 0x80 == 0 {
+            break;
+        }
+        if at == 5 {
+            return None;
+        }
+    }
+    if n > u64::from(u32::MAX) || n != len as u64 {
+        return None;
+    }
+    if len == 0 {
+        return (at == content.len()).then_some(&[]);
+    }
+    let tag = *content.get(at)?;
+    at += 1;
+    if tag & 3 != 0 {
+        return None; // (a copy, not a literal)
+    }
+    let literal = match tag >> 2 {
+        short @ 0..=59 => u64::from(short),
+        long => {
+            let bytes = usize::from(long - 59);
+            let mut v = 0u64;
+            for i in 0..bytes {
+                v |= u64::from(*content.get(at + i)?) << (8 * i);
+            }
+            at += bytes;
+            v
+        }
+    } + 1;
+    (literal == len as u64 && content.len() == at + len).then(|| &content[at..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -198,13 +198,21 @@ impl PySampler {
             ));
         }
         let options = SamplerOptions {
-            max_in_flight_samples_per_worker,
+            // A worker asking for less than a batch at a time needs several round trips per
+            // batch.
+            max_in_flight_samples_per_worker: if stacked {
+                max_in_flight_samples_per_worker.max(n)
+            } else {
+                max_in_flight_samples_per_worker
+            },
             num_workers,
             max_samples: (max_samples >= 0).then_some(max_samples as u64),
             rate_limiter_timeout: (rate_limiter_timeout_ms >= 0)
                 .then(|| Duration::from_millis(rate_limiter_timeout_ms as u64)),
             // Read with the GIL held, as `REVERB_NO_INPROC` (see `inproc_allowed`).
             shared_memory: std::env::var_os("REVERB_NO_SHM").is_none_or(|v| v.is_empty()),
+            // Stacked elements are rows of columns as our servers send them.
+            columnar: stacked,
         };
         let ahead_allowed = clients.len() == 1;
         let sampler = {

@@ -4,7 +4,9 @@
 //! streamed back as `SampleEntry`s in responses of about 2 MiB: a sample's first entry carries
 //! its info, its last has `end_of_sequence`, its chunks may be split over entries. Requests are
 //! pipelined; a request may also only report ring space released (`shm_released`, see
-//! `shm.rs`).
+//! `shm.rs`). A request with `columnar` (not in the reference) is answered with each batch
+//! gathered into columns (`SampleBatch`) where its items allow it (one shape, no strings or
+//! delta encoding), with entries otherwise.
 //!
 //! [`sample_waiting`] is the one wait on a table's rate limiter, shared with the in-process
 //! service.
@@ -14,9 +16,13 @@ use crate::status::RATE_LIMITER_TIMEOUT;
 use crate::tables::Tables;
 use bytes::Bytes;
 use reverb_core::{SampledItem, Table, Waiter};
+use reverb_proto::gather::{gather, DecodedCache};
+use reverb_proto::held::HeldSample;
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::MIN_CHUNK_BYTES;
-use reverb_proto::{ChunkData, SampleStreamRequest, SampleStreamResponse};
+use reverb_proto::{
+    sample_batch, ChunkData, SampleBatch, SampleStreamRequest, SampleStreamResponse,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +38,30 @@ pub(crate) const MAX_BATCH_BYTES: usize = 1 << 20;
 const MAX_RESPONSE_BYTES: usize = 2 << 20;
 /// Most items one table call samples.
 pub(crate) const MAX_BATCH_ITEMS: usize = 1024;
+/// Bytes of compressed chunk tensors a stream answering with columns keeps decoded for rows
+/// of later batches (see [`DecodedCache`]).
+const DECODED_CACHE_BYTES: usize = 16 << 20;
+/// Bytes of rows a batch sent as columns holds, about (drawn by items, from the size of the
+/// last batch's).
+const MAX_COLUMNS_BYTES: usize = 4 << 20;
+
+/// What a stream answering with columns keeps between batches.
+struct Columnar {
+    cache: DecodedCache,
+    /// Bytes per sample of the last batch gathered (`None` before the first).
+    sample_bytes: Option<usize>,
+}
+
+impl Columnar {
+    /// Items the next batch draws at most: about [`MAX_COLUMNS_BYTES`] of rows (one item
+    /// first, whose size is not known yet).
+    fn max_items(&self) -> usize {
+        match self.sample_bytes {
+            None => 1,
+            Some(b) => (MAX_COLUMNS_BYTES / b.max(1)).clamp(1, MAX_BATCH_ITEMS),
+        }
+    }
+}
 
 /// Serves one gRPC sample stream until the client closes it or it fails.
 pub(crate) async fn run(
@@ -41,6 +71,8 @@ pub(crate) async fn run(
     mut ring: Option<RingWriter>,
 ) {
     let mut requests = Requests::new(inbound, ring.as_ref());
+    // (Made when a request first asks for columns.)
+    let mut columnar = None;
     while let Some(next) = requests.next().await {
         let request = match next {
             Ok(r) => r,
@@ -50,7 +82,13 @@ pub(crate) async fn run(
                 break;
             }
         };
-        if let Err(status) = serve(&tables, request, &tx, &mut ring).await {
+        let columns = request.columnar.then(|| {
+            columnar.get_or_insert_with(|| Columnar {
+                cache: DecodedCache::with_budget(DECODED_CACHE_BYTES),
+                sample_bytes: None,
+            })
+        });
+        if let Err(status) = serve(&tables, request, &tx, &mut ring, columns).await {
             if let Some(status) = status {
                 let _ = tx.send(Err(status)).await;
             }
@@ -139,12 +177,14 @@ async fn read_requests(
     }
 }
 
-/// Serves one request; `Err(None)` when the client went away.
+/// Serves one request (as columns where they can be gathered, with `columns`' cache);
+/// `Err(None)` when the client went away.
 async fn serve(
     tables: &Tables,
     request: SampleStreamRequest,
     tx: &Tx,
     ring: &mut Option<RingWriter>,
+    mut columns: Option<&mut Columnar>,
 ) -> Result<(), Option<Status>> {
     if request.num_samples <= 0 {
         return Err(Some(Status::invalid_argument(format!(
@@ -161,19 +201,28 @@ async fn serve(
         .map(|ms| Duration::from_millis(ms as u64));
     let mut remaining = request.num_samples as usize;
     while remaining > 0 {
-        let max_items = remaining.min(MAX_BATCH_ITEMS);
+        // (Batches sent as columns are bounded by the bytes of their rows, so the table
+        // need not add up the bytes of each item's chunks.)
+        let (max_items, max_bytes) = match columns.as_deref() {
+            Some(c) => (remaining.min(c.max_items()), usize::MAX),
+            None => (remaining.min(MAX_BATCH_ITEMS), MAX_BATCH_BYTES),
+        };
         // (A client that goes away drops this handler with its response stream; the checks
         // on `tx` matter only if the handler ever runs apart from it.)
-        let batch = sample_waiting(
-            &table,
-            max_items,
-            MAX_BATCH_BYTES,
-            timeout,
-            tx.closed(),
-            || tx.is_closed(),
-        )
+        let batch = sample_waiting(&table, max_items, max_bytes, timeout, tx.closed(), || {
+            tx.is_closed()
+        })
         .await?;
         remaining -= batch.len();
+        if let Some(columnar) = columns.as_deref_mut() {
+            if let Some(response) = gathered(&batch, columnar, ring) {
+                send(response, tx).await?;
+                continue;
+            }
+            // (Bounded by its chunks' bytes.)
+            let bytes: usize = batch.iter().map(|s| s.item.byte_size()).sum();
+            columnar.sample_bytes = Some(bytes / batch.len().max(1));
+        }
         send_batch(batch, tx, ring).await?;
     }
     Ok(())
@@ -269,6 +318,55 @@ async fn send_batch(
         send(response, tx).await?;
     }
     Ok(())
+}
+
+/// The response carrying `batch` as columns (large ones through the ring when it has room);
+/// `None` when its items cannot be gathered so (strings, delta encoding, items of different
+/// shapes, malformed data): they are sent as entries, and the client says what is wrong
+/// with them if anything is.
+fn gathered(
+    batch: &[SampledItem],
+    columnar: &mut Columnar,
+    ring: &mut Option<RingWriter>,
+) -> Option<SampleStreamResponse> {
+    let held: Vec<HeldSample> = batch.iter().cloned().map(HeldSample::from).collect();
+    let gathered = gather(&held, &mut columnar.cache).ok().flatten()?;
+    let bytes: usize = gathered.columns.iter().map(|c| c.data.len()).sum();
+    columnar.sample_bytes = Some(bytes / batch.len().max(1));
+    let info = &gathered.info;
+    let batch = SampleBatch {
+        keys: info.iter().map(|i| i.0).collect(),
+        probabilities: info.iter().map(|i| i.1).collect(),
+        table_sizes: info.iter().map(|i| i.2).collect(),
+        priorities: info.iter().map(|i| i.3).collect(),
+        times_sampled: info.iter().map(|i| i.4).collect(),
+        columns: gathered
+            .columns
+            .into_iter()
+            .map(|c| {
+                let mut column = sample_batch::Column {
+                    dtype: c.dtype,
+                    shape: c.shape,
+                    ..Default::default()
+                };
+                match ring.as_mut().filter(|_| c.data.len() >= MIN_CHUNK_BYTES) {
+                    Some(ring) => match ring.put(&c.data) {
+                        Some(position) => {
+                            column.shm_position = position;
+                            column.shm_length = c.data.len() as u64;
+                        }
+                        None => column.data = c.data.into(),
+                    },
+                    None => column.data = c.data.into(),
+                }
+                column
+            })
+            .collect(),
+    };
+    Some(SampleStreamResponse {
+        entries: Vec::new(),
+        batch: Some(batch),
+    })
 }
 
 /// `chunk` (a stored chunk's wire form, without ring fields of its own: those are this

@@ -144,6 +144,7 @@ impl Kernel for DatasetSample {
                 max_samples: (max_samples >= 0).then_some(max_samples as u64),
                 rate_limiter_timeout: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
                 shared_memory: c.bool("shared_memory")?,
+                columnar: false,
             },
             max_batch: c.int("max_batch")?.max(1) as usize,
             batch_size: c.int("batch_size")?.max(0) as usize,

@@ -1,9 +1,10 @@
 //! Samples stacked into a batch: one array per column, each sample's column copied (from
 //! chunks stored uncompressed) or decompressed straight into its place. Samples a server of
-//! this process holds are gathered from its chunks (`gather`); others are planned first.
+//! this process holds are gathered from its chunks (`gather`); rows that arrived as columns
+//! are copied run by run; others are planned first.
 
 use super::gather::{gather, DecodedCache};
-use crate::sample::Decoded;
+use crate::sample::{Columns, Decoded, Row};
 use crate::tensor::encode_strings;
 use crate::{ClientError, PlannedSample, Result, Sampled, Tensor};
 
@@ -17,14 +18,39 @@ pub struct Batch {
 }
 /// Stacks samples into a batch: every sample must have the same column dtypes and shapes.
 /// Each column is copied or decompressed straight into its place in the batch; `cache`
-/// keeps compressed chunk tensors decoded for rows of them for the next batches.
+/// keeps compressed chunk tensors decoded for rows of them for the next batches. Rows that
+/// arrived as columns are copied run by run.
 pub fn stack(samples: Vec<Sampled>, cache: &mut DecodedCache) -> Result<Batch> {
+    let rows = samples
+        .iter()
+        .filter(|s| matches!(s, Sampled::Row(_)))
+        .count();
+    if rows == samples.len() {
+        return stack_rows(&samples);
+    }
+    if rows > 0 {
+        // (A server answers with entries what it cannot gather: mixed only in odd cases.)
+        let (rows, others): (Vec<_>, Vec<_>) = samples
+            .into_iter()
+            .enumerate()
+            .partition(|(_, s)| matches!(s, Sampled::Row(_)));
+        let order: Vec<bool> = {
+            let mut order = vec![false; rows.len() + others.len()];
+            for (i, _) in &rows {
+                order[*i] = true;
+            }
+            order
+        };
+        let rows = stack_rows(&rows.into_iter().map(|(_, s)| s).collect::<Vec<_>>())?;
+        let others = stack(others.into_iter().map(|(_, s)| s).collect(), cache)?;
+        return interleave(rows, others, &order);
+    }
     let samples = if samples.iter().all(|s| matches!(s, Sampled::Held(_))) {
         let held: Vec<_> = samples
             .into_iter()
             .map(|s| match s {
                 Sampled::Held(held) => held,
-                Sampled::Planned(_) => unreachable!("all held"),
+                _ => unreachable!("all held"),
             })
             .collect();
         if let Some(batch) = gather(&held, cache)? {
@@ -41,11 +67,133 @@ pub fn stack(samples: Vec<Sampled>, cache: &mut DecodedCache) -> Result<Batch> {
     stack_planned(planned)
 }
 
+/// Stacks samples that are all rows of batches that arrived as columns: each run of
+/// consecutive rows of one batch is one copy per column.
+fn stack_rows(samples: &[Sampled]) -> Result<Batch> {
+    let rows: Vec<&Row> = samples
+        .iter()
+        .map(|s| match s {
+            Sampled::Row(row) => row,
+            _ => unreachable!("all rows"),
+        })
+        .collect();
+    let n = rows.len();
+    let Some(first) = rows.first() else {
+        return Ok(Batch {
+            info: Vec::new(),
+            columns: Vec::new(),
+        });
+    };
+    let width = first.batch.columns.len();
+    // Runs of consecutive rows of one batch: (batch, first row, rows).
+    let mut runs: Vec<(&Columns, usize, usize)> = Vec::new();
+    for row in &rows {
+        match runs.last_mut() {
+            Some((batch, start, len))
+                if std::ptr::eq(*batch, &*row.batch) && *start + *len == row.index =>
+            {
+                *len += 1
+            }
+            _ => {
+                let batch = &*row.batch;
+                if !std::ptr::eq(batch, &*first.batch) {
+                    same_columns(&first.batch, batch)?;
+                }
+                runs.push((batch, row.index, 1));
+            }
+        }
+    }
+    let mut columns = Vec::with_capacity(width);
+    for (c, column) in first.batch.columns.iter().enumerate() {
+        let size = column.row_bytes;
+        let mut data = Vec::with_capacity(batch_bytes(n, size)?);
+        for (batch, start, len) in &runs {
+            data.extend_from_slice(&batch.columns[c].data[start * size..(start + len) * size]);
+        }
+        let mut shape = Vec::with_capacity(column.row_shape.len() + 1);
+        shape.push(n as i64);
+        shape.extend_from_slice(&column.row_shape);
+        columns.push(Tensor {
+            dtype: column.dtype,
+            shape,
+            data,
+        });
+    }
+    let info = rows.iter().map(|r| r.info()).collect();
+    Ok(Batch { info, columns })
+}
+
+/// An error unless two batches that arrived as columns have columns of the same dtypes and
+/// shapes.
+fn same_columns(a: &Columns, b: &Columns) -> Result<()> {
+    if a.columns.len() != b.columns.len() {
+        return Err(ClientError::invalid(format!(
+            "Sampled items have different numbers of columns ({} and {}): batch_size must be None",
+            a.columns.len(),
+            b.columns.len()
+        )));
+    }
+    for (c, (x, y)) in a.columns.iter().zip(&b.columns).enumerate() {
+        if x.dtype != y.dtype || x.row_shape != y.row_shape {
+            return Err(ClientError::invalid(format!(
+                "Sampled items differ in column {c} (shapes {:?} and {:?}): they cannot be batched",
+                x.row_shape, y.row_shape
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One batch of two, their samples taken in `order` (`true`: the next of `a`).
+fn interleave(a: Batch, b: Batch, order: &[bool]) -> Result<Batch> {
+    if a.columns.len() != b.columns.len() {
+        return Err(ClientError::invalid(format!(
+            "Sampled items have different numbers of columns ({} and {}): batch_size must be None",
+            a.columns.len(),
+            b.columns.len()
+        )));
+    }
+    let mut columns = Vec::with_capacity(a.columns.len());
+    for (c, (x, y)) in a.columns.iter().zip(&b.columns).enumerate() {
+        if x.dtype != y.dtype || x.shape.get(1..) != y.shape.get(1..) {
+            return Err(ClientError::invalid(format!(
+                "Sampled items differ in column {c} (shapes {:?} and {:?}): they cannot be batched",
+                x.shape.get(1..).unwrap_or(&[]),
+                y.shape.get(1..).unwrap_or(&[])
+            )));
+        }
+        if x.dtype == reverb_proto::payload::DT_STRING {
+            return Err(ClientError::invalid(
+                "string columns do not arrive as columns",
+            ));
+        }
+        let size = x.row_bytes();
+        let mut data = Vec::with_capacity(batch_bytes(order.len(), size)?);
+        let (mut i, mut j) = (0, 0);
+        for &from_a in order {
+            let (src, k) = if from_a { (x, &mut i) } else { (y, &mut j) };
+            data.extend_from_slice(&src.data[*k * size..(*k + 1) * size]);
+            *k += 1;
+        }
+        let mut shape = x.shape.clone();
+        shape[0] = order.len() as i64;
+        columns.push(Tensor {
+            dtype: x.dtype,
+            shape,
+            data,
+        });
+    }
+    let (mut a_info, mut b_info) = (a.info.into_iter(), b.info.into_iter());
+    let info = order
+        .iter()
+        .map(|&from_a| if from_a { a_info.next() } else { b_info.next() }.expect("one per sample"))
+        .collect();
+    Ok(Batch { info, columns })
+}
+
 /// Bytes of a batch of `n` samples of `size` bytes (an error when that cannot be held).
-pub(super) fn batch_bytes(n: usize, size: usize) -> Result<usize> {
-    size.checked_mul(n)
-        .filter(|&t| t <= isize::MAX as usize)
-        .ok_or_else(|| ClientError::invalid(format!("A batch of {n} x {size} bytes is too large")))
+fn batch_bytes(n: usize, size: usize) -> Result<usize> {
+    Ok(reverb_proto::gather::batch_bytes(n, size)?)
 }
 
 /// Stacks planned samples (see [`stack`]).

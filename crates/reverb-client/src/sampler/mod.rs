@@ -39,6 +39,9 @@ pub struct SamplerOptions {
     pub rate_limiter_timeout: Option<Duration>,
     /// Offer a server on this host a shared-memory ring for chunk bytes (see [`crate::transport::shm`]).
     pub shared_memory: bool,
+    /// Ask servers for batches as columns (rows that only [`stack`] takes: for samplers
+    /// whose consumer stacks every batch).
+    pub columnar: bool,
 }
 
 /// Workers when none are asked for: one per client runtime thread, so decoding runs on both.

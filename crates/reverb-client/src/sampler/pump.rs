@@ -12,10 +12,10 @@ use std::time::Duration;
 
 /// Where a pump puts the samples that arrive.
 pub(crate) trait Sink {
-    /// Takes the next sample, or the error in its place (a sample that could not be
-    /// decoded). `Ok(false)`: the consumer went away, the stream stops; an error stops it
-    /// and is the pump's.
-    fn put(&mut self, sample: Result<Sampled>) -> impl Future<Output = Result<bool>> + Send;
+    /// Takes the next samples (that arrived together), each or the error in its place (a
+    /// sample that could not be decoded). `Ok(false)`: the consumer went away, the stream
+    /// stops; an error stops it and is the pump's.
+    fn put(&mut self, samples: Vec<Result<Sampled>>) -> impl Future<Output = Result<bool>> + Send;
 
     /// Resolves once the consumer went away (never, for one waiting on the call itself).
     fn gone(&self) -> impl Future<Output = ()> + Send;
@@ -24,8 +24,8 @@ pub(crate) trait Sink {
 /// A one-shot call's sink: every sample in order, an undecodable one as its error (the rest
 /// are still taken: they left the table).
 impl Sink for Vec<Result<Sampled>> {
-    async fn put(&mut self, sample: Result<Sampled>) -> Result<bool> {
-        self.push(sample);
+    async fn put(&mut self, samples: Vec<Result<Sampled>>) -> Result<bool> {
+        self.extend(samples);
         Ok(true)
     }
 
@@ -102,16 +102,14 @@ pub(crate) async fn pump(
             },
             _ = sink.gone() => return Ok(()),
         };
-        for sample in samples {
-            outstanding -= 1;
-            *received += 1;
-            match sink.put(sample).await {
-                Ok(true) => {}
-                Ok(false) => return Ok(()),
-                Err(e) => {
-                    give_back(outstanding);
-                    return Err(e);
-                }
+        outstanding -= samples.len();
+        *received += samples.len();
+        match sink.put(samples).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(e) => {
+                give_back(outstanding);
+                return Err(e);
             }
         }
     }

@@ -8,28 +8,54 @@ use crate::shards;
 use crate::transport::shm;
 use crate::transport::{SampleStreamOptions, Server};
 use crate::{runtime, Client, ClientError, Result, Sampled};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tonic::Code;
 
 /// What the queue carries.
 enum Event {
-    Sample(Box<Sampled>),
+    /// Samples that arrived together (a response's), in order.
+    Samples(Vec<Sampled>),
     /// Every worker is done (max_samples reached or the rate limiter timed out).
     Done,
     Failed(ClientError),
 }
+
+/// The queue's sending side: events, and room for samples (a worker waits for room for
+/// what arrived before queueing it; the consumer makes room as it takes samples out).
+#[derive(Clone)]
+struct Tx {
+    events: mpsc::UnboundedSender<Event>,
+    room: Arc<Semaphore>,
+    /// Samples queued at most.
+    capacity: usize,
+}
+
+impl Tx {
+    /// Queues an event other than samples.
+    fn send(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+
+    /// Resolves once the consumer went away.
+    async fn closed(&self) {
+        self.events.closed().await
+    }
+}
 /// A running sampler of one server.
 pub(crate) struct ServerSampler {
-    rx: mpsc::Receiver<Event>,
+    rx: mpsc::UnboundedReceiver<Event>,
+    /// Room for samples in the queue (see [`Tx`]).
+    room: Arc<Semaphore>,
     /// Starts the workers and waits for them; aborting it aborts them (its `JoinSet`).
     supervisor: tokio::task::JoinHandle<()>,
     ended: bool,
     failure: Option<ClientError>,
     /// Samples received but not taken yet (by a call that timed out, or [`Self::fill_held`]).
-    held: Vec<Sampled>,
+    held: VecDeque<Sampled>,
     /// The queue's capacity (also the most samples `fill_held` holds).
     capacity: usize,
     /// Samples not yet requested.
@@ -76,7 +102,13 @@ impl ServerSampler {
         }
         let capacity =
             options.max_in_flight_samples_per_worker * options.num_workers.max(AUTO_WORKERS);
-        let (tx, rx) = mpsc::channel(capacity);
+        let (events, rx) = mpsc::unbounded_channel();
+        let room = Arc::new(Semaphore::new(capacity));
+        let tx = Tx {
+            events,
+            room: room.clone(),
+            capacity,
+        };
         let budget_left = budget.clone();
         let table = table.to_string();
         let supervisor = runtime().spawn(async move {
@@ -105,19 +137,20 @@ impl ServerSampler {
                     Err(e) if e.is_panic() => {
                         set.abort_all();
                         let e = ClientError::new(Code::Internal, "a sampler worker panicked");
-                        let _ = tx.send(Event::Failed(e)).await;
+                        tx.send(Event::Failed(e));
                     }
                     Err(_) => {} // aborted above
                 }
             }
-            let _ = tx.send(Event::Done).await;
+            tx.send(Event::Done);
         });
         Ok(Self {
             rx,
+            room,
             supervisor,
             ended: false,
             failure: None,
-            held: Vec::new(),
+            held: VecDeque::new(),
             capacity,
             budget: budget_left,
         })
@@ -128,7 +161,10 @@ impl ServerSampler {
     pub(crate) fn fill_held(&mut self) {
         while self.held.len() < self.capacity && !self.ended && self.failure.is_none() {
             match self.rx.try_recv() {
-                Ok(Event::Sample(s)) => self.held.push(*s),
+                Ok(Event::Samples(v)) => {
+                    self.made_room(&v);
+                    self.held.extend(v);
+                }
                 Ok(Event::Done) | Err(mpsc::error::TryRecvError::Disconnected) => self.ended = true,
                 Ok(Event::Failed(e)) => self.failure = Some(e),
                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -167,8 +203,7 @@ impl ServerSampler {
     ) -> Result<Option<Vec<Sampled>>> {
         let deadline = tokio::time::Instant::now() + wait;
         // The oldest `n` held samples (the rest stay held).
-        let rest = self.held.split_off(n.min(self.held.len()));
-        let mut out = std::mem::replace(&mut self.held, rest);
+        let mut out: Vec<Sampled> = self.held.drain(..n.min(self.held.len())).collect();
         while out.len() < n {
             if let Some(e) = &self.failure {
                 if out.is_empty() {
@@ -183,8 +218,8 @@ impl ServerSampler {
                 match tokio::time::timeout_at(deadline, self.rx.recv()).await {
                     Ok(e) => e,
                     Err(_) => {
-                        out.append(&mut self.held);
-                        self.held = out; // kept for the next call
+                        // Kept for the next call (nothing else is held now).
+                        self.held = out.into();
                         return Ok(None);
                     }
                 }
@@ -196,12 +231,24 @@ impl ServerSampler {
                 }
             };
             match event {
-                Some(Event::Sample(s)) => out.push(*s),
+                Some(Event::Samples(mut v)) => {
+                    self.made_room(&v);
+                    let wanted = n - out.len();
+                    if v.len() > wanted {
+                        self.held.extend(v.drain(wanted..));
+                    }
+                    out.append(&mut v);
+                }
                 Some(Event::Done) | None => self.ended = true,
                 Some(Event::Failed(e)) => self.failure = Some(e),
             }
         }
         Ok(Some(out))
+    }
+
+    /// Makes room in the queue for as many samples as were taken out of it.
+    fn made_room(&self, samples: &[Sampled]) {
+        self.room.add_permits(samples.len().min(self.capacity));
     }
 }
 
@@ -224,7 +271,7 @@ async fn worker(
     table: String,
     options: SamplerOptions,
     budget: Arc<AtomicI64>,
-    tx: mpsc::Sender<Event>,
+    tx: Tx,
 ) -> Exit {
     // One server for the worker's life (a server of this process stays one: a restarted
     // one is found on its port), and how long its streams are reopened after breaking.
@@ -267,19 +314,42 @@ async fn worker(
                 backoff *= 2;
             }
             _ => {
-                let _ = tx.send(Event::Failed(failure)).await;
+                tx.send(Event::Failed(failure));
                 return Exit::Finished;
             }
         }
     }
 }
 
-/// The consumer's queue, as a pump's sink: an undecodable sample fails the worker.
-struct Queue<'a>(&'a mpsc::Sender<Event>);
+/// The consumer's queue, as a pump's sink: an undecodable sample fails the worker (after
+/// the samples before it are queued).
+struct Queue<'a>(&'a Tx);
 
 impl Sink for Queue<'_> {
-    async fn put(&mut self, sample: Result<Sampled>) -> Result<bool> {
-        Ok(self.0.send(Event::Sample(Box::new(sample?))).await.is_ok())
+    async fn put(&mut self, samples: Vec<Result<Sampled>>) -> Result<bool> {
+        let mut ok = Vec::with_capacity(samples.len());
+        let mut failure = None;
+        for sample in samples {
+            match sample {
+                Ok(s) => ok.push(s),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if !ok.is_empty() {
+            let room = ok.len().min(self.0.capacity) as u32;
+            // (Room is never closed: an error cannot happen.)
+            let Ok(permits) = self.0.room.acquire_many(room).await else {
+                return Ok(false);
+            };
+            permits.forget(); // given back by the consumer as it takes them
+            if self.0.events.send(Event::Samples(ok)).is_err() {
+                return Ok(false);
+            }
+        }
+        failure.map_or(Ok(true), Err)
     }
 
     async fn gone(&self) {
@@ -297,7 +367,7 @@ async fn stream(
     table: &str,
     options: &SamplerOptions,
     budget: &AtomicI64,
-    tx: &mpsc::Sender<Event>,
+    tx: &Tx,
     received: &mut usize,
 ) -> Result<()> {
     let max_in_flight = options.max_in_flight_samples_per_worker;
@@ -309,6 +379,7 @@ async fn stream(
         ring_bytes: options
             .shared_memory
             .then(|| shm::ring_bytes(max_in_flight)),
+        columnar: options.columnar,
         ..SampleStreamOptions::default()
     };
     let opened = async {

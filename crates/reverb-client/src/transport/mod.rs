@@ -105,6 +105,9 @@ pub(crate) struct SampleStreamOptions {
     pub one_shot: bool,
     /// Open a new call even when one is kept open.
     pub fresh: bool,
+    /// Ask for batches as columns ([`crate::Sampled::Row`]; gRPC only: a server of this
+    /// process hands its items over in place).
+    pub columnar: bool,
 }
 
 /// One sample stream: requests for samples go out, samples come back in order ([`Sampled`]):

@@ -219,7 +219,7 @@ fn bad_requests_get_clear_errors_and_lose_nothing() {
         table: "t".into(),
         num_samples: 0,
         rate_limiter_timeout: None,
-        shm_released: 0,
+        ..Default::default()
     };
     assert_eq!(
         raw_stream(port, sample, vec![zero.encode_to_vec()]),
@@ -532,7 +532,7 @@ fn wire_fuzz_of_every_rpc_loses_nothing_of_a_well_behaved_client() {
                 table: "t".into(),
                 num_samples: 2,
                 rate_limiter_timeout: Some(Timeout { milliseconds: 50 }),
-                shm_released: 0,
+                ..Default::default()
             }
             .encode_to_vec(),
         ),

@@ -32,6 +32,7 @@ fn options(workers: usize, max_samples: Option<u64>, timeout_ms: Option<u64>) ->
         max_samples,
         rate_limiter_timeout: timeout_ms.map(Duration::from_millis),
         shared_memory: true,
+        columnar: false,
     }
 }
 

@@ -107,17 +107,7 @@ impl Service for InProcServer {
             )
             .await
             .map_err(|e| e.unwrap_or_else(stopped))?;
-            Ok(batch
-                .into_iter()
-                .map(|s| HeldSample {
-                    item: s.item,
-                    table: s.table,
-                    priority: s.priority,
-                    times_sampled: s.times_sampled,
-                    probability: s.probability,
-                    table_size: s.table_size,
-                })
-                .collect())
+            Ok(batch.into_iter().map(HeldSample::from).collect())
         })
     }
 

@@ -114,6 +114,53 @@ async fn one_stream_serves_its_requests_in_order() {
     assert_eq!(stream.samples(1).await.unwrap()[0].key(), 6);
 }
 
+/// Not in the reference: a request with `columnar` gets its samples as columns (the rows
+/// of each column stacked, info as arrays); one without, on the same stream, entries.
+#[tokio::test]
+async fn columnar_requests_get_columns_and_others_entries() {
+    let t = table("t", SelectorKind::Fifo, 10, 1, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    insert(&stub, "t", &[(1, 0.5), (2, 1.5), (3, 2.5), (4, 1.0)]).await;
+    let mut stream = SampleStream::open(&stub).await;
+    stream.request_columns("t", 3, 1000).await;
+    let batches = stream.batches(3).await;
+    let (mut keys, mut priorities, mut sizes) =
+        (Vec::<u64>::new(), Vec::<f64>::new(), Vec::<i64>::new());
+    let mut data = Vec::<i32>::new();
+    for b in &batches {
+        let n = b.keys.len();
+        assert_eq!(
+            (b.probabilities.len(), b.times_sampled.len()),
+            (n, n),
+            "{b:?}"
+        );
+        assert_eq!(b.probabilities, vec![1.0; n]);
+        assert_eq!(b.times_sampled, vec![1; n]);
+        assert_eq!(b.columns.len(), 1);
+        let column = &b.columns[0];
+        assert_eq!(column.dtype, DataType::DtInt32 as i32);
+        assert_eq!(column.shape, vec![n as i64, 1, 2]);
+        keys.extend(&b.keys);
+        priorities.extend(&b.priorities);
+        sizes.extend(&b.table_sizes);
+        data.extend(
+            column
+                .data
+                .chunks(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap())),
+        );
+    }
+    // FIFO order; each item's one row is `[key, 0]` (see `chunk`); sampling deletes them.
+    assert_eq!(keys, [1, 2, 3]);
+    assert_eq!(priorities, [0.5, 1.5, 2.5]);
+    assert_eq!(sizes, [4, 3, 2]);
+    assert_eq!(data, [1, 0, 2, 0, 3, 0]);
+    stream.request("t", 1, Some(1000)).await;
+    let sample = &stream.samples(1).await.unwrap()[0];
+    assert_eq!(sample.key(), 4);
+    assert_eq!(sample.chunks, [chunk(4, 4, 1)]);
+}
+
 #[tokio::test]
 async fn a_sample_larger_than_a_response_spans_entries() {
     let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));

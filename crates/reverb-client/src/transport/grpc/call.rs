@@ -332,6 +332,7 @@ mod tests {
                         ..Default::default()
                     })
                     .collect(),
+                ..Default::default()
             })
             .collect()
     }

@@ -129,7 +129,10 @@ impl Server for Grpc {
         rate_limiter_timeout: Option<Duration>,
         options: SampleStreamOptions,
     ) -> BoxFuture<'_, Result<Box<dyn SampleStream>>> {
-        let request = sample_stream::request(table, n, rate_limiter_timeout);
+        let request = SampleStreamRequest {
+            columnar: options.columnar,
+            ..sample_stream::request(table, n, rate_limiter_timeout)
+        };
         Box::pin(async move {
             let stream =
                 sample_stream::GrpcSampleStream::open(&self.client, request, n, options).await?;

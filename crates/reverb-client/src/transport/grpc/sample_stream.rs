@@ -1,7 +1,9 @@
 //! A `SampleStream` call as a [`SampleStream`]: requests go out on the call's request side,
 //! responses are gathered into samples ([`PartialSample`]) and planned. With a
 //! shared-memory ring (offered in the call's metadata), big chunks arrive as positions in
-//! the ring; the stream reports what it consumed each time another sixteenth is free.
+//! the ring; the stream reports what it consumed each time another sixteenth is free. A
+//! stream asking for columns (`columnar`) gets a batch's samples as rows of columns from our
+//! servers ([`Columns`]), and entries from others (or for what cannot be gathered).
 //!
 //! A stream opened for one-shot calls (`one_shot`) may be one an earlier call left open, and
 //! is left open for the next call once everything it was asked for arrived: one round trip
@@ -10,14 +12,14 @@
 //! caller opens a fresh one.
 
 use super::call::{self, Call};
-use crate::sample::{plan, PartialSample};
+use crate::sample::{plan, Columns, PartialSample};
 use crate::transport::shm::{self, Ring};
 use crate::transport::SampleStream;
 use crate::transport::{BoxFuture, SampleStreamOptions};
 use crate::{Client, ClientError, Result, Sampled};
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::METADATA_KEY;
-use reverb_proto::{SampleStreamRequest, Timeout};
+use reverb_proto::{SampleBatch, SampleStreamRequest, Timeout};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -56,6 +58,8 @@ pub(crate) struct GrpcSampleStream {
     keep: bool,
     /// The call failed.
     failed: bool,
+    /// Batches as columns are asked for.
+    columnar: bool,
     /// The entries of the last response not handled yet.
     entries: std::vec::IntoIter<SampleEntry>,
 }
@@ -78,6 +82,7 @@ impl GrpcSampleStream {
             answered: false,
             keep: options.one_shot,
             failed: false,
+            columnar: options.columnar,
             entries: Vec::new().into_iter(),
         };
         if options.one_shot && !options.fresh {
@@ -125,6 +130,41 @@ impl GrpcSampleStream {
         }
     }
 
+    /// The samples of a batch that arrived as columns (one with `entries` too is malformed).
+    fn rows(&mut self, mut batch: SampleBatch, entries: bool) -> Result<Vec<Result<Sampled>>> {
+        let address = self.client.address();
+        let malformed = |what: &str| {
+            ClientError::data_loss(format!(
+                "Server at {address} sent a malformed sample stream: {what}"
+            ))
+        };
+        if !self.columnar {
+            return Err(malformed("columns that were not asked for"));
+        }
+        if entries || self.partial.started() {
+            return Err(malformed("columns amid a sample's entries"));
+        }
+        for column in batch.columns.iter_mut().filter(|c| c.shm_length > 0) {
+            let (at, len) = (column.shm_position, column.shm_length);
+            column.data = ring_bytes(self.ring.as_ref(), &column.data, at, len).map_err(|e| {
+                ClientError::data_loss(format!(
+                    "Server at {address} sent a bad shared-memory column: {e}"
+                ))
+            })?;
+        }
+        let rows = Columns::rows(batch)?;
+        if rows.is_empty() {
+            return Err(malformed("an empty batch"));
+        }
+        if rows.len() > self.outstanding {
+            return Err(ClientError::data_loss(format!(
+                "Server at {address} sent more samples than requested"
+            )));
+        }
+        self.outstanding -= rows.len();
+        Ok(rows.into_iter().map(Ok).collect())
+    }
+
     /// The error that ends the stream.
     fn fail(&mut self, error: ClientError) -> ClientError {
         self.failed = true;
@@ -139,7 +179,10 @@ impl SampleStream for GrpcSampleStream {
         n: usize,
         rate_limiter_timeout: Option<Duration>,
     ) -> Result<()> {
-        let request = self.reporting(request(table, n, rate_limiter_timeout));
+        let request = self.reporting(SampleStreamRequest {
+            columnar: self.columnar,
+            ..request(table, n, rate_limiter_timeout)
+        });
         if let Some(call) = &self.call {
             // (A request that cannot be sent ends the call: `next` says how.)
             let _ = call.requests.send(request);
@@ -219,6 +262,10 @@ impl SampleStream for GrpcSampleStream {
                         ring.reported(released);
                     }
                 }
+                if let Some(batch) = response.batch {
+                    let rows = self.rows(batch, !response.entries.is_empty());
+                    return rows.map_err(|e| self.fail(e));
+                }
                 self.entries = response.entries.into_iter();
             }
         })
@@ -243,15 +290,25 @@ impl Drop for GrpcSampleStream {
     }
 }
 
+/// The `len` bytes at `position` of the ring, for a field whose `inline` bytes must be empty.
+fn ring_bytes(
+    ring: Option<&Ring>,
+    inline: &[u8],
+    position: u64,
+    len: u64,
+) -> std::result::Result<bytes::Bytes, String> {
+    match ring {
+        _ if !inline.is_empty() => Err("it also has inline bytes".to_string()),
+        Some(ring) => ring.take(position, len),
+        None => Err("no ring was offered".to_string()),
+    }
+}
+
 /// Replaces the entry's shared-memory chunk references by the bytes they point to.
 fn from_ring(entry: &mut SampleEntry, ring: Option<&Ring>, address: &str) -> Result<()> {
     for chunk in entry.data.iter_mut().filter(|c| c.shm_length > 0) {
-        let bytes = match ring {
-            _ if !chunk.data.is_empty() => Err("it also has inline bytes".to_string()),
-            Some(ring) => ring.take(chunk.shm_position, chunk.shm_length),
-            None => Err("no ring was offered".to_string()),
-        };
-        chunk.data = bytes.map_err(|e| {
+        let (at, len) = (chunk.shm_position, chunk.shm_length);
+        chunk.data = ring_bytes(ring, &chunk.data, at, len).map_err(|e| {
             ClientError::data_loss(format!(
                 "Server at {address} sent a bad shared-memory chunk: {e}"
             ))

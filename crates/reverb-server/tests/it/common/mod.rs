@@ -19,8 +19,8 @@ use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::tensorflow::DataType;
 use reverb_proto::{
     encode_item, ChunkData, FlatTrajectory, InsertStreamRequest, InsertStreamResponse, ItemRun,
-    PrioritizedItem, SampleInfo, SampleStreamRequest, SampleStreamResponse, SequenceRange,
-    ServerInfoRequest, ServerInfoResponse, TableInfo, Timeout,
+    PrioritizedItem, SampleBatch, SampleInfo, SampleStreamRequest, SampleStreamResponse,
+    SequenceRange, ServerInfoRequest, ServerInfoResponse, TableInfo, Timeout,
 };
 use reverb_server::ReverbServiceImpl;
 use std::collections::{BTreeMap, VecDeque};
@@ -370,12 +370,51 @@ impl SampleStream {
             table: table.into(),
             num_samples,
             rate_limiter_timeout: timeout_ms.map(|milliseconds| Timeout { milliseconds }),
-            shm_released: 0,
+            ..Default::default()
         };
         self.requests
             .send(request)
             .await
             .expect("the request stream is open");
+    }
+
+    /// Asks for `num_samples` samples of `table` as columns.
+    pub async fn request_columns(&self, table: &str, num_samples: i64, timeout_ms: i64) {
+        let request = SampleStreamRequest {
+            table: table.into(),
+            num_samples,
+            rate_limiter_timeout: Some(Timeout {
+                milliseconds: timeout_ms,
+            }),
+            columnar: true,
+            ..Default::default()
+        };
+        self.requests
+            .send(request)
+            .await
+            .expect("the request stream is open");
+    }
+
+    /// The batches of the next `n` samples, which must come as columns.
+    pub async fn batches(&mut self, n: usize) -> Vec<SampleBatch> {
+        assert!(self.entries.is_empty(), "entries are waiting");
+        let mut batches = Vec::new();
+        let mut rows = 0;
+        while rows < n {
+            let response = self
+                .responses
+                .message()
+                .await
+                .expect("the stream goes on")
+                .expect("the stream is open");
+            self.responses_received += 1;
+            assert!(response.entries.is_empty(), "entries instead of columns");
+            let batch = response.batch.expect("a response with a batch");
+            rows += batch.keys.len();
+            batches.push(batch);
+        }
+        assert_eq!(rows, n, "more rows than asked for");
+        batches
     }
 
     /// The next `n` whole samples (reassembled from their entries), or the status that ended
