@@ -14,11 +14,12 @@ the CPU, its buffer functions jit-compiled as its documentation shows):
   of numpy work on it (an MLP's forward pass over the observations, 128 wide: about 0.3 ms
   on the 2-vCPU VM): what sampling costs a learner that does something with its batches.
 
-Ours runs with the server in the benchmark's process (its fastest setting; the in-process
-buffers have no other), through the APIs users call: `TrajectoryIterator`,
-`mutate_priorities`, trajectory writers into tables with signatures. Each peer runs in its
-own virtualenv under `~/.cache/reverb-peers/NAME`, made on first use with the pinned
-versions below.
+Ours runs twice: with the server in the benchmark's process (`ours`; the in-process buffers
+have no other setting), and with the server in another process, reached over loopback gRPC
+(`ours-remote`, as a learner reaches a replay server), through the APIs users call:
+`TrajectoryIterator`, `mutate_priorities`, trajectory writers into tables with signatures.
+Each peer runs in its own virtualenv under `~/.cache/reverb-peers/NAME`, made on first use
+with the pinned versions below.
 
     python bench/peers.py [--peers cpprb] [--cases sample_small,...] [--repeats 3]
         [--seconds 3] [--markdown FILE]
@@ -106,13 +107,14 @@ def timed(seconds: float, step: Callable[[], int]) -> float:
 # --- ours -------------------------------------------------------------------------------
 
 
-def ours(case: str, seconds: float) -> float:
+def ours(case: str, seconds: float, mode: str = "inproc") -> float:
+    """Ours, the server in this process (`mode` "inproc") or in another ("process")."""
     sys.path.insert(0, HERE)
     import workloads
 
     import reverb
 
-    setup = workloads.Setup("inproc")
+    setup = workloads.Setup(mode)
     try:
         address = setup.address
         client = reverb.Client(address)
@@ -349,7 +351,13 @@ def flashbax(case: str, seconds: float) -> float:
     raise ValueError(f"unknown case {case}")
 
 
-SYSTEMS = {"ours": ours, "cpprb": cpprb, "flashbax": flashbax}
+def ours_remote(case: str, seconds: float) -> float:
+    """Ours with the server in another process."""
+    return ours(case, seconds, "process")
+
+
+SYSTEMS = {"ours": ours, "ours-remote": ours_remote, "cpprb": cpprb, "flashbax": flashbax}
+OURS = ["ours", "ours-remote"]
 
 
 # --- the runner ---------------------------------------------------------------------------
@@ -371,7 +379,7 @@ def run_one(system: str, python: str, case: str, seconds: float) -> Optional[flo
     from run import run_script
 
     args = [os.path.abspath(__file__), "run", system, case, str(seconds)]
-    result = run_script(python, args, seconds * 10 + 300, f"{system}/{case}", system != "ours")
+    result = run_script(python, args, seconds * 10 + 300, f"{system}/{case}", system not in OURS)
     return None if result is None else result["value"]
 
 
@@ -390,7 +398,7 @@ def main() -> None:
     parser.add_argument("--markdown")
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
-    systems = [("ours", sys.executable)] + [(p, peer_python(p)) for p in peers]
+    systems = [(o, sys.executable) for o in OURS] + [(p, peer_python(p)) for p in peers]
     results: Dict[str, Dict[str, List[float]]] = {}
     for case in args.cases.split(","):
         results[case] = {name: [] for name, _ in systems}
@@ -406,14 +414,14 @@ def main() -> None:
         f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}; {args.repeats} runs of "
         f"{args.seconds:g} s each, medians (items/s; ratio = ours / peer).",
         "",
-        "| case | " + " | ".join(names) + " | " + " | ".join(f"ours / {p}" for p in peers) + " |",
-        "|---" * (1 + len(names) + len(peers)) + "|",
+        "| case | " + " | ".join(names + [f"{o} / {p}" for p in peers for o in OURS]) + " |",
+        "|---" * (1 + len(names) + len(OURS) * len(peers)) + "|",
     ]
     for case, by in results.items():
         med = {n: statistics.median(v) if v else None for n, v in by.items()}
         cells = [f"{med[n]:,.0f}" if med[n] else "n/a" for n in names]
         ratios = [
-            f"{med['ours'] / med[p]:.2f}x" if med["ours"] and med[p] else "n/a" for p in peers
+            f"{med[o] / med[p]:.2f}x" if med[o] and med[p] else "n/a" for p in peers for o in OURS
         ]
         lines.append(f"| {case} | " + " | ".join(cells + ratios) + " |")
     table = "\n".join(lines)

@@ -119,3 +119,19 @@ def test_chart_draws_the_newest_run_only(tmp_path) -> None:
         ("writer_small (same proc.)", 5.0),
         ("legacy_writer (other proc.)", 3.0),
     ]
+
+
+@pytest.mark.parametrize("system", ["ours", "ours-remote"])
+def test_peers_benchmark_runs_ours(system: str) -> None:
+    """One short measurement of ours in `bench/peers.py` (the peers need their own
+    virtualenvs: not here), with the server here and in another process."""
+    peers = WORKLOADS.parent / "peers.py"
+    out = subprocess.run(
+        [sys.executable, str(peers), "run", system, "sample_small", "0.2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["system"] == system and report["value"] > 0

@@ -153,7 +153,15 @@ impl Columns {
             let size = dtype_size(column.dtype)
                 .ok_or_else(|| bad(format!("column {c} has dtype {}", column.dtype)))?;
             let row_bytes = match column.shape.split_first() {
-                Some((&rows, row)) if rows == n as i64 && row.iter().all(|&d| d >= 0) => {
+                // (Its element count must fit an i64, as numpy and TensorFlow count them.)
+                Some((&rows, row))
+                    if rows == n as i64
+                        && row.iter().all(|&d| d >= 0)
+                        && row
+                            .iter()
+                            .try_fold(rows, |p, &d| p.checked_mul(d))
+                            .is_some() =>
+                {
                     row.iter().try_fold(size, |b, &d| b.checked_mul(d as usize))
                 }
                 _ => None,
@@ -609,6 +617,18 @@ mod tests {
                     ..good()
                 },
                 "has 24 bytes",
+            ),
+            (
+                SampleBatch {
+                    columns: vec![sample_batch::Column {
+                        dtype: 4, // uint8
+                        shape: vec![2, 1 << 62, 3, 0],
+                        data: Default::default(),
+                        ..Default::default()
+                    }],
+                    ..good()
+                },
+                "has 0 bytes",
             ),
         ];
         for (batch, says) in cases {

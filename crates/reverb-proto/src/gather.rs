@@ -51,7 +51,7 @@ pub struct Batch {
 }
 
 /// A dense column of a batch: dtype, shape (batch dimension first) and its bytes in
-/// row-major, native order.
+/// row-major order, little-endian (as stored).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Column {
     /// TensorFlow `DataType` value.

@@ -39,26 +39,35 @@ const MAX_RESPONSE_BYTES: usize = 2 << 20;
 /// Most items one table call samples.
 pub(crate) const MAX_BATCH_ITEMS: usize = 1024;
 /// Bytes of compressed chunk tensors a stream answering with columns keeps decoded for rows
-/// of later batches (see [`DecodedCache`]).
-const DECODED_CACHE_BYTES: usize = 16 << 20;
-/// Bytes of rows a batch sent as columns holds, about (drawn by items, from the size of the
-/// last batch's).
-const MAX_COLUMNS_BYTES: usize = 4 << 20;
+/// of later batches (see [`DecodedCache`]; each entry also keeps its item's chunks alive).
+const DECODED_CACHE_BYTES: usize = 8 << 20;
+/// Bytes of rows a batch sent as columns aims at: its items are drawn by the size of the
+/// last batch's samples of the same table.
+const COLUMNS_BYTES: usize = 4 << 20;
+/// A gathered batch over this many bytes (its samples were larger than the last batch's)
+/// is sent as entries, which are split into responses of about [`MAX_RESPONSE_BYTES`].
+const MAX_COLUMNS_BYTES: usize = 4 * COLUMNS_BYTES;
 
 /// What a stream answering with columns keeps between batches.
 struct Columnar {
     cache: DecodedCache,
-    /// Bytes per sample of the last batch gathered (`None` before the first).
-    sample_bytes: Option<usize>,
+    /// The table of the last batch, and the bytes per sample of its rows if it was
+    /// gathered; `None` once a batch of it could not be (or was too large): the stream then
+    /// sends that table's samples as entries.
+    last: Option<(String, Option<usize>)>,
 }
 
 impl Columnar {
-    /// Items the next batch draws at most: about [`MAX_COLUMNS_BYTES`] of rows (one item
-    /// first, whose size is not known yet).
-    fn max_items(&self) -> usize {
-        match self.sample_bytes {
-            None => 1,
-            Some(b) => (MAX_COLUMNS_BYTES / b.max(1)).clamp(1, MAX_BATCH_ITEMS),
+    /// Items the next draw from `table` gathers at most: about [`COLUMNS_BYTES`] of rows
+    /// after a gathered batch of it, one item first (whose size is not known); `None`:
+    /// entries, not columns.
+    fn max_items(&self, table: &str) -> Option<usize> {
+        match &self.last {
+            Some((t, Some(b))) if t == table => {
+                Some((COLUMNS_BYTES / (*b).max(1)).clamp(1, MAX_BATCH_ITEMS))
+            }
+            Some((t, None)) if t == table => None,
+            _ => Some(1),
         }
     }
 }
@@ -85,7 +94,7 @@ pub(crate) async fn run(
         let columns = request.columnar.then(|| {
             columnar.get_or_insert_with(|| Columnar {
                 cache: DecodedCache::with_budget(DECODED_CACHE_BYTES),
-                sample_bytes: None,
+                last: None,
             })
         });
         if let Err(status) = serve(&tables, request, &tx, &mut ring, columns).await {
@@ -203,8 +212,9 @@ async fn serve(
     while remaining > 0 {
         // (Batches sent as columns are bounded by the bytes of their rows, so the table
         // need not add up the bytes of each item's chunks.)
-        let (max_items, max_bytes) = match columns.as_deref() {
-            Some(c) => (remaining.min(c.max_items()), usize::MAX),
+        let gathering = columns.as_deref().and_then(|c| c.max_items(&request.table));
+        let (max_items, max_bytes) = match gathering {
+            Some(items) => (remaining.min(items), usize::MAX),
             None => (remaining.min(MAX_BATCH_ITEMS), MAX_BATCH_BYTES),
         };
         // (A client that goes away drops this handler with its response stream; the checks
@@ -214,14 +224,14 @@ async fn serve(
         })
         .await?;
         remaining -= batch.len();
-        if let Some(columnar) = columns.as_deref_mut() {
-            if let Some(response) = gathered(&batch, columnar, ring) {
+        if let Some(columnar) = columns.as_deref_mut().filter(|_| gathering.is_some()) {
+            let response = gathered(&batch, columnar, ring);
+            let sample_bytes = response.as_ref().map(|r| r.1);
+            columnar.last = Some((request.table.clone(), sample_bytes));
+            if let Some((response, _)) = response {
                 send(response, tx).await?;
                 continue;
             }
-            // (Bounded by its chunks' bytes.)
-            let bytes: usize = batch.iter().map(|s| s.item.byte_size()).sum();
-            columnar.sample_bytes = Some(bytes / batch.len().max(1));
         }
         send_batch(batch, tx, ring).await?;
     }
@@ -320,19 +330,22 @@ async fn send_batch(
     Ok(())
 }
 
-/// The response carrying `batch` as columns (large ones through the ring when it has room);
-/// `None` when its items cannot be gathered so (strings, delta encoding, items of different
-/// shapes, malformed data): they are sent as entries, and the client says what is wrong
-/// with them if anything is.
+/// The response carrying `batch` as columns (large ones through the ring when it has room),
+/// and its bytes per sample; `None` when its items cannot be gathered so (strings, delta
+/// encoding, items of different shapes, malformed data) or their rows are over
+/// [`MAX_COLUMNS_BYTES`]: they are sent as entries, and the client says what is wrong with
+/// them if anything is.
 fn gathered(
     batch: &[SampledItem],
     columnar: &mut Columnar,
     ring: &mut Option<RingWriter>,
-) -> Option<SampleStreamResponse> {
+) -> Option<(SampleStreamResponse, usize)> {
     let held: Vec<HeldSample> = batch.iter().cloned().map(HeldSample::from).collect();
     let gathered = gather(&held, &mut columnar.cache).ok().flatten()?;
     let bytes: usize = gathered.columns.iter().map(|c| c.data.len()).sum();
-    columnar.sample_bytes = Some(bytes / batch.len().max(1));
+    if bytes > MAX_COLUMNS_BYTES {
+        return None;
+    }
     let info = &gathered.info;
     let batch = SampleBatch {
         keys: info.iter().map(|i| i.0).collect(),
@@ -363,10 +376,11 @@ fn gathered(
             })
             .collect(),
     };
-    Some(SampleStreamResponse {
+    let response = SampleStreamResponse {
         entries: Vec::new(),
         batch: Some(batch),
-    })
+    };
+    Some((response, bytes / held.len().max(1)))
 }
 
 /// `chunk` (a stored chunk's wire form, without ring fields of its own: those are this

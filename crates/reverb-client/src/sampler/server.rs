@@ -54,9 +54,10 @@ pub(crate) struct ServerSampler {
     supervisor: tokio::task::JoinHandle<()>,
     ended: bool,
     failure: Option<ClientError>,
-    /// Samples received but not taken yet (by a call that timed out, or [`Self::fill_held`]).
+    /// Samples received but not taken yet (by a call that timed out, by [`Self::fill_held`],
+    /// or the rest of samples that arrived together beyond what a call took).
     held: VecDeque<Sampled>,
-    /// The queue's capacity (also the most samples `fill_held` holds).
+    /// The queue's capacity in samples (`fill_held` stops filling once it holds as many).
     capacity: usize,
     /// Samples not yet requested.
     budget: Arc<AtomicI64>,

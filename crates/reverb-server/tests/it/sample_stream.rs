@@ -6,7 +6,7 @@ use crate::common::*;
 use reverb_core::{SelectorKind, Waiter};
 use reverb_proto::codec::ReverbCodec;
 use reverb_proto::tensorflow::DataType;
-use reverb_proto::{SampleStreamResponse, SequenceRange, Timeout};
+use reverb_proto::{ChunkData, SampleStreamResponse, SequenceRange, Timeout};
 use reverb_server::RATE_LIMITER_TIMEOUT;
 use tonic::Code;
 
@@ -161,46 +161,69 @@ async fn columnar_requests_get_columns_and_others_entries() {
     assert_eq!(sample.chunks, [chunk(4, 4, 1)]);
 }
 
-#[tokio::test]
-async fn a_sample_larger_than_a_response_spans_entries() {
-    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
-    let (stub, _) = serve(vec![t]).await;
-    // Two chunks of 1.5 MiB that do not compress; one column through both.
-    let big = |key: u64, seed: u64| {
-        let mut state = seed;
-        let data: Vec<u8> = (0..3 << 19)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
-        let len = data.len() as i64;
-        let tensor =
-            reverb_client::Tensor::new(DataType::DtUint8 as i32, vec![1, len], data).unwrap();
-        let range = SequenceRange {
-            episode_id: 1,
-            start: key as i32,
-            end: key as i32,
-            sparse: false,
-        };
-        reverb_client::tensor::encode_chunk(key, range, &[tensor])
+/// A chunk of one row of 1.5 MiB that does not compress.
+fn big_chunk(key: u64) -> ChunkData {
+    let mut state = 0x9e37_79b9 + key;
+    let data: Vec<u8> = (0..3 << 19)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let len = data.len() as i64;
+    let tensor = reverb_client::Tensor::new(DataType::DtUint8 as i32, vec![1, len], data).unwrap();
+    let range = SequenceRange {
+        episode_id: 1,
+        start: key as i32,
+        end: key as i32,
+        sparse: false,
     };
-    let chunks = vec![big(0, 0x9e37_79b9), big(1, 0x7f4a_7c15)];
-    assert!(chunks.iter().all(|c| c.data.len() > 3 << 18));
+    let chunk = reverb_client::tensor::encode_chunk(key, range, &[tensor]);
+    assert!(chunk.data.len() > 3 << 18);
+    chunk
+}
+
+/// Inserts item 1 into table "t": one column through `n` chunks of 1.5 MiB (returned).
+async fn insert_big_item(stub: &Stub, n: u64) -> Vec<ChunkData> {
+    let chunks: Vec<ChunkData> = (0..n).map(big_chunk).collect();
     let mut item = item(1, "t", 1.0, 0, 0, 1);
     let column = &mut item.flat_trajectory.as_mut().unwrap().columns[0];
-    let mut second = column.chunk_slices[0];
-    second.chunk_key = 1;
-    column.chunk_slices.push(second);
-    let mut writer = InsertStream::open(&stub).await;
+    for key in 1..n {
+        let mut next = column.chunk_slices[0];
+        next.chunk_key = key;
+        column.chunk_slices.push(next);
+    }
+    let mut writer = InsertStream::open(stub).await;
     assert_eq!(
         writer
             .insert(request(chunks.clone(), &[item], vec![]))
             .await,
         [1]
     );
+    chunks
+}
+
+/// A sample whose rows are too large for one batch of columns (over 16 MiB) comes as
+/// entries, split over responses, even to a request for columns.
+#[tokio::test]
+async fn too_large_a_batch_of_columns_comes_as_entries() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    let chunks = insert_big_item(&stub, 12).await;
+    let mut stream = SampleStream::open(&stub).await;
+    stream.request_columns("t", 2, 1000).await;
+    let samples = stream.samples(2).await.unwrap();
+    assert!(samples.iter().all(|s| s.chunks == chunks));
+}
+
+#[tokio::test]
+async fn a_sample_larger_than_a_response_spans_entries() {
+    let t = table("t", SelectorKind::Fifo, 10, 0, min_size(1));
+    let (stub, _) = serve(vec![t]).await;
+    // Two chunks of 1.5 MiB that do not compress; one column through both.
+    let chunks = insert_big_item(&stub, 2).await;
 
     let mut stream = SampleStream::open(&stub).await;
     stream.request("t", 1, Some(1000)).await;
