@@ -122,3 +122,70 @@ def test_items_of_different_shapes_are_refused_as_before() -> None:
                 next(it)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("batch", [None, 8])
+def test_tf_datasets_read_rows(batch) -> None:
+    """`TrajectoryDataset` (one sample per element, or a fused `.batch`) and
+    `TimestepDataset` take rows of columns as they take entries."""
+    tf = pytest.importorskip("tensorflow")
+    tables = [
+        reverb.Table(name, selectors.Uniform(), selectors.Fifo(), 100, rate_limiters.MinSize(1))
+        for name in ("u", "s")
+    ]
+    server = reverb.Server(tables)
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        with client.trajectory_writer(2) as writer:
+            for t in range(41):
+                writer.append({"obs": _step(t, "float32", (3,), False), "t": np.int64(t)})
+                if t:
+                    history = writer.history
+                    writer.create_item(
+                        "u", 1.0, {"obs": history["obs"][-2:], "t": history["t"][-1]}
+                    )
+        address = f"localhost:{server.port}"
+        kwargs = dict(
+            dtypes=(tf.float32, tf.int64),
+            shapes=(tf.TensorShape([2, 3]), tf.TensorShape([])),
+            max_in_flight_samples_per_worker=16,
+        )
+        ds = reverb.TrajectoryDataset(address, "u", **kwargs)
+        if batch:
+            ds = ds.batch(batch)
+        for sample in ds.take(6):
+            obs, ts = (x.numpy() for x in sample.data)
+            obs, ts = (obs, ts) if batch else (obs[None], ts[None])
+            assert len(ts) == (batch or 1)
+            for o, t in zip(obs, ts.tolist()):
+                np.testing.assert_array_equal(
+                    o,
+                    np.stack(
+                        [_step(t - 1, "float32", (3,), False), _step(t, "float32", (3,), False)]
+                    ),
+                )
+            assert (sample.info.table_size.numpy() == 40).all()
+        # Items whose columns all have a time dimension, for steps.
+        with client.trajectory_writer(2) as writer:
+            for t in range(41):
+                writer.append({"obs": _step(t, "float32", (3,), False), "t": np.int64(t)})
+                if t:
+                    history = writer.history
+                    writer.create_item(
+                        "s", 1.0, {"obs": history["obs"][-2:], "t": history["t"][-2:]}
+                    )
+        steps = reverb.TimestepDataset(
+            address,
+            "s",
+            dtypes=(tf.float32, tf.int64),
+            shapes=(tf.TensorShape([3]), tf.TensorShape([])),
+            max_in_flight_samples_per_worker=16,
+        )
+        got = [(int(s.info.key), s.data) for s in steps.take(20)]
+        # Each item's two steps, one after the other.
+        for (key_a, (obs_a, t_a)), (key_b, (obs_b, t_b)) in zip(got[::2], got[1::2]):
+            assert key_a == key_b and int(t_b) == int(t_a) + 1
+            np.testing.assert_array_equal(obs_a.numpy(), _step(int(t_a), "float32", (3,), False))
+            np.testing.assert_array_equal(obs_b.numpy(), _step(int(t_b), "float32", (3,), False))
+    finally:
+        server.stop()

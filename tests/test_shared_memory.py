@@ -113,6 +113,7 @@ def test_tf_dataset(address: str, path: str) -> None:
     assert total == SAMPLES
     through_ring = _tf_ring_chunks() - before
     if path == "shm":
-        assert through_ring > SAMPLES, "each item has several big chunks"
+        # (The kernel asks for columns too: a column per response, as above.)
+        assert through_ring >= SAMPLES // 32, "each response's column comes through the ring"
     else:
         assert through_ring == 0

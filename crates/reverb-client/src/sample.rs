@@ -84,7 +84,8 @@ impl Sampled {
     }
 }
 
-/// One sample of a batch that arrived as columns (`SampleBatch`): its row of each.
+/// One sample of a batch that arrived as columns (`SampleBatch`): its row of each (always of
+/// a fixed-size dtype).
 #[derive(Debug, Clone)]
 pub struct Row {
     /// The batch it arrived in.
@@ -98,8 +99,24 @@ pub struct Row {
 }
 
 impl Row {
+    /// How many columns it has.
+    pub fn num_columns(&self) -> usize {
+        self.batch.columns.len()
+    }
+
+    /// Column `c`'s dtype, shape (this sample's) and bytes (row-major, little-endian).
+    pub fn column(&self, c: usize) -> (i32, &[i64], &[u8]) {
+        let column = &self.batch.columns[c];
+        let at = self.index * column.row_bytes;
+        (
+            column.dtype,
+            &column.row_shape,
+            &column.data[at..at + column.row_bytes],
+        )
+    }
+
     /// `(key, probability, table_size, priority, times_sampled)`.
-    pub(crate) fn info(&self) -> (u64, f64, i64, f64, i32) {
+    pub fn info(&self) -> (u64, f64, i64, f64, i32) {
         let b = &*self.batch;
         (
             b.keys[self.index],

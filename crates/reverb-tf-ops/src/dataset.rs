@@ -11,11 +11,13 @@
 
 use crate::kernel::Connection;
 use crate::kernel::{code, Construction, Context, Error, Kernel, Result};
-use crate::samples::{same_shapes, steps, write_column, write_info, Spec, INFO_OUTPUTS};
+use crate::samples::{
+    same_shapes, steps, write_column, write_info, Item, Queued, Spec, INFO_OUTPUTS,
+};
 use parking_lot::Mutex;
 use reverb_client::sampler::{Sampler, SamplerOptions};
 use reverb_client::signature::decode_signature;
-use reverb_client::{runtime, Client, PlannedSample};
+use reverb_client::{runtime, Client};
 use reverb_proto::TableInfo;
 use std::collections::VecDeque;
 use std::sync::OnceLock;
@@ -85,7 +87,7 @@ pub struct DatasetSample {
 #[derive(Default)]
 struct State {
     sampler: Option<Sampler>,
-    pending: VecDeque<PlannedSample>,
+    pending: VecDeque<Queued>,
     ended: bool,
     /// The table's signature, fetched before the first sampler starts.
     signature: Signature,
@@ -144,7 +146,8 @@ impl Kernel for DatasetSample {
                 max_samples: (max_samples >= 0).then_some(max_samples as u64),
                 rate_limiter_timeout: (timeout >= 0).then(|| Duration::from_millis(timeout as u64)),
                 shared_memory: c.bool("shared_memory")?,
-                columnar: false,
+                // (Every sample is checked and written on its own: rows of columns too.)
+                columnar: true,
             },
             max_batch: c.int("max_batch")?.max(1) as usize,
             batch_size: c.int("batch_size")?.max(0) as usize,
@@ -199,7 +202,7 @@ impl DatasetSample {
         };
         let end = take == 0 && st.ended && st.pending.is_empty();
         // Write from the queue and remove the samples only once every output is written.
-        let batch: Vec<&PlannedSample> = st.pending.iter().take(take).collect();
+        let batch: Vec<&Queued> = st.pending.iter().take(take).collect();
         self.write(ctx, end, &batch)?;
         st.pending.drain(..take);
         Ok(())
@@ -254,14 +257,14 @@ impl DatasetSample {
         &self.target.get().expect("resolved by compute").1
     }
 
-    fn write(&self, ctx: &Context, end: bool, batch: &[&PlannedSample]) -> Result<()> {
+    fn write(&self, ctx: &Context, end: bool, batch: &[&Queued]) -> Result<()> {
         let rows: usize = if self.timestep {
             batch.iter().map(|&s| steps(s)).sum::<Result<usize>>()?
         } else {
             batch.len()
         };
         ctx.output_values(0, 10, &[], &[u8::from(end)])?;
-        let repeats: Vec<(&PlannedSample, usize)> = batch
+        let repeats: Vec<(&Queued, usize)> = batch
             .iter()
             .map(|&s| {
                 (
@@ -321,12 +324,8 @@ impl DatasetSample {
                     "Cannot batch items of table '{}' with different shapes ({:?} and {:?}); \
                      declare the varying dimensions as None and batch with padded_batch",
                     self.spec().table,
-                    st.pending[0]
-                        .columns
-                        .iter()
-                        .map(|t| &t.shape)
-                        .collect::<Vec<_>>(),
-                    s.columns.iter().map(|t| &t.shape).collect::<Vec<_>>(),
+                    shapes(&st.pending[0]),
+                    shapes(s),
                 )));
             }
         }
@@ -390,10 +389,11 @@ impl DatasetSample {
                 st.ended = true;
                 st.sampler = None;
             }
-            // (Samples reach the kernels as messages: through the C ABI or gRPC.)
+            // (Samples reach the kernels as messages through the C ABI or gRPC, or as rows
+            // of columns from our servers.)
             Some(v) => {
                 for sample in v {
-                    st.pending.push_back(sample.plan()?);
+                    st.pending.push_back(Queued::new(sample)?);
                 }
             }
         }
@@ -408,4 +408,9 @@ impl DatasetSample {
         }
         ctx.output(DATA + c, self.spec().dtypes[c], &dims, 1, |_| Ok(()))
     }
+}
+
+/// Each column's shape of a sample (for error messages).
+fn shapes(s: &impl Item) -> Vec<&[i64]> {
+    (0..s.num_columns()).map(|c| s.shape(c)).collect()
 }

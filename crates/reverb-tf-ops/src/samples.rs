@@ -2,10 +2,11 @@
 //! and writing them (info and data) into the kernel's outputs.
 
 use crate::kernel::{Context, Error, Result};
+use reverb_client::sample::Row;
 use reverb_client::signature::{tf_name, Spec as SignatureSpec};
 use reverb_client::tensor::{dtype_name, dtype_size, DT_STRING};
-use reverb_client::{PlannedSample, Sample};
-use reverb_proto::SampleInfo;
+use reverb_client::{PlannedSample, Sample, Sampled};
+use reverb_proto::{PrioritizedItem, SampleInfo};
 
 /// A sampled item as the kernels see it: decoded (`Sample`, from `Client::sample`) or with
 /// its columns still compressed (`PlannedSample`, from the sampler), which are then
@@ -73,6 +74,88 @@ impl Item for PlannedSample {
     }
     fn strings(&self, c: usize) -> Result<Vec<Vec<u8>>> {
         elements(&self.columns[c].to_tensor()?)
+    }
+}
+
+/// A sample as a dataset kernel queues it: planned, or a row of a batch that arrived as
+/// columns (with its info as a message, which the kernels read).
+pub enum Queued {
+    Planned(PlannedSample),
+    Row(SampleInfo, Row),
+}
+
+impl Queued {
+    /// A sample from a sampler, queued.
+    pub fn new(sample: Sampled) -> Result<Self> {
+        Ok(match sample {
+            Sampled::Row(row) => {
+                let (key, probability, table_size, priority, times_sampled) = row.info();
+                let item = PrioritizedItem {
+                    key,
+                    priority,
+                    times_sampled,
+                    ..Default::default()
+                };
+                let info = SampleInfo {
+                    item: Some(item),
+                    probability,
+                    table_size,
+                    rate_limited: false,
+                };
+                Queued::Row(info, row)
+            }
+            other => Queued::Planned(other.plan()?),
+        })
+    }
+}
+
+impl Item for Queued {
+    fn info(&self) -> &SampleInfo {
+        match self {
+            Queued::Planned(p) => p.info(),
+            Queued::Row(info, _) => info,
+        }
+    }
+    fn num_columns(&self) -> usize {
+        match self {
+            Queued::Planned(p) => p.num_columns(),
+            Queued::Row(_, row) => row.num_columns(),
+        }
+    }
+    fn dtype(&self, c: usize) -> i32 {
+        match self {
+            Queued::Planned(p) => p.dtype(c),
+            Queued::Row(_, row) => row.column(c).0,
+        }
+    }
+    fn shape(&self, c: usize) -> &[i64] {
+        match self {
+            Queued::Planned(p) => p.shape(c),
+            Queued::Row(_, row) => row.column(c).1,
+        }
+    }
+    fn byte_len(&self, c: usize) -> usize {
+        match self {
+            Queued::Planned(p) => p.byte_len(c),
+            Queued::Row(_, row) => row.column(c).2.len(),
+        }
+    }
+    fn write(&self, c: usize, out: &mut [u8]) -> Result<()> {
+        match self {
+            Queued::Planned(p) => p.write(c, out),
+            Queued::Row(_, row) => {
+                out.copy_from_slice(row.column(c).2);
+                Ok(())
+            }
+        }
+    }
+    fn strings(&self, c: usize) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Queued::Planned(p) => p.strings(c),
+            Queued::Row(..) => Err(Error::invalid(
+                "a sample that arrived as columns has no string columns",
+            )),
+        }
     }
 }
 
