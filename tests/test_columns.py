@@ -42,8 +42,7 @@ def _step(t: int, dtype: str, shape: tuple, compressible: bool) -> np.ndarray:
 )
 def test_rows_hold_what_was_written(dtype, shape, length, chunk, compressible, delta, batch):
     table = reverb.Table("t", selectors.Uniform(), selectors.Fifo(), 1000, rate_limiters.MinSize(1))
-    server = reverb.Server([table])
-    try:
+    with reverb.Server([table]) as server:
         client = reverb.Client(f"localhost:{server.port}")
         steps = 30
         # Items written by a delta-encoding writer cannot be gathered: entries.
@@ -83,13 +82,10 @@ def test_rows_hold_what_was_written(dtype, shape, length, chunk, compressible, d
                 assert b.info.probability[i] == pytest.approx(1 / size)
                 assert b.info.times_sampled[i] >= 1
             assert len(set(b.info.key.tolist())) == len(set(ts.tolist()))
-    finally:
-        server.stop()
 
 
 def test_string_columns_come_as_entries() -> None:
-    server = reverb.Server([reverb.Table.queue("q", 10)])
-    try:
+    with reverb.Server([reverb.Table.queue("q", 10)]) as server:
         client = reverb.Client(f"localhost:{server.port}")
         with client.trajectory_writer(1) as writer:
             for t in range(4):
@@ -102,13 +98,10 @@ def test_string_columns_come_as_entries() -> None:
         names = [n.decode() if isinstance(n, bytes) else n for b in batches for n in b.data[0]]
         assert names == [f"step {t}" for t in range(4)]
         assert [t for b in batches for t in b.data[1].tolist()] == [0, 1, 2, 3]
-    finally:
-        server.stop()
 
 
 def test_items_of_different_shapes_are_refused_as_before() -> None:
-    server = reverb.Server([reverb.Table.queue("q", 10)])
-    try:
+    with reverb.Server([reverb.Table.queue("q", 10)]) as server:
         client = reverb.Client(f"localhost:{server.port}")
         with client.trajectory_writer(3) as writer:
             for t in range(3):
@@ -120,8 +113,6 @@ def test_items_of_different_shapes_are_refused_as_before() -> None:
         ) as it:
             with pytest.raises(Exception, match="cannot be batched"):
                 next(it)
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("batch", [None, 8])
@@ -133,8 +124,7 @@ def test_tf_datasets_read_rows(batch) -> None:
         reverb.Table(name, selectors.Uniform(), selectors.Fifo(), 100, rate_limiters.MinSize(1))
         for name in ("u", "s")
     ]
-    server = reverb.Server(tables)
-    try:
+    with reverb.Server(tables) as server:
         client = reverb.Client(f"localhost:{server.port}")
         with client.trajectory_writer(2) as writer:
             for t in range(41):
@@ -187,5 +177,3 @@ def test_tf_datasets_read_rows(batch) -> None:
             assert key_a == key_b and int(t_b) == int(t_a) + 1
             np.testing.assert_array_equal(obs_a.numpy(), _step(int(t_a), "float32", (3,), False))
             np.testing.assert_array_equal(obs_b.numpy(), _step(int(t_b), "float32", (3,), False))
-    finally:
-        server.stop()

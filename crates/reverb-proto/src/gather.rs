@@ -62,6 +62,31 @@ pub struct Column {
     pub data: Vec<u8>,
 }
 
+impl From<Batch> for crate::SampleBatch {
+    /// The batch as a sample stream sends it (`SampleStreamResponse.batch`), every column
+    /// inline.
+    fn from(b: Batch) -> Self {
+        let info = &b.info;
+        crate::SampleBatch {
+            keys: info.iter().map(|i| i.0).collect(),
+            probabilities: info.iter().map(|i| i.1).collect(),
+            table_sizes: info.iter().map(|i| i.2).collect(),
+            priorities: info.iter().map(|i| i.3).collect(),
+            times_sampled: info.iter().map(|i| i.4).collect(),
+            columns: b
+                .columns
+                .into_iter()
+                .map(|c| crate::sample_batch::Column {
+                    dtype: c.dtype,
+                    shape: c.shape,
+                    data: c.data.into(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Bytes of a batch of `n` samples of `size` bytes (an error when that cannot be held).
 pub fn batch_bytes(n: usize, size: usize) -> Result<usize> {
     size.checked_mul(n)

@@ -20,9 +20,7 @@ use reverb_proto::gather::{gather, DecodedCache};
 use reverb_proto::held::HeldSample;
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::MIN_CHUNK_BYTES;
-use reverb_proto::{
-    sample_batch, ChunkData, SampleBatch, SampleStreamRequest, SampleStreamResponse,
-};
+use reverb_proto::{ChunkData, SampleBatch, SampleStreamRequest, SampleStreamResponse};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -346,36 +344,15 @@ fn gathered(
     if bytes > MAX_COLUMNS_BYTES {
         return None;
     }
-    let info = &gathered.info;
-    let batch = SampleBatch {
-        keys: info.iter().map(|i| i.0).collect(),
-        probabilities: info.iter().map(|i| i.1).collect(),
-        table_sizes: info.iter().map(|i| i.2).collect(),
-        priorities: info.iter().map(|i| i.3).collect(),
-        times_sampled: info.iter().map(|i| i.4).collect(),
-        columns: gathered
-            .columns
-            .into_iter()
-            .map(|c| {
-                let mut column = sample_batch::Column {
-                    dtype: c.dtype,
-                    shape: c.shape,
-                    ..Default::default()
-                };
-                match ring.as_mut().filter(|_| c.data.len() >= MIN_CHUNK_BYTES) {
-                    Some(ring) => match ring.put(&c.data) {
-                        Some(position) => {
-                            column.shm_position = position;
-                            column.shm_length = c.data.len() as u64;
-                        }
-                        None => column.data = c.data.into(),
-                    },
-                    None => column.data = c.data.into(),
-                }
-                column
-            })
-            .collect(),
-    };
+    let mut batch = SampleBatch::from(gathered);
+    for column in &mut batch.columns {
+        into_ring(
+            &mut column.data,
+            &mut column.shm_position,
+            &mut column.shm_length,
+            ring,
+        );
+    }
     let response = SampleStreamResponse {
         entries: Vec::new(),
         batch: Some(batch),
@@ -384,20 +361,32 @@ fn gathered(
 }
 
 /// `chunk` (a stored chunk's wire form, without ring fields of its own: those are this
-/// stream's to set) as sent: its payload moved into the client's ring when it is large and
-/// fits, else inline.
+/// stream's to set) as sent (see [`into_ring`]).
 fn to_send(mut chunk: ChunkData, ring: &mut Option<RingWriter>) -> ChunkData {
-    if let Some(ring) = ring
-        .as_mut()
-        .filter(|_| chunk.data.len() >= MIN_CHUNK_BYTES)
-    {
-        if let Some(position) = ring.put(&chunk.data) {
-            chunk.shm_position = position;
-            chunk.shm_length = chunk.data.len() as u64;
-            chunk.data = Bytes::new();
-        }
-    }
+    into_ring(
+        &mut chunk.data,
+        &mut chunk.shm_position,
+        &mut chunk.shm_length,
+        ring,
+    );
     chunk
+}
+
+/// Moves `data` (a chunk's payload or a column's rows) into the client's ring when it is
+/// large and fits, setting where it went (`position`, `length`); else leaves it inline.
+fn into_ring(
+    data: &mut Bytes,
+    position: &mut u64,
+    length: &mut u64,
+    ring: &mut Option<RingWriter>,
+) {
+    let Some(ring) = ring.as_mut().filter(|_| data.len() >= MIN_CHUNK_BYTES) else {
+        return;
+    };
+    if let Some(at) = ring.put(data) {
+        (*position, *length) = (at, data.len() as u64);
+        *data = Bytes::new();
+    }
 }
 
 async fn send(response: SampleStreamResponse, tx: &Tx) -> Result<(), Option<Status>> {

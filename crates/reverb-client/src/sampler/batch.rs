@@ -21,28 +21,21 @@ pub struct Batch {
 /// keeps compressed chunk tensors decoded for rows of them for the next batches. Rows that
 /// arrived as columns are copied run by run.
 pub fn stack(samples: Vec<Sampled>, cache: &mut DecodedCache) -> Result<Batch> {
-    let rows = samples
+    // Which samples are rows.
+    let order: Vec<bool> = samples
         .iter()
-        .filter(|s| matches!(s, Sampled::Row(_)))
-        .count();
-    if rows == samples.len() {
+        .map(|s| matches!(s, Sampled::Row(_)))
+        .collect();
+    if order.iter().all(|&row| row) {
         return stack_rows(&samples);
     }
-    if rows > 0 {
+    if order.iter().any(|&row| row) {
         // (A server answers with entries what it cannot gather: mixed only in odd cases.)
         let (rows, others): (Vec<_>, Vec<_>) = samples
             .into_iter()
-            .enumerate()
-            .partition(|(_, s)| matches!(s, Sampled::Row(_)));
-        let order: Vec<bool> = {
-            let mut order = vec![false; rows.len() + others.len()];
-            for (i, _) in &rows {
-                order[*i] = true;
-            }
-            order
-        };
-        let rows = stack_rows(&rows.into_iter().map(|(_, s)| s).collect::<Vec<_>>())?;
-        let others = stack(others.into_iter().map(|(_, s)| s).collect(), cache)?;
+            .partition(|s| matches!(s, Sampled::Row(_)));
+        let rows = stack_rows(&rows)?;
+        let others = stack(others, cache)?;
         return interleave(rows, others, &order);
     }
     let samples = if samples.iter().all(|s| matches!(s, Sampled::Held(_))) {
@@ -123,45 +116,50 @@ fn stack_rows(samples: &[Sampled]) -> Result<Batch> {
     Ok(Batch { info, columns })
 }
 
-/// An error unless two batches that arrived as columns have columns of the same dtypes and
-/// shapes.
-fn same_columns(a: &Columns, b: &Columns) -> Result<()> {
-    if a.columns.len() != b.columns.len() {
+/// An error unless two sets of samples have columns of the same dtypes and shapes (one
+/// sample's: `(dtype, shape)` per column).
+fn same_layout(a: &[(i32, &[i64])], b: &[(i32, &[i64])]) -> Result<()> {
+    if a.len() != b.len() {
         return Err(ClientError::invalid(format!(
             "Sampled items have different numbers of columns ({} and {}): batch_size must be None",
-            a.columns.len(),
-            b.columns.len()
+            a.len(),
+            b.len()
         )));
     }
-    for (c, (x, y)) in a.columns.iter().zip(&b.columns).enumerate() {
-        if x.dtype != y.dtype || x.row_shape != y.row_shape {
+    for (c, (x, y)) in a.iter().zip(b).enumerate() {
+        if x != y {
             return Err(ClientError::invalid(format!(
                 "Sampled items differ in column {c} (shapes {:?} and {:?}): they cannot be batched",
-                x.row_shape, y.row_shape
+                x.1, y.1
             )));
         }
     }
     Ok(())
 }
 
+/// An error unless two batches that arrived as columns have columns of the same dtypes and
+/// shapes.
+fn same_columns(a: &Columns, b: &Columns) -> Result<()> {
+    fn layout(b: &Columns) -> Vec<(i32, &[i64])> {
+        b.columns
+            .iter()
+            .map(|c| (c.dtype, &c.row_shape[..]))
+            .collect()
+    }
+    same_layout(&layout(a), &layout(b))
+}
+
 /// One batch of two, their samples taken in `order` (`true`: the next of `a`).
 fn interleave(a: Batch, b: Batch, order: &[bool]) -> Result<Batch> {
-    if a.columns.len() != b.columns.len() {
-        return Err(ClientError::invalid(format!(
-            "Sampled items have different numbers of columns ({} and {}): batch_size must be None",
-            a.columns.len(),
-            b.columns.len()
-        )));
+    fn layout(b: &Batch) -> Vec<(i32, &[i64])> {
+        b.columns
+            .iter()
+            .map(|c| (c.dtype, c.shape.get(1..).unwrap_or(&[])))
+            .collect()
     }
+    same_layout(&layout(&a), &layout(&b))?;
     let mut columns = Vec::with_capacity(a.columns.len());
-    for (c, (x, y)) in a.columns.iter().zip(&b.columns).enumerate() {
-        if x.dtype != y.dtype || x.shape.get(1..) != y.shape.get(1..) {
-            return Err(ClientError::invalid(format!(
-                "Sampled items differ in column {c} (shapes {:?} and {:?}): they cannot be batched",
-                x.shape.get(1..).unwrap_or(&[]),
-                y.shape.get(1..).unwrap_or(&[])
-            )));
-        }
+    for (x, y) in a.columns.iter().zip(&b.columns) {
         if x.dtype == reverb_proto::payload::DT_STRING {
             return Err(ClientError::invalid(
                 "string columns do not arrive as columns",

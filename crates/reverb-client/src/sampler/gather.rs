@@ -51,7 +51,7 @@ mod tests {
     use reverb_core::chunk::{Chunk, ItemData};
     use reverb_proto::flat_trajectory::{ChunkSlice, Column};
     use reverb_proto::held::HeldSample;
-    use reverb_proto::{sample_batch, SampleBatch};
+    use reverb_proto::SampleBatch;
     use reverb_proto::{FlatTrajectory, SequenceRange};
     use std::sync::Arc;
 
@@ -230,28 +230,10 @@ mod tests {
 
     /// `samples` gathered and sent as columns, as a client receives them.
     fn as_rows(samples: &[HeldSample], cache: &mut DecodedCache) -> Vec<Sampled> {
-        let Some(batch) = super::gather(samples, cache).unwrap() else {
-            return Vec::new();
-        };
-        let info = &batch.info;
-        let wire = SampleBatch {
-            keys: info.iter().map(|i| i.0).collect(),
-            probabilities: info.iter().map(|i| i.1).collect(),
-            table_sizes: info.iter().map(|i| i.2).collect(),
-            priorities: info.iter().map(|i| i.3).collect(),
-            times_sampled: info.iter().map(|i| i.4).collect(),
-            columns: batch
-                .columns
-                .into_iter()
-                .map(|c| sample_batch::Column {
-                    dtype: c.dtype,
-                    shape: c.shape,
-                    data: c.data.into(),
-                    ..Default::default()
-                })
-                .collect(),
-        };
-        Columns::rows(wire).unwrap()
+        match reverb_proto::gather::gather(samples, cache).unwrap() {
+            Some(batch) => Columns::rows(SampleBatch::from(batch)).unwrap(),
+            None => Vec::new(),
+        }
     }
 
     /// String columns are not gathered: the batch is planned, with the same result.
