@@ -2,9 +2,9 @@
 pipeline around the sampling kernel.
 
 The kernel (`ReverbRsDatasetSample`, one per iterator) owns a prefetching native sampler; each
-call returns all samples already queued, plus an end-of-sequence flag. The pipeline is
+call returns all samples already queued, and fails with OUT_OF_RANGE at the end. The pipeline is
 
-    repeat -> map(kernel) -> take_while(not end) -> unbatch
+    repeat -> V1 map(kernel) -> unbatch         (with `.batch(n)`: -> filter(not empty))
 
 so a rate-limiter timeout or `max_samples` ends iteration cleanly (no error, nothing lost).
 """
@@ -12,6 +12,7 @@ so a rate-limiter timeout or `max_samples` ends iteration cleanly (no error, not
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import itertools
 import os
 from typing import Any, Optional
@@ -127,6 +128,24 @@ def _column_names(dtypes: Any) -> list[str]:
     return [p or str(i) for i, p in enumerate(paths)]
 
 
+def element_spec(
+    *, dtypes: Any, shapes: Any, timestep: bool, batch_size: int = 0, drop_remainder: bool = False
+) -> replay_sample.ReplaySample:
+    """What the pipeline `build` makes yields: a `ReplaySample` of one item (or step), or of a
+    batch of them, with `shapes` already checked by `check_arguments`."""
+    lead = [batch_size if drop_remainder else None] if batch_size else []
+    info = replay_sample.SampleInfo(
+        *(tf.TensorSpec(lead, d) for d in replay_sample.SampleInfo.tf_dtypes())
+    )
+    flat = [
+        tf.TensorSpec(tf.TensorShape(lead).concatenate(s), tf.as_dtype(d))
+        for d, s in zip(tf.nest.flatten(dtypes), tf.nest.flatten(shapes))
+    ]
+    return replay_sample.ReplaySample(
+        info, tf.nest.pack_sequence_as(_lists_to_tuples(dtypes), flat)
+    )
+
+
 def build(
     *,
     server_address: Any,
@@ -145,19 +164,14 @@ def build(
     tls_ca: Optional[client_lib.PathLike] = None,
     tls_cert: Optional[client_lib.PathLike] = None,
     tls_key: Optional[client_lib.PathLike] = None,
-) -> tf.data.Dataset:
-    """The dataset of `ReplaySample`s: one per item, or per step with `timestep`; with
-    `batch_size`, batches of that many items made by the kernel itself (what `.batch` on the
-    unbatched dataset would give, without handling single elements in tf.data)."""
-    shapes = check_arguments(
-        dtypes,
-        shapes,
-        max_in_flight_samples_per_worker,
-        num_workers_per_iterator,
-        max_samples_per_stream,
-        rate_limiter_timeout_ms,
-        max_samples,
-    )
+) -> tf.Tensor:
+    """The variant tensor of the dataset whose elements `element_spec` describes: one
+    `ReplaySample` per item, or per step with `timestep`; with `batch_size`, batches of that
+    many items made by the kernel itself (what `.batch` on the unbatched dataset would give,
+    without handling single elements in tf.data). `shapes` as `check_arguments` returns them.
+
+    One traced function per pipeline (two in batch mode): tracing is most of what building a
+    dataset costs."""
     # A tensor known only when the graph runs reaches the kernel as an input (its attr empty).
     address_input = runtime_string(server_address, "server_address")
     table_input = runtime_string(table, "table")
@@ -199,40 +213,77 @@ def build(
     )
 
     @tf.autograph.experimental.do_not_convert
-    def sample(_: Any) -> tuple:
-        end, key, probability, table_size, priority, times_sampled, data = (
-            ops.reverb_rs_dataset_sample(
-                server_address_input="" if address_input is None else address_input,
-                table_input="" if table_input is None else table_input,
-                **attrs,
+    def sample(_: Any) -> replay_sample.ReplaySample:
+        try:
+            key, probability, table_size, priority, times_sampled, data = (
+                ops.reverb_rs_dataset_sample(
+                    server_address_input="" if address_input is None else address_input,
+                    table_input="" if table_input is None else table_input,
+                    **attrs,
+                )
             )
-        )
+        except tf.errors.OutOfRangeError:
+            # (Only in tf.data's debug mode, where this function runs eagerly: a Python
+            # function ends its map with StopIteration.)
+            raise StopIteration from None
         info = replay_sample.SampleInfo(key, probability, table_size, priority, times_sampled)
         for t in info:
             t.set_shape([None])
         for t, shape in zip(data, flat_shapes):
             t.set_shape(tf.TensorShape([None]).concatenate(shape))
-        return end, replay_sample.ReplaySample(info, tf.nest.pack_sequence_as(structure, data))
+        return replay_sample.ReplaySample(info, tf.nest.pack_sequence_as(structure, data))
 
-    plain = tf.autograph.experimental.do_not_convert  # tf.data would convert them each time
-
-    ds = tf.data.Dataset.from_tensors(0).repeat()
-    ds = ds.map(sample)
-    ds = ds.take_while(plain(lambda end, _: tf.logical_not(end)))
+    # Each call returns the rows that came. A V1 map does not preserve cardinality: the
+    # kernel's OUT_OF_RANGE at the end of the samples ends the dataset cleanly.
+    ds = _map(tf.compat.v1.data.Dataset.from_tensors(0).repeat(), sample)
+    spec = element_spec(dtypes=dtypes, shapes=shapes, timestep=timestep)
+    flat = tf.nest.flatten(spec)
+    types = [s.dtype for s in flat]
+    if batch_size and all(s.shape.is_fully_defined() for s in flat):
+        # A call that timed out waiting returns zero rows: a rebatch into batches of
+        # `batch_size` skips them, and hands the kernel's full batches on without a copy (one
+        # slice of one input). (With shapes not fully known, a batch after zero rows could
+        # not be joined to them: those filter instead, at the cost of a traced function.)
+        return tf.raw_ops.RebatchDatasetV2(
+            input_dataset=ds._variant_tensor,
+            batch_sizes=tf.constant([batch_size], tf.int64),
+            drop_remainder=drop_remainder,
+            output_types=types,
+            output_shapes=[
+                tf.TensorShape([batch_size if drop_remainder else None]).concatenate(s.shape)
+                for s in flat
+            ],
+        )
     if batch_size:
-        # Calls that timed out waiting return zero rows: skip them.
-        ds = ds.filter(plain(lambda _, batch: tf.size(batch.info.key) > 0))
-        if not drop_remainder:
-            return ds.map(plain(lambda _, batch: batch))
+        nonempty = tf.autograph.experimental.do_not_convert(
+            lambda batch: tf.size(batch.info.key) > 0
+        )
+        return _map(ds, nonempty, filter=True)._variant_tensor
+    # Rows into elements. (`Dataset.unbatch` traces a function first, for sparse components.)
+    return tf.raw_ops.UnbatchDataset(
+        input_dataset=ds._variant_tensor,
+        output_types=types,
+        output_shapes=[s.shape for s in flat],
+    )
 
-        @plain
-        def static_batch(_: Any, batch: Any) -> Any:
-            for t in tf.nest.flatten(batch):
-                t.set_shape(tf.TensorShape([batch_size]).concatenate(t.shape[1:]))
-            return batch
 
-        return ds.map(static_batch)
-    return ds.map(plain(lambda _, batch: batch)).unbatch()
+def _map(ds: Any, fn: Any, filter: bool = False) -> Any:
+    """`ds.map(fn)` (or `.filter`) of a V1 dataset. In a TF1 graph, with a legacy function:
+    tracing a `tf.function` there starts TensorFlow's runtime, after which logical devices
+    can no longer be configured (the reference's single dataset op leaves that open too)."""
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly() or getattr(graph, "building_function", True):
+        return ds.filter(fn) if filter else ds.map(fn)
+    try:
+        from tensorflow.python.util import deprecation
+
+        quiet = deprecation.silence()  # (the legacy methods log a deprecation warning)
+    except (ImportError, AttributeError):
+        quiet = contextlib.nullcontext()
+    with quiet:
+        if filter:
+            return ds.filter_with_legacy_function(fn)
+        return ds.map_with_legacy_function(fn)
 
 
 def _path(path: Optional[client_lib.PathLike]) -> str:
@@ -274,20 +325,11 @@ def table_signature(
     return signature
 
 
-def _v1(dataset: tf.data.Dataset) -> Any:
-    """`dataset` as a `tf.compat.v1.data.Dataset` (with `make_initializable_iterator` and
-    `make_one_shot_iterator` for TF1 graphs), as the reference's datasets and their
-    transformations are."""
-    from tensorflow.python.data.ops import dataset_ops
-
-    adapter = getattr(dataset_ops, "DatasetV1Adapter", None)
-    return dataset if adapter is None else adapter(dataset)
-
-
 class ReverbDatasetBase(tf.compat.v1.data.Dataset):
     """A `tf.compat.v1.data.Dataset` (as the reference's dataset classes are: TF1 graphs can
-    make initializable and one-shot iterators; eager use is the same) wrapping the pipeline
-    built by `build`. Subclasses choose items or steps."""
+    make initializable and one-shot iterators; eager use is the same) of the pipeline `build`
+    makes. The pipeline is built when first used, so `.batch` (done by the kernel) builds only
+    its own. Subclasses choose items or steps."""
 
     _timestep = False
 
@@ -308,7 +350,16 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
         tls_cert: Optional[client_lib.PathLike] = None,
         tls_key: Optional[client_lib.PathLike] = None,
     ) -> None:
-        self._args = dict(
+        shapes = check_arguments(
+            dtypes,
+            shapes,
+            max_in_flight_samples_per_worker,
+            num_workers_per_iterator,
+            max_samples_per_stream,
+            rate_limiter_timeout_ms,
+            max_samples,
+        )
+        args = dict(
             server_address=server_address,
             table=table,
             dtypes=dtypes,
@@ -324,11 +375,43 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
             tls_cert=tls_cert,
             tls_key=tls_key,
         )
-        self._dataset = build(**self._args)
+        self._init_pipeline(args)
+
+    def _init_pipeline(self, args: dict) -> None:
+        # The attrs the kernel will get are checked now (the reference's errors come from the
+        # constructor), not when the pipeline is built.
+        if runtime_string(args["server_address"], "server_address") is None:
+            server_addresses(args["server_address"])
+        if runtime_string(args["table"], "table") is None:
+            constant_string(args["table"], "table")
+        self._args = args
+        self._spec = element_spec(
+            **{k: args[k] for k in ("dtypes", "shapes", "timestep")},
+            batch_size=args.get("batch_size", 0),
+            drop_remainder=args.get("drop_remainder", False),
+        )
+        self._variant: Optional[tf.Tensor] = None
+        self._eager = tf.executing_eagerly()
         super().__init__()
 
-    def _as_variant_tensor(self) -> Any:
-        return self._dataset._variant_tensor
+    def _as_variant_tensor(self) -> None:
+        return None  # (`_variant_tensor` builds it when first used)
+
+    @property
+    def _variant_tensor(self) -> tf.Tensor:
+        if self._variant is None:
+            if self._eager:
+                # Made eagerly, used first while tracing a function: build it eagerly, as an
+                # eager constructor would have, not into the function's graph.
+                with tf.init_scope():
+                    self._variant = build(**self._args)
+            else:
+                self._variant = build(**self._args)
+        return self._variant
+
+    @_variant_tensor.setter
+    def _variant_tensor(self, _: Any) -> None:
+        raise ValueError("The _variant_tensor property of a Reverb dataset is read-only")
 
     def batch(
         self,
@@ -342,11 +425,19 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
         elements, without tf.data handling each sample on its own."""
         size = tf.get_static_value(batch_size)
         drop = tf.get_static_value(drop_remainder)
-        if self._timestep or size is None or drop is None or int(size) < 1:
+        if (
+            self._timestep
+            or self._args.get("batch_size")
+            or size is None
+            or drop is None
+            or int(size) < 1
+        ):
             return super().batch(
                 batch_size, drop_remainder, num_parallel_calls, deterministic, name
             )
-        return _v1(build(**self._args, batch_size=int(size), drop_remainder=bool(drop)))
+        batched = ReverbDatasetBase.__new__(ReverbDatasetBase)
+        batched._init_pipeline(dict(self._args, batch_size=int(size), drop_remainder=bool(drop)))
+        return batched
 
     @classmethod
     def from_table_signature(
@@ -386,8 +477,8 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
         )
 
     def _inputs(self) -> list:
-        return [self._dataset]
+        return []  # a source, as the reference's dataset ops are
 
     @property
     def element_spec(self) -> Any:
-        return self._dataset.element_spec
+        return self._spec

@@ -6,6 +6,7 @@ Also run under TensorFlow 2.15 by tests/test_tf_kernels.py (in the reference's v
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import numpy as np
@@ -252,9 +253,10 @@ def test_ends_cleanly_in_tf_data_debug_mode() -> None:
 @pytest.mark.slow
 @pytest.mark.one_path
 def test_under_mirrored_strategy_over_virtual_cpus() -> None:
-    """In a fresh process (logical devices are configured before TensorFlow's runtime
-    starts, which making a dataset does): 4 virtual CPUs, a MirroredStrategy, every step of
-    every item arrives once."""
+    """In a fresh process, where a TF1 graph first samples a dataset (as earlier tests of the
+    reference's `timestep_dataset_test.py` do), then logical devices are configured (which
+    TensorFlow refuses once its runtime has started): 4 virtual CPUs, a MirroredStrategy,
+    every step of every item arrives once."""
     import ast
     import subprocess
     import sys
@@ -263,12 +265,27 @@ def test_under_mirrored_strategy_over_virtual_cpus() -> None:
     script = textwrap.dedent(
         """
         import numpy as np, tensorflow as tf
+        import reverb
+        tables = [reverb.Table.queue(name, 100) for name in ("q", "g1", "g2")]
+        server = reverb.Server(tables)
+        client = server.localhost_client()
+        with client.trajectory_writer(1) as w:
+            for i in range(3):
+                w.append({"x": np.float32(i)})
+                w.create_item("g1" if i == 0 else "g2", 1.0, {"x": w.history["x"][-1:]})
+        with tf.Graph().as_default():
+            for table, batch in (("g1", None), ("g2", 2)):
+                ds = reverb.TimestepDataset(
+                    f"localhost:{server.port}", table, {"x": tf.float32},
+                    {"x": tf.TensorShape([])}, 10, rate_limiter_timeout_ms=500)
+                ds = ds if batch is None else ds.batch(batch)
+                it = tf.compat.v1.data.make_initializable_iterator(ds)
+                with tf.compat.v1.Session() as session:
+                    session.run(it.initializer)
+                    print("GRAPH", session.run(it.get_next()).data["x"].tolist())
         cpus = tf.config.list_physical_devices("CPU")
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration()] * 4)
-        import reverb
-        server = reverb.Server([reverb.Table.queue("q", 100)])
-        client = server.localhost_client()
         with client.trajectory_writer(2) as w:
             for i in range(40):
                 w.append({"x": np.float32(i)})
@@ -289,6 +306,8 @@ def test_under_mirrored_strategy_over_virtual_cpus() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    graph = [x for x in out.stdout.splitlines() if x.startswith("GRAPH")]
+    assert graph == ["GRAPH 0.0", "GRAPH [1.0, 2.0]"]
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("STEPS")]
     expected = sorted([float(i) for i in range(40) for _ in (0, 1)][1:-1])
     assert ast.literal_eval(line[len("STEPS") :]) == expected
@@ -581,6 +600,47 @@ def test_batch_is_done_in_the_kernel_with_tf_batch_semantics(server) -> None:
     assert ds.element_spec.data["obs"].shape.as_list() == [4, 2, 3]
     assert ds.element_spec.info.key.shape.as_list() == [4]
     assert [b.data["action"].numpy().tolist() for b in ds] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+
+@pytest.mark.parametrize(
+    "shapes, drop_remainder",
+    [
+        ({"obs": [2, 3], "action": []}, False),
+        ({"obs": [2, 3], "action": []}, True),
+        # Shapes not fully known take another way past the calls that returned nothing.
+        ({"obs": [None, 3], "action": None}, False),
+    ],
+)
+def test_batches_are_whole_when_items_trickle_in(server, shapes, drop_remainder) -> None:
+    """Items come slower than a kernel call waits, so calls return zero rows in between:
+    the batches are the same as when every item is already there."""
+    client = server.localhost_client()
+
+    def trickle() -> None:
+        with client.trajectory_writer(2) as w:
+            for t in range(6):
+                w.append({"obs": np.full([3], t, np.float32), "action": np.int32(t)})
+                if t >= 1:
+                    time.sleep(0.25)  # longer than one kernel call waits
+                    w.create_item(
+                        "q", 1.0, {"obs": w.history["obs"][-2:], "action": w.history["action"][-1]}
+                    )
+                    w.flush(timeout_ms=10_000)
+
+    writer = threading.Thread(target=trickle)
+    writer.start()
+    try:
+        ds = _dataset(_address(server), shapes=shapes, rate_limiter_timeout_ms=1000)
+        batches = list(ds.batch(2, drop_remainder=drop_remainder))
+    finally:
+        writer.join()
+    got = [b.data["action"].numpy().tolist() for b in batches]
+    assert got == ([[1, 2], [3, 4]] if drop_remainder else [[1, 2], [3, 4], [5]])
+    for b in batches:
+        actions = b.data["action"].numpy()
+        obs = [[np.full([3], a - 1), np.full([3], a)] for a in actions]
+        np.testing.assert_array_equal(b.data["obs"].numpy(), np.array(obs, np.float32))
+        assert b.info.key.shape[0] == len(actions)
 
 
 def test_batch_of_items_with_different_shapes_fails_clearly(server) -> None:

@@ -2,8 +2,9 @@
 //! kernel (one per dataset iterator) owns a prefetching sampler, created at the first call and
 //! stopped when TensorFlow deletes the kernel. A call returns every sample already queued (up
 //! to `max_batch`), so the Python side unbatches; network latency stays inside the sampler.
-//! A call returns zero rows when nothing arrived within [`WAIT`], and `end_of_sequence` once
-//! the sampler has ended (max_samples reached, or the rate limiter timed out).
+//! A call returns zero rows when nothing arrived within [`WAIT`], and fails with OUT_OF_RANGE
+//! once the sampler has ended (max_samples reached, or the rate limiter timed out): the kernel
+//! runs in a V1 `map` (which does not preserve cardinality), where that ends the dataset.
 //!
 //! With `batch_size > 0` (the dataset's `.batch(n)`), a call instead returns exactly `n`
 //! samples (the remainder at the end unless `drop_remainder`), so tf.data never touches single
@@ -27,11 +28,11 @@ pub const OP: &str = "ReverbRsDatasetSample";
 /// The server address and table when they are tensors known only when the graph runs (the
 /// `server_address` and `table` attrs are then empty); otherwise empty strings.
 pub const INPUTS: &[&str] = &["server_address_input: string", "table_input: string"];
-/// Index of the first data output (after the end flag and the info outputs).
-const DATA: usize = 1 + INFO_OUTPUTS.len();
+/// Index of the first data output (after the info outputs).
+const DATA: usize = INFO_OUTPUTS.len();
 
-/// Output groups: the end flag, the info columns, the data columns.
-pub const OUTPUTS: &[&[&str]] = &[&["end_of_sequence: bool"], INFO_OUTPUTS, &["data: dtypes"]];
+/// Output groups: the info columns, the data columns.
+pub const OUTPUTS: &[&[&str]] = &[INFO_OUTPUTS, &["data: dtypes"]];
 pub const ATTRS: &[&str] = &[
     "server_address: string",
     "table: string",
@@ -200,10 +201,15 @@ impl DatasetSample {
         } else {
             self.ready_batch(st)?
         };
-        let end = take == 0 && st.ended && st.pending.is_empty();
+        if take == 0 && st.ended && st.pending.is_empty() {
+            return Err(Error {
+                code: code::OUT_OF_RANGE,
+                message: format!("End of the samples of table '{}'", self.spec().table),
+            });
+        }
         // Write from the queue and remove the samples only once every output is written.
         let batch: Vec<&Queued> = st.pending.iter().take(take).collect();
-        self.write(ctx, end, &batch)?;
+        self.write(ctx, &batch)?;
         st.pending.drain(..take);
         Ok(())
     }
@@ -257,13 +263,12 @@ impl DatasetSample {
         &self.target.get().expect("resolved by compute").1
     }
 
-    fn write(&self, ctx: &Context, end: bool, batch: &[&Queued]) -> Result<()> {
+    fn write(&self, ctx: &Context, batch: &[&Queued]) -> Result<()> {
         let rows: usize = if self.timestep {
             batch.iter().map(|&s| steps(s)).sum::<Result<usize>>()?
         } else {
             batch.len()
         };
-        ctx.output_values(0, 10, &[], &[u8::from(end)])?;
         let repeats: Vec<(&Queued, usize)> = batch
             .iter()
             .map(|&s| {
@@ -277,7 +282,7 @@ impl DatasetSample {
                 )
             })
             .collect();
-        write_info(ctx, 1, &repeats, &[rows as i64])?;
+        write_info(ctx, 0, &repeats, &[rows as i64])?;
         for c in 0..self.spec().dtypes.len() {
             if batch.is_empty() {
                 self.write_empty(ctx, c)?;
