@@ -210,3 +210,50 @@ def test_a_refusal_found_later_is_reported_before_the_next_call_changes_anything
     samples = server.localhost_client().sample("t", 2, emit_timesteps=False, timeout=5)
     assert [s.data[0].tolist() for s in samples] == [[1], [2]]
     assert server.localhost_client().server_info()["t"].current_size == 0
+
+
+def _structured_writer(address: str, *patterns) -> reverb.StructuredWriter:
+    """A structured writer of steps `{"x": int32}` with a config per pattern (a function of
+    the reference step) into table "t"."""
+    from reverb import structured_writer as sw
+
+    configs = [sw.create_config(sw.pattern_from_transform({"x": None}, p), "t") for p in patterns]
+    return reverb.Client(address).structured_writer(configs)
+
+
+def test_a_structured_writer_waits_no_longer_than_its_calls_timeouts(silent_address) -> None:
+    """The configs' tables and signatures come from the server: appends do not wait the
+    silence bound for them (items are checked when they come), flush's timeout covers it."""
+    writer = _structured_writer(silent_address, lambda step: step["x"][-1:])
+    took, error = _timed(lambda: writer.append({"x": np.int32(1)}))
+    assert error is None and took < 1.5, (took, error)
+    took, error = _timed(lambda: writer.append({"x": np.int32(2)}))
+    assert error is None and took < 0.5, (took, error)
+    cpu = time.process_time()
+    took, error = _timed(lambda: writer.flush(timeout_ms=2000))
+    assert isinstance(error, reverb.errors.DeadlineExceededError), error
+    assert 1.9 < took < 3, took
+    assert time.process_time() - cpu < 0.5  # it waited, not spun
+    took, error = _timed(lambda: writer.end_episode(timeout_ms=1000))
+    assert isinstance(error, reverb.errors.DeadlineExceededError), error
+    assert 0.9 < took < 2, took
+
+
+def test_structured_items_made_before_the_signature_came_are_checked_before_they_are_sent(
+    slow_server,
+) -> None:
+    server, address = slow_server
+    # The first config's items fit the signature (int32[1]); the second's (a squeezed
+    # scalar) do not: refused when the signature comes, never sent.
+    writer = _structured_writer(address, lambda s: s["x"][-1:], lambda s: s["x"][-1])
+    took, error = _timed(lambda: writer.append({"x": np.int32(1)}))
+    assert error is None and took < 1.2, (took, error)
+    with pytest.raises(ValueError, match="signature"):
+        writer.flush(timeout_ms=10_000)
+    # Once the signature is known, the second config is refused when it applies.
+    with pytest.raises(ValueError, match="signature"):
+        writer.append({"x": np.int32(2)})
+    writer.flush(timeout_ms=10_000)
+    samples = server.localhost_client().sample("t", 2, emit_timesteps=False, timeout=5)
+    assert [s.data[0].tolist() for s in samples] == [[1], [2]]
+    assert server.localhost_client().server_info()["t"].current_size == 0

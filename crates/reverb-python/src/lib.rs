@@ -24,6 +24,7 @@ mod server;
 mod signature;
 mod structured_writer;
 mod table_info;
+mod tables;
 mod writer;
 
 use pyo3::prelude::*;

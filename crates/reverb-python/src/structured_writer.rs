@@ -1,18 +1,18 @@
 //! `reverb._native.StructuredWriter`: the native half of `reverb.StructuredWriter`. Configs
 //! are evaluated natively after every append; Python only flattens the step.
 
-use crate::blocking::{deadline_ms, run};
-use crate::blocking::{locked, wait_locked, with_views};
+use crate::blocking::{deadline_ms, locked, wait_locked, with_views};
 use crate::client::PyClient;
 use crate::errors::IntoPyResult;
 use crate::numpy::{to_array, Array};
+use crate::tables::{TablesFetch, TABLES_GRACE};
 use crate::writer::{append_error, PyAppendError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use reverb_client::writer::patterns::decode_configs;
 use reverb_client::writer::{StructuredWriter, TrajectoryWriter, WriterOptions, TABLES_TIMEOUT};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Native half of `reverb.StructuredWriter`. Calls from several threads are serialized.
 #[pyclass(name = "StructuredWriter", module = "reverb._native", frozen)]
@@ -20,22 +20,28 @@ pub(crate) struct PyStructuredWriter {
     inner: Mutex<StructuredWriter>,
     /// Which leaves of a step some config reads (the others are never converted).
     used: Vec<bool>,
+    /// The server's tables (the configs' tables and signatures), fetched in the background:
+    /// items made before they come are checked when they come, before they are sent.
+    tables: TablesFetch,
 }
 
 impl PyStructuredWriter {
-    /// Learns the configs' tables and signatures from the server (once, before the first
-    /// append), waiting without the GIL.
-    fn load_tables(&self, py: Python<'_>) -> PyResult<()> {
-        if locked(py, &self.inner, |w| w.knows_tables()) {
-            return Ok(());
-        }
-        let client = locked(py, &self.inner, |w| w.writer().client().clone());
-        let address = client.address().to_string();
-        let infos = run(
-            py,
-            async move { client.server_info(Some(TABLES_TIMEOUT)).await },
-        )?;
-        locked(py, &self.inner, |w| w.set_tables(&infos, &address)).py()
+    /// Waits as [`wait_locked`] on this writer, handing it the server's tables when they
+    /// come (queued items may wait for them).
+    fn wait_until(
+        &self,
+        py: Python<'_>,
+        deadline: Option<Instant>,
+        what: &str,
+        mut step: impl FnMut(&mut StructuredWriter, Option<Instant>) -> reverb_client::Result<bool>
+            + Send,
+    ) -> PyResult<()> {
+        wait_locked(py, &self.inner, deadline, what, |w, until| {
+            // Items waiting for the tables: wait for them (not spin) within this slice.
+            let wait = w.awaiting_tables().then_some(until).flatten();
+            self.tables.poll(w, wait)?;
+            step(w, until)
+        })
     }
 }
 
@@ -69,6 +75,7 @@ impl PyStructuredWriter {
         Ok(Self {
             inner: Mutex::new(writer),
             used,
+            tables: TablesFetch::new(TABLES_TIMEOUT, TABLES_GRACE),
         })
     }
 
@@ -82,7 +89,7 @@ impl PyStructuredWriter {
         values: Vec<Bound<'_, PyAny>>,
         partial: bool,
     ) -> PyResult<Option<Py<PyAppendError>>> {
-        self.load_tables(py)?;
+        self.tables.before_items(py, &self.inner)?;
         let arrays = values
             .iter()
             .enumerate()
@@ -105,9 +112,7 @@ impl PyStructuredWriter {
         match appended {
             Ok(true) => Ok(None),
             Ok(false) => {
-                wait_locked(py, &self.inner, None, "append", |w, until| {
-                    w.writer().send_ready(until)
-                })?;
+                self.wait_until(py, None, "append", |w, until| w.writer().send_ready(until))?;
                 Ok(None)
             }
             Err(e) => append_error(py, e),
@@ -123,7 +128,7 @@ impl PyStructuredWriter {
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
         let deadline = deadline_ms(timeout_ms)?;
-        wait_locked(py, &self.inner, deadline, "flush", |w, until| {
+        self.wait_until(py, deadline, "flush", |w, until| {
             w.writer().flush(block_until_num_items, until)
         })
     }
@@ -139,7 +144,7 @@ impl PyStructuredWriter {
     ) -> PyResult<()> {
         let deadline = deadline_ms(timeout_ms)?;
         locked(py, &self.inner, |w| w.end_episode(clear_buffers)).py()?;
-        wait_locked(py, &self.inner, deadline, "end_episode", |w, until| {
+        self.wait_until(py, deadline, "end_episode", |w, until| {
             w.writer().flush(0, until)
         })
     }
@@ -155,8 +160,17 @@ impl PyStructuredWriter {
         locked(py, &self.inner, |w| w.writer().unconfirmed())
     }
 
-    /// Stops the writer's stream.
+    /// Stops the writer's stream (items waiting for the server's tables get a second for
+    /// them, as ready items get one to be sent).
     fn close(&self, py: Python<'_>) {
-        py.detach(|| self.inner.lock().unwrap().writer().close());
+        py.detach(|| {
+            let mut w = self.inner.lock().unwrap();
+            if w.awaiting_tables() {
+                let _ = self
+                    .tables
+                    .poll(&mut *w, Some(Instant::now() + Duration::from_secs(1)));
+            }
+            w.writer().close();
+        });
     }
 }

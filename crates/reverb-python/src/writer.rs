@@ -1,12 +1,13 @@
 //! `reverb._native.TrajectoryWriter`: the native half of `TrajectoryWriter`,
 //! `VectorTrajectoryWriter` and `Client.insert`.
 
-use crate::blocking::{deadline_ms, locked, slices, wait_locked, with_views};
+use crate::blocking::{deadline_ms, locked, wait_locked, with_views};
 use crate::client::PyClient;
 use crate::column::column_leaves;
 use crate::errors::{client_error, IntoPyResult};
 use crate::layout::{Flat, PyStepColumns};
 use crate::numpy::{column_out, to_array};
+use crate::tables::{TablesFetch, TABLES_GRACE};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -14,11 +15,9 @@ use reverb_client::tensor::TensorView;
 use reverb_client::writer::{
     AppendError, ItemColumn, Steps, TrajectoryWriter, WriterOptions, TABLES_TIMEOUT,
 };
-use reverb_client::{runtime, ClientError};
-use reverb_proto::TableInfo;
+use reverb_client::ClientError;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tonic::Code;
 
 /// Why an append was refused, naming the writer column (Python names its path). Returned,
 /// not raised: the caller turns it into the error its users expect.
@@ -73,51 +72,14 @@ fn steps_of(steps: &Bound<'_, PyAny>) -> PyResult<Steps> {
 #[pyclass(name = "TrajectoryWriter", module = "reverb._native", frozen)]
 pub(crate) struct PyTrajectoryWriter {
     pub(crate) inner: Arc<Mutex<TrajectoryWriter>>,
-    /// How long the server may take to give its tables (their signatures) to a fetch.
-    pub(crate) tables_timeout: Duration,
-    /// How long the call that starts a fetch waits for it: [`TABLES_GRACE`], or the whole
-    /// fetch when the caller gave `get_signature_timeout_ms` (the reference's `create_item`
-    /// waits that long and fails with DEADLINE_EXCEEDED).
-    tables_wait: Duration,
-    /// With `validate_items`: the server's tables being fetched in the background. Items
-    /// created meanwhile are queued and checked once they arrive, before they are sent (see
+    /// With `validate_items`: the server's tables, fetched in the background. Items created
+    /// meanwhile are queued and checked once they arrive, before they are sent (see
     /// `WriterOptions::defer_checks`), so no call waits longer than its own timeout for them.
-    tables: Mutex<Fetch>,
+    /// The call that starts the fetch waits [`TABLES_GRACE`] for it, or the whole fetch when
+    /// the caller gave `get_signature_timeout_ms` (the reference's `create_item` waits that
+    /// long and fails with DEADLINE_EXCEEDED).
+    tables: TablesFetch,
 }
-
-/// Where the fetch of the server's tables stands.
-#[derive(Default)]
-enum Fetch {
-    #[default]
-    Idle,
-    Running(tokio::task::JoinHandle<reverb_client::Result<Vec<TableInfo>>>),
-    /// Finished, its answer not handed to the writer yet.
-    Done(reverb_client::Result<Vec<TableInfo>>),
-}
-
-impl Fetch {
-    /// Waits for a running fetch until `until` at the latest.
-    fn wait(&mut self, until: Instant) {
-        if let Fetch::Running(handle) = self {
-            let until = tokio::time::Instant::from_std(until);
-            let joined =
-                runtime().block_on(async { tokio::time::timeout_at(until, &mut *handle).await });
-            if let Ok(joined) = joined {
-                *self = Fetch::Done(joined.unwrap_or_else(|e| {
-                    Err(ClientError::new(
-                        Code::Internal,
-                        format!("Fetching the tables: {e}"),
-                    ))
-                }));
-            }
-        }
-    }
-}
-
-/// How long `create_item` waits for the server's tables when it starts fetching them: a server
-/// that answers within it has the item checked at once (its errors raised by `create_item`),
-/// a slower or silent one has it checked when they come (its errors raised by a later call).
-const TABLES_GRACE: Duration = Duration::from_millis(500);
 
 impl PyTrajectoryWriter {
     /// Runs `f` on the writer: directly if the lock is free, otherwise without the GIL.
@@ -163,56 +125,8 @@ impl PyTrajectoryWriter {
         py: Python<'_>,
         f: impl FnOnce(&mut TrajectoryWriter) -> reverb_client::Result<T> + Send,
     ) -> PyResult<T> {
-        // (Only the call that starts a fetch waits for it; later ones queue their items.)
-        if self.with(py, |w| self.poll_tables(w, None)).py()? {
-            let grace = Instant::now() + self.tables_wait;
-            slices(py, Some(grace), |until| {
-                let mut fetch = self.tables.lock().unwrap();
-                fetch.wait(until);
-                (!matches!(*fetch, Fetch::Running(_))).then_some(())
-            })?;
-            self.with(py, |w| self.poll_tables(w, None)).py()?;
-        }
+        self.tables.before_items(py, &self.inner)?;
         self.with(py, f).py()
-    }
-
-    /// With `validate_items` and the server's tables not known: starts fetching them (unless
-    /// a fetch runs), or hands the writer those a finished fetch got; with `until`, waits for
-    /// a running fetch until then first. A failed fetch is this call's error; the next call
-    /// fetches again. Returns whether it started a fetch.
-    fn poll_tables(
-        &self,
-        w: &mut TrajectoryWriter,
-        until: Option<Instant>,
-    ) -> reverb_client::Result<bool> {
-        if !w.tables_unknown() {
-            return Ok(false);
-        }
-        let mut fetch = self.tables.lock().unwrap();
-        if let Fetch::Idle = *fetch {
-            let client = w.client().clone();
-            let timeout = self.tables_timeout;
-            *fetch = Fetch::Running(
-                runtime().spawn(async move { client.server_info(Some(timeout)).await }),
-            );
-            return Ok(true);
-        }
-        match &*fetch {
-            Fetch::Running(handle) if handle.is_finished() => fetch.wait(Instant::now()),
-            Fetch::Running(_) => {
-                if let Some(until) = until {
-                    fetch.wait(until);
-                }
-            }
-            _ => {}
-        }
-        if let Fetch::Done(_) = *fetch {
-            let Fetch::Done(answer) = std::mem::take(&mut *fetch) else {
-                unreachable!("matched above");
-            };
-            w.set_tables(&answer?)?;
-        }
-        Ok(false)
     }
 
     /// Creates an item of `columns` in `table`, waiting without the GIL while the in-flight
@@ -245,7 +159,7 @@ impl PyTrajectoryWriter {
         wait_locked(py, &self.inner, deadline, what, |w, until| {
             // Items waiting for the tables: wait for them (not spin) within this slice.
             let wait = w.awaiting_tables().then_some(until).flatten();
-            self.poll_tables(w, wait)?;
+            self.tables.poll(w, wait)?;
             step(w, until)
         })
     }
@@ -290,12 +204,13 @@ impl PyTrajectoryWriter {
         .py()?;
         Ok(Self {
             inner: Arc::new(Mutex::new(writer)),
-            tables_timeout: signature_timeout_ms.map_or(TABLES_TIMEOUT, Duration::from_millis),
-            // (The fetch ends by its own timeout; the margin lets its answer arrive.)
-            tables_wait: signature_timeout_ms.map_or(TABLES_GRACE, |ms| {
-                Duration::from_millis(ms) + Duration::from_secs(1)
-            }),
-            tables: Mutex::new(Fetch::Idle),
+            tables: TablesFetch::new(
+                signature_timeout_ms.map_or(TABLES_TIMEOUT, Duration::from_millis),
+                // (The fetch ends by its own timeout; the margin lets its answer arrive.)
+                signature_timeout_ms.map_or(TABLES_GRACE, |ms| {
+                    Duration::from_millis(ms) + Duration::from_secs(1)
+                }),
+            ),
         })
     }
 
@@ -478,7 +393,9 @@ impl PyTrajectoryWriter {
         py.detach(|| {
             let mut w = self.inner.lock().unwrap();
             if w.awaiting_tables() {
-                let _ = self.poll_tables(&mut w, Some(Instant::now() + Duration::from_secs(1)));
+                let _ = self
+                    .tables
+                    .poll(&mut *w, Some(Instant::now() + Duration::from_secs(1)));
             }
             w.close();
         });

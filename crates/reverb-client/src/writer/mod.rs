@@ -421,16 +421,39 @@ impl TrajectoryWriter {
     fn check_or_defer(&mut self, table: &str, items: &[(u64, &[ItemColumn])]) -> Result<()> {
         if self.options.validate_items && self.options.defer_checks && !self.tables_loaded {
             for &(key, columns) in items {
-                let shapes = columns
-                    .iter()
-                    .filter_map(|c| self.item_column_spec(c))
-                    .collect();
-                self.unchecked.insert(key, (table.to_owned(), shapes));
+                self.defer_check(key, table, columns);
             }
             return Ok(());
         }
         let columns: Vec<&[ItemColumn]> = items.iter().map(|&(_, c)| c).collect();
         self.check_signature(table, &columns)
+    }
+
+    /// Keeps what the check of item `key` against `table`'s signature needs: it is checked
+    /// before it is sent, once [`Self::set_tables`] gave the tables.
+    fn defer_check(&mut self, key: u64, table: &str, columns: &[ItemColumn]) {
+        let shapes = columns
+            .iter()
+            .filter_map(|c| self.item_column_spec(c))
+            .collect();
+        self.unchecked.insert(key, (table.to_owned(), shapes));
+    }
+
+    /// Queues an item (sent by the next call that sends) to be checked against its table's
+    /// signature before it is sent, once [`Self::set_tables`] gives the server's tables: for
+    /// callers that check items themselves once they know the tables (the structured writer)
+    /// and must not wait for them. Returns its key.
+    pub fn queue_item_deferred(
+        &mut self,
+        table: &str,
+        priority: f64,
+        columns: &[ItemColumn],
+    ) -> Result<u64> {
+        let key = self.client.new_item_key();
+        let item = build_item(key, table, priority, columns, &self.columns)?;
+        self.defer_check(key, table, columns);
+        self.pending.push(item);
+        Ok(key)
     }
 
     /// Whether, with `validate_items`, the server's tables are not known yet (see

@@ -158,14 +158,22 @@ impl StructuredWriter {
         self.writer.step_is_open()
     }
 
-    /// Whether [`Self::set_tables`] was called (appends need it).
+    /// Whether [`Self::set_tables`] gave the tables. Until then items are queued and checked
+    /// against their table's signature when the tables come, before they are sent.
     pub fn knows_tables(&self) -> bool {
         self.signatures.is_some()
     }
 
+    /// Whether queued items wait for the tables (see [`Self::knows_tables`]).
+    pub fn awaiting_tables(&self) -> bool {
+        self.writer.awaiting_tables()
+    }
+
     /// Takes the tables' signatures from a `ServerInfo` answer; refuses configs whose table
-    /// the server does not have.
+    /// the server does not have (items queued for it before are dropped when they would be
+    /// sent, with that error).
     pub fn set_tables(&mut self, infos: &[TableInfo], address: &str) -> Result<()> {
+        self.writer.set_tables(infos)?;
         let mut signatures = HashMap::new();
         for c in &self.configs {
             let table = &c.pattern.table;
@@ -233,11 +241,6 @@ impl StructuredWriter {
         partial: bool,
     ) -> std::result::Result<bool, AppendError> {
         let other = AppendError::Other;
-        if self.signatures.is_none() {
-            return Err(other(ClientError::invalid(
-                "The structured writer needs its tables (set_tables) before the first append",
-            )));
-        }
         match self.width {
             None => {
                 let width = values.len();
@@ -365,19 +368,23 @@ impl StructuredWriter {
             let Some((columns, priority)) = self.build(&config.pattern) else {
                 continue;
             };
-            let checked = if config.checked {
-                Ok(())
+            let table = &self.configs[c].pattern.table;
+            // Queued here, sent together below. Before the tables are known, the item is
+            // checked when they come (and the config with its first item after that).
+            let known = self.signatures.is_some();
+            let queued = if !known {
+                self.writer.queue_item_deferred(table, priority, &columns)
+            } else if config.checked {
+                self.writer.queue_item(table, priority, &columns)
             } else {
                 self.check_signature(&config.pattern, &columns)
+                    .and_then(|()| self.writer.queue_item(table, priority, &columns))
             };
-            let table = &self.configs[c].pattern.table;
-            // Queued here, sent together below.
-            let queued = checked.and_then(|()| self.writer.queue_item(table, priority, &columns));
             match queued {
                 Ok(_) => {
                     queued_any = true;
                     let config = &mut self.configs[c];
-                    config.checked = true;
+                    config.checked = known;
                     config.last_applied = Some(current);
                     config.steps_since_applied = 0;
                 }
