@@ -236,34 +236,48 @@ def build(
     # Each call returns the rows that came. A V1 map does not preserve cardinality: the
     # kernel's OUT_OF_RANGE at the end of the samples ends the dataset cleanly.
     ds = _map(tf.compat.v1.data.Dataset.from_tensors(0).repeat(), sample)
-    spec = element_spec(dtypes=dtypes, shapes=shapes, timestep=timestep)
-    flat = tf.nest.flatten(spec)
+    flat = tf.nest.flatten(element_spec(dtypes=dtypes, shapes=shapes, timestep=timestep))
     types = [s.dtype for s in flat]
-    if batch_size and all(s.shape.is_fully_defined() for s in flat):
-        # A call that timed out waiting returns zero rows: a rebatch into batches of
-        # `batch_size` skips them, and hands the kernel's full batches on without a copy (one
-        # slice of one input). (With shapes not fully known, a batch after zero rows could
-        # not be joined to them: those filter instead, at the cost of a traced function.)
-        return tf.raw_ops.RebatchDatasetV2(
+    if not batch_size:
+        # Rows into elements. (`Dataset.unbatch` traces a function first, for sparse
+        # components.)
+        return tf.raw_ops.UnbatchDataset(
+            input_dataset=ds._variant_tensor,
+            output_types=types,
+            output_shapes=[s.shape for s in flat],
+        )
+    # A call that timed out waiting returns zero rows: skip them.
+    if all(s.shape.is_fully_defined() for s in flat):
+        # A rebatch into batches of `batch_size` hands a full batch on as it is (one slice of
+        # one input: no copy, unless zero rows came before it). (With shapes not fully known,
+        # a batch after zero rows could not be joined to them: filter those.)
+        variant = tf.raw_ops.RebatchDatasetV2(
             input_dataset=ds._variant_tensor,
             batch_sizes=tf.constant([batch_size], tf.int64),
             drop_remainder=drop_remainder,
             output_types=types,
-            output_shapes=[
-                tf.TensorShape([batch_size if drop_remainder else None]).concatenate(s.shape)
-                for s in flat
-            ],
+            output_shapes=[tf.TensorShape([None]).concatenate(s.shape) for s in flat],
         )
-    if batch_size:
+    else:
         nonempty = tf.autograph.experimental.do_not_convert(
             lambda batch: tf.size(batch.info.key) > 0
         )
-        return _map(ds, nonempty, filter=True)._variant_tensor
-    # Rows into elements. (`Dataset.unbatch` traces a function first, for sparse components.)
-    return tf.raw_ops.UnbatchDataset(
-        input_dataset=ds._variant_tensor,
+        variant = _map(ds, nonempty, filter=True)._variant_tensor
+    # Ends in a `take(-1)`, a pass-through that declares the batches' shapes (static with
+    # `drop_remainder`), and keeps tf.distribute's auto-sharding from rewriting a final
+    # `RebatchDatasetV2` into the legacy rebatch (which would pass the zero rows on).
+    batched = element_spec(
+        dtypes=dtypes,
+        shapes=shapes,
+        timestep=timestep,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+    )
+    return tf.raw_ops.TakeDataset(
+        input_dataset=variant,
+        count=tf.constant(-1, tf.int64),
         output_types=types,
-        output_shapes=[s.shape for s in flat],
+        output_shapes=[s.shape for s in tf.nest.flatten(batched)],
     )
 
 
@@ -403,9 +417,14 @@ class ReverbDatasetBase(tf.compat.v1.data.Dataset):
             if self._eager:
                 # Made eagerly, used first while tracing a function: build it eagerly, as an
                 # eager constructor would have, not into the function's graph.
-                with tf.init_scope():
-                    self._variant = build(**self._args)
+                scope = tf.init_scope()
+            elif tf.compat.v1.get_default_graph() is not self._graph:
+                # Made in a graph, used first inside a function of it (a `flat_map`, a
+                # `tf.cond` branch): build it in its own graph, which later uses share.
+                scope = self._graph.as_default()
             else:
+                scope = contextlib.nullcontext()
+            with scope:
                 self._variant = build(**self._args)
         return self._variant
 

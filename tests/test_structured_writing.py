@@ -426,6 +426,21 @@ def test_unknown_tables_and_missing_leaves_fail_the_first_append_and_nothing_els
     assert _size(client) == 1
 
 
+def test_a_config_for_an_unknown_table_fails_each_append_it_applies_to_and_no_other(
+    make_server,
+) -> None:
+    """The other configs go on: their items are stored, and flush has nothing to report."""
+    client = _queue_server(make_server)
+    configs = [sw.create_config(R["a"][-1], "q"), sw.create_config(R["b"][-1], "nope")]
+    with client.structured_writer(configs) as writer:
+        for step in range(3):
+            with pytest.raises(ValueError, match="Config 1 inserts into table 'nope'"):
+                writer.append({"a": step, "b": step, "c": step})
+        writer.append({"a": 3, "b": None, "c": 3})  # config 1 does not apply: no error
+        writer.flush(timeout_ms=10_000)
+    assert _size(client) == 4
+
+
 def test_steps_must_keep_their_length_dtypes_and_shapes(make_server) -> None:
     client = _queue_server(make_server)
     writer = client.structured_writer([sw.create_config(R["b"][-2:], "q")])

@@ -5,6 +5,7 @@ Also run under TensorFlow 2.15 by tests/test_tf_kernels.py (in the reference's v
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
@@ -602,6 +603,30 @@ def test_batch_is_done_in_the_kernel_with_tf_batch_semantics(server) -> None:
     assert [b.data["action"].numpy().tolist() for b in ds] == [[1, 2, 3, 4], [5, 6, 7, 8]]
 
 
+@contextlib.contextmanager
+def _trickling(client: reverb.Client, steps: int):
+    """Writes `_write`'s items into "q" from a thread, one every 0.25 s: longer than one
+    kernel call waits, so calls return zero rows in between."""
+
+    def trickle() -> None:
+        with client.trajectory_writer(2) as w:
+            for t in range(steps):
+                w.append({"obs": np.full([3], t, np.float32), "action": np.int32(t)})
+                if t >= 1:
+                    time.sleep(0.25)
+                    w.create_item(
+                        "q", 1.0, {"obs": w.history["obs"][-2:], "action": w.history["action"][-1]}
+                    )
+                    w.flush(timeout_ms=10_000)
+
+    writer = threading.Thread(target=trickle)
+    writer.start()
+    try:
+        yield
+    finally:
+        writer.join()
+
+
 @pytest.mark.parametrize(
     "shapes, drop_remainder",
     [
@@ -614,26 +639,9 @@ def test_batch_is_done_in_the_kernel_with_tf_batch_semantics(server) -> None:
 def test_batches_are_whole_when_items_trickle_in(server, shapes, drop_remainder) -> None:
     """Items come slower than a kernel call waits, so calls return zero rows in between:
     the batches are the same as when every item is already there."""
-    client = server.localhost_client()
-
-    def trickle() -> None:
-        with client.trajectory_writer(2) as w:
-            for t in range(6):
-                w.append({"obs": np.full([3], t, np.float32), "action": np.int32(t)})
-                if t >= 1:
-                    time.sleep(0.25)  # longer than one kernel call waits
-                    w.create_item(
-                        "q", 1.0, {"obs": w.history["obs"][-2:], "action": w.history["action"][-1]}
-                    )
-                    w.flush(timeout_ms=10_000)
-
-    writer = threading.Thread(target=trickle)
-    writer.start()
-    try:
+    with _trickling(server.localhost_client(), 6):
         ds = _dataset(_address(server), shapes=shapes, rate_limiter_timeout_ms=1000)
         batches = list(ds.batch(2, drop_remainder=drop_remainder))
-    finally:
-        writer.join()
     got = [b.data["action"].numpy().tolist() for b in batches]
     assert got == ([[1, 2], [3, 4]] if drop_remainder else [[1, 2], [3, 4], [5]])
     for b in batches:
@@ -641,6 +649,33 @@ def test_batches_are_whole_when_items_trickle_in(server, shapes, drop_remainder)
         obs = [[np.full([3], a - 1), np.full([3], a)] for a in actions]
         np.testing.assert_array_equal(b.data["obs"].numpy(), np.array(obs, np.float32))
         assert b.info.key.shape[0] == len(actions)
+
+
+def test_batches_are_whole_under_a_single_replica_strategy(server) -> None:
+    """tf.distribute auto-shards the dataset even for one replica (and would rewrite a final
+    rebatch into one that passes the calls' zero rows on)."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with _trickling(server.localhost_client(), 6):
+        ds = _dataset(_address(server), rate_limiter_timeout_ms=1000).batch(2, True)
+        got = [
+            b.data["action"].numpy().tolist() for b in strategy.experimental_distribute_dataset(ds)
+        ]
+    assert got == [[1, 2], [3, 4]]
+
+
+def test_a_dataset_made_in_a_graph_is_built_there_when_first_used_in_a_function(server) -> None:
+    _write(server.localhost_client(), "q", 4)
+    with tf.Graph().as_default():
+        ds = _dataset(_address(server))
+        # First used inside a function of the graph, then by an iterator of the graph itself.
+        nested = tf.compat.v1.data.Dataset.range(1).flat_map(lambda _: ds)
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        element = it.get_next()
+        with tf.compat.v1.Session() as session:
+            session.run(it.initializer)
+            got = [int(session.run(element).data["action"]) for _ in range(3)]
+    assert got == [1, 2, 3]
+    assert nested.element_spec == ds.element_spec
 
 
 def test_batch_of_items_with_different_shapes_fails_clearly(server) -> None:

@@ -166,9 +166,8 @@ impl PyStructuredWriter {
         py.detach(|| {
             let mut w = self.inner.lock().unwrap();
             if w.awaiting_tables() {
-                let _ = self
-                    .tables
-                    .poll(&mut *w, Some(Instant::now() + Duration::from_secs(1)));
+                let until = Instant::now() + Duration::from_secs(1);
+                self.tables.last_chance(&mut *w, until);
             }
             w.writer().close();
         });

@@ -138,6 +138,15 @@ impl TablesFetch {
         Ok(false)
     }
 
+    /// When the writer closes with items waiting for the tables: gives them until `until`
+    /// (starting a fetch when none runs, e.g. after one failed). Errors are dropped: those
+    /// items are dropped with the writer.
+    pub(crate) fn last_chance(&self, w: &mut impl TakesTables, until: Instant) {
+        if let Ok(true) = self.poll(w, Some(until)) {
+            let _ = self.poll(w, Some(until));
+        }
+    }
+
     /// Before a call that creates items: polls the fetch, and when that started it, waits for
     /// it up to `first_wait` (without the GIL) and polls again. Only the call that starts a
     /// fetch waits; later ones queue their items.

@@ -68,8 +68,12 @@ pub struct StructuredWriter {
     current: Option<StepId>,
     /// Writer-wide step of the newest row.
     newest: u64,
-    /// Signatures of the configs' tables (`None`: the table has none), once known.
+    /// Signatures of the configs' tables the server has (`None`: the table has none), once
+    /// known.
     signatures: Option<HashMap<String, Option<Vec<Spec>>>>,
+    /// The server's address and its tables' names, once known (for the error of a config
+    /// whose table it does not have).
+    server_tables: (String, Vec<String>),
 }
 
 impl StructuredWriter {
@@ -132,6 +136,7 @@ impl StructuredWriter {
             current: None,
             newest: 0,
             signatures: None,
+            server_tables: (String::new(), Vec::new()),
         })
     }
 
@@ -169,29 +174,23 @@ impl StructuredWriter {
         self.writer.awaiting_tables()
     }
 
-    /// Takes the tables' signatures from a `ServerInfo` answer; refuses configs whose table
-    /// the server does not have (items queued for it before are dropped when they would be
-    /// sent, with that error).
+    /// Takes the tables' signatures from a `ServerInfo` answer. A config whose table the
+    /// server does not have is refused each time it applies (naming the config); items made
+    /// for it before are dropped when they would be sent.
     pub fn set_tables(&mut self, infos: &[TableInfo], address: &str) -> Result<()> {
-        self.writer.set_tables(infos)?;
         let mut signatures = HashMap::new();
         for c in &self.configs {
             let table = &c.pattern.table;
-            if signatures.contains_key(table) {
-                continue;
+            if let Some(info) = infos.iter().find(|i| &i.name == table) {
+                if !signatures.contains_key(table) {
+                    signatures.insert(table.clone(), decode_signature(&info.signature)?);
+                }
             }
-            let Some(info) = infos.iter().find(|i| &i.name == table) else {
-                let mut names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
-                names.sort();
-                return Err(ClientError::invalid(format!(
-                    "Config {} inserts into table '{table}', which the server at {address} does \
-                     not have (its tables: [{}])",
-                    c.pattern.index,
-                    names.join(", ")
-                )));
-            };
-            signatures.insert(table.clone(), decode_signature(&info.signature)?);
         }
+        self.writer.set_tables(infos)?;
+        let mut names: Vec<String> = infos.iter().map(|i| i.name.clone()).collect();
+        names.sort();
+        self.server_tables = (address.to_owned(), names);
         self.signatures = Some(signatures);
         Ok(())
     }
@@ -447,8 +446,19 @@ impl StructuredWriter {
     /// Checks the shapes of `pattern`'s items against its table's signature.
     fn check_signature(&self, pattern: &Pattern, columns: &[ItemColumn]) -> Result<()> {
         let signatures = self.signatures.as_ref().expect("tables known");
-        let Some(Some(specs)) = signatures.get(&pattern.table) else {
-            return Ok(());
+        let specs = match signatures.get(&pattern.table) {
+            Some(Some(specs)) => specs,
+            Some(None) => return Ok(()),
+            None => {
+                let (address, names) = &self.server_tables;
+                return Err(ClientError::invalid(format!(
+                    "Config {} inserts into table '{}', which the server at {address} does not \
+                     have (its tables: [{}])",
+                    pattern.index,
+                    pattern.table,
+                    names.join(", ")
+                )));
+            }
         };
         let mut problems = Vec::new();
         if specs.len() != columns.len() {
