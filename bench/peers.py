@@ -1,6 +1,7 @@
 """Side by side with the replay buffers RL researchers also use, on the cases of
-`../shared/notes/anchors.md` (the same data for every system): cpprb and flashbax (JAX on
-the CPU, its buffer functions jit-compiled as its documentation shows):
+`../shared/notes/anchors.md` (the same data for every system): cpprb, flashbax (JAX on
+the CPU, its buffer functions jit-compiled as its documentation shows) and rlox (its
+`ReplayBuffer` / `PrioritizedReplayBuffer`; float32 actions, no frames):
 
 - a small transition: obs float32[8], action int32, reward float32, next_obs float32[8]
   (72 B, random floats); a frame item: obs uint8[84, 84] and a reward (7,060 B);
@@ -47,6 +48,12 @@ PEERS: Dict[str, List[str]] = {
     "cpprb": ["cpprb==11.0.0", "numpy==2.4.6"],
     # JAX on the CPU (the buffer lives on the device; here that is the CPU).
     "flashbax": ["flashbax==0.1.3", "jax[cpu]==0.4.38", "numpy==2.2.6"],
+    "rlox": ["rlox==1.2.0", "numpy==2.2.6"],
+}
+# Cases a peer has no buffer for (its table cell says n/a).
+UNSUPPORTED: Dict[str, List[str]] = {
+    # rlox's buffers hold float32 observation vectors (and float32 actions): no uint8 frames.
+    "rlox": ["sample_frames"],
 }
 CASES = [
     "sample_small",
@@ -351,12 +358,98 @@ def flashbax(case: str, seconds: float) -> float:
     raise ValueError(f"unknown case {case}")
 
 
+# --- rlox ---------------------------------------------------------------------------------
+
+
+def rlox(case: str, seconds: float) -> float:
+    import rlox as lib
+
+    def push_all(rb, steps: Dict[str, np.ndarray]) -> None:
+        n = len(steps["action"])
+        flags = np.zeros(n, np.uint8)
+        rb.push_batch(
+            steps["obs"].ravel(),
+            steps["next_obs"].ravel(),
+            steps["action"].astype(np.float32),
+            steps["reward"],
+            flags,
+            flags,
+        )
+
+    seeds = iter(range(1 << 62))
+    if case in ("sample_small", "learner_small"):
+        rb = lib.ReplayBuffer(SMALL_ITEMS, 8, 1)
+        push_all(rb, small_steps(SMALL_ITEMS))
+        if case == "sample_small":
+            return timed(seconds, lambda: len(rb.sample(BATCH, next(seeds))["rewards"]))
+
+        def learn() -> int:
+            learner_step(rb.sample(BATCH, next(seeds))["obs"])
+            return BATCH
+
+        return timed(seconds, learn)
+    if case == "prioritized":
+        rb = lib.PrioritizedReplayBuffer(SMALL_ITEMS, 8, 1, alpha=0.6, beta=0.4)
+        steps = small_steps(SMALL_ITEMS)
+        for t in range(SMALL_ITEMS):  # (its prioritized buffer has no batched push)
+            rb.push(
+                steps["obs"][t],
+                steps["action"][t : t + 1].astype(np.float32),
+                float(steps["reward"][t]),
+                False,
+                False,
+                next_obs=steps["next_obs"][t],
+            )
+        rng = np.random.default_rng(1)
+
+        def round_() -> int:
+            got = rb.sample(BATCH, next(seeds))
+            rb.update_priorities(got["indices"], rng.random(BATCH))
+            return BATCH
+
+        return timed(seconds, round_)
+    if case in ("insert_small_1", "insert_small_256"):
+        rb = lib.ReplayBuffer(1_000_000, 8, 1)
+        if case == "insert_small_1":
+            steps = small_steps(1000)
+            actions = steps["action"].astype(np.float32).reshape(-1, 1)
+
+            def one() -> int:
+                for t in range(1000):
+                    rb.push(
+                        steps["obs"][t],
+                        actions[t],
+                        float(steps["reward"][t]),
+                        False,
+                        False,
+                        next_obs=steps["next_obs"][t],
+                    )
+                return 1000
+
+            return timed(seconds, one)
+        steps = small_steps(BATCH)
+
+        def many() -> int:
+            for _ in range(20):
+                push_all(rb, steps)
+            return 20 * BATCH
+
+        return timed(seconds, many)
+    raise ValueError(f"unknown case {case}")
+
+
 def ours_remote(case: str, seconds: float) -> float:
     """Ours with the server in another process."""
     return ours(case, seconds, "process")
 
 
-SYSTEMS = {"ours": ours, "ours-remote": ours_remote, "cpprb": cpprb, "flashbax": flashbax}
+SYSTEMS = {
+    "ours": ours,
+    "ours-remote": ours_remote,
+    "cpprb": cpprb,
+    "flashbax": flashbax,
+    "rlox": rlox,
+}
 OURS = ["ours", "ours-remote"]
 
 
@@ -404,6 +497,8 @@ def main() -> None:
         results[case] = {name: [] for name, _ in systems}
         for _ in range(args.repeats):
             for name, python in systems:  # alternating, so all see the same machine
+                if case in UNSUPPORTED.get(name, []):
+                    continue
                 value = run_one(name, python, case, args.seconds)
                 if value is not None:
                     results[case][name].append(value)
