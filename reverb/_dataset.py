@@ -4,7 +4,8 @@ pipeline around the sampling kernel.
 The kernel (`ReverbRsDatasetSample`, one per iterator) owns a prefetching native sampler; each
 call returns all samples already queued, and fails with OUT_OF_RANGE at the end. The pipeline is
 
-    repeat -> V1 map(kernel) -> unbatch         (with `.batch(n)`: -> filter(not empty))
+    repeat -> V1 map(kernel) -> unbatch
+    repeat -> V1 map(kernel) -> rebatch(n) (or filter) -> take(-1)     (with `.batch(n)`)
 
 so a rate-limiter timeout or `max_samples` ends iteration cleanly (no error, nothing lost).
 """
