@@ -1,7 +1,8 @@
 """Side by side with the replay buffers RL researchers also use, on the cases of
 `../shared/notes/anchors.md` (the same data for every system): cpprb, flashbax (JAX on
-the CPU, its buffer functions jit-compiled as its documentation shows) and rlox (its
-`ReplayBuffer` / `PrioritizedReplayBuffer`; float32 actions, no frames):
+the CPU, its buffer functions jit-compiled as its documentation shows), rlox (its
+`ReplayBuffer` / `PrioritizedReplayBuffer`; float32 actions, no frames) and TorchRL (replay
+buffers over a `LazyTensorStorage`, batches as torch tensors):
 
 - a small transition: obs float32[8], action int32, reward float32, next_obs float32[8]
   (72 B, random floats); a frame item: obs uint8[84, 84] and a reward (7,060 B);
@@ -49,6 +50,7 @@ PEERS: Dict[str, List[str]] = {
     # JAX on the CPU (the buffer lives on the device; here that is the CPU).
     "flashbax": ["flashbax==0.1.3", "jax[cpu]==0.4.38", "numpy==2.2.6"],
     "rlox": ["rlox==1.2.0", "numpy==2.2.6"],
+    "torchrl": ["torchrl==0.14.1", "tensordict==0.14.3", "torch==2.15.0", "numpy==2.2.6"],
 }
 # Cases a peer has no buffer for (its table cell says n/a).
 UNSUPPORTED: Dict[str, List[str]] = {
@@ -438,6 +440,73 @@ def rlox(case: str, seconds: float) -> float:
     raise ValueError(f"unknown case {case}")
 
 
+# --- TorchRL ------------------------------------------------------------------------------
+
+
+def torchrl(case: str, seconds: float) -> float:
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictPrioritizedReplayBuffer
+
+    # One thread, as every side's BLAS has: idle OpenMP threads otherwise spin on the 2 cores.
+    torch.set_num_threads(1)
+
+    def tensors(steps: Dict[str, np.ndarray]) -> TensorDict:
+        n = len(next(iter(steps.values())))
+        return TensorDict({k: torch.from_numpy(v) for k, v in steps.items()}, batch_size=[n])
+
+    if case in ("sample_small", "sample_frames", "learner_small"):
+        n, steps = (
+            (FRAME_ITEMS, frame_steps(FRAME_ITEMS))
+            if case == "sample_frames"
+            else (SMALL_ITEMS, small_steps(SMALL_ITEMS))
+        )
+        rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=BATCH)
+        rb.extend(tensors(steps))
+        if case != "learner_small":
+            return timed(seconds, lambda: len(rb.sample()["reward"]))
+
+        def learn() -> int:
+            learner_step(rb.sample()["obs"].numpy())
+            return BATCH
+
+        return timed(seconds, learn)
+    if case == "prioritized":
+        rb = TensorDictPrioritizedReplayBuffer(
+            alpha=0.6, beta=0.4, storage=LazyTensorStorage(SMALL_ITEMS), batch_size=BATCH
+        )
+        rb.extend(tensors(small_steps(SMALL_ITEMS)))
+        rng = np.random.default_rng(1)
+
+        def round_() -> int:
+            got = rb.sample()
+            rb.update_priority(got["index"], torch.from_numpy(rng.random(BATCH, np.float32)))
+            return BATCH
+
+        return timed(seconds, round_)
+    if case in ("insert_small_1", "insert_small_256"):
+        rb = ReplayBuffer(storage=LazyTensorStorage(1_000_000))
+        if case == "insert_small_1":
+            steps = tensors(small_steps(1000))
+            rows = [steps[t] for t in range(1000)]
+
+            def one() -> int:
+                for row in rows:
+                    rb.add(row)
+                return 1000
+
+            return timed(seconds, one)
+        batch = tensors(small_steps(BATCH))
+
+        def many() -> int:
+            for _ in range(20):
+                rb.extend(batch)
+            return 20 * BATCH
+
+        return timed(seconds, many)
+    raise ValueError(f"unknown case {case}")
+
+
 def ours_remote(case: str, seconds: float) -> float:
     """Ours with the server in another process."""
     return ours(case, seconds, "process")
@@ -449,6 +518,7 @@ SYSTEMS = {
     "cpprb": cpprb,
     "flashbax": flashbax,
     "rlox": rlox,
+    "torchrl": torchrl,
 }
 OURS = ["ours", "ours-remote"]
 
