@@ -1,7 +1,7 @@
 //! `reverb._native.StructuredWriter`: the native half of `reverb.StructuredWriter`. Configs
 //! are evaluated natively after every append; Python only flattens the step.
 
-use crate::blocking::{deadline_ms, locked, wait_locked, with_views};
+use crate::blocking::{deadline_ms, locked, with_views};
 use crate::client::PyClient;
 use crate::errors::IntoPyResult;
 use crate::numpy::{to_array, Array};
@@ -26,22 +26,17 @@ pub(crate) struct PyStructuredWriter {
 }
 
 impl PyStructuredWriter {
-    /// Waits as [`wait_locked`] on this writer, handing it the server's tables when they
-    /// come (queued items may wait for them).
+    /// Waits as [`TablesFetch::wait_locked`] on this writer (handing it the server's tables
+    /// when they come: queued items may wait for them).
     fn wait_until(
         &self,
         py: Python<'_>,
         deadline: Option<Instant>,
         what: &str,
-        mut step: impl FnMut(&mut StructuredWriter, Option<Instant>) -> reverb_client::Result<bool>
-            + Send,
+        step: impl FnMut(&mut StructuredWriter, Option<Instant>) -> reverb_client::Result<bool> + Send,
     ) -> PyResult<()> {
-        wait_locked(py, &self.inner, deadline, what, |w, until| {
-            // Items waiting for the tables: wait for them (not spin) within this slice.
-            let wait = w.awaiting_tables().then_some(until).flatten();
-            self.tables.poll(w, wait)?;
-            step(w, until)
-        })
+        self.tables
+            .wait_locked(py, &self.inner, deadline, what, step)
     }
 }
 

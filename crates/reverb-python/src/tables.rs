@@ -2,7 +2,7 @@
 //! items against them: items created before the answer are queued and checked when it comes,
 //! before they are sent, so no call waits longer than its own timeout for the tables.
 
-use crate::blocking::{locked, slices};
+use crate::blocking::{locked, slices, wait_locked};
 use crate::errors::IntoPyResult;
 use pyo3::prelude::*;
 use reverb_client::writer::{StructuredWriter, TrajectoryWriter};
@@ -25,6 +25,8 @@ pub(crate) trait TakesTables: Send {
     fn client(&mut self) -> &Client;
     /// Hands it the answer.
     fn set_tables(&mut self, infos: &[TableInfo]) -> reverb_client::Result<()>;
+    /// Whether queued items wait for the tables.
+    fn awaiting_tables(&self) -> bool;
 }
 
 impl TakesTables for TrajectoryWriter {
@@ -36,6 +38,9 @@ impl TakesTables for TrajectoryWriter {
     }
     fn set_tables(&mut self, infos: &[TableInfo]) -> reverb_client::Result<()> {
         TrajectoryWriter::set_tables(self, infos)
+    }
+    fn awaiting_tables(&self) -> bool {
+        TrajectoryWriter::awaiting_tables(self)
     }
 }
 
@@ -49,6 +54,9 @@ impl TakesTables for StructuredWriter {
     fn set_tables(&mut self, infos: &[TableInfo]) -> reverb_client::Result<()> {
         let address = self.writer().client().address().to_string();
         StructuredWriter::set_tables(self, infos, &address)
+    }
+    fn awaiting_tables(&self) -> bool {
+        StructuredWriter::awaiting_tables(self)
     }
 }
 
@@ -136,6 +144,24 @@ impl TablesFetch {
             w.set_tables(&answer?)?;
         }
         Ok(false)
+    }
+
+    /// Waits as [`wait_locked`] on `writer`, handing it the server's tables when they come
+    /// (queued items may wait for them).
+    pub(crate) fn wait_locked<W: TakesTables>(
+        &self,
+        py: Python<'_>,
+        writer: &Mutex<W>,
+        deadline: Option<Instant>,
+        what: &str,
+        mut step: impl FnMut(&mut W, Option<Instant>) -> reverb_client::Result<bool> + Send,
+    ) -> PyResult<()> {
+        wait_locked(py, writer, deadline, what, |w, until| {
+            // Items waiting for the tables: wait for them (not spin) within this slice.
+            let wait = w.awaiting_tables().then_some(until).flatten();
+            self.poll(w, wait)?;
+            step(w, until)
+        })
     }
 
     /// When the writer closes with items waiting for the tables: gives them until `until`

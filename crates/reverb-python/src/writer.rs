@@ -1,7 +1,7 @@
 //! `reverb._native.TrajectoryWriter`: the native half of `TrajectoryWriter`,
 //! `VectorTrajectoryWriter` and `Client.insert`.
 
-use crate::blocking::{deadline_ms, locked, wait_locked, with_views};
+use crate::blocking::{deadline_ms, locked, with_views};
 use crate::client::PyClient;
 use crate::column::column_leaves;
 use crate::errors::{client_error, IntoPyResult};
@@ -146,22 +146,17 @@ impl PyTrajectoryWriter {
         Ok(key)
     }
 
-    /// Waits as [`wait_locked`] on this writer, handing it the server's tables when they
-    /// come (queued items may wait for them).
+    /// Waits as [`TablesFetch::wait_locked`] on this writer (handing it the server's tables
+    /// when they come: queued items may wait for them).
     fn wait_until(
         &self,
         py: Python<'_>,
         deadline: Option<Instant>,
         what: &str,
-        mut step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool>
-            + Send,
+        step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool> + Send,
     ) -> PyResult<()> {
-        wait_locked(py, &self.inner, deadline, what, |w, until| {
-            // Items waiting for the tables: wait for them (not spin) within this slice.
-            let wait = w.awaiting_tables().then_some(until).flatten();
-            self.tables.poll(w, wait)?;
-            step(w, until)
-        })
+        self.tables
+            .wait_locked(py, &self.inner, deadline, what, step)
     }
 }
 
