@@ -126,14 +126,19 @@ def test_tf_datasets_read_rows(batch) -> None:
     ]
     with reverb.Server(tables) as server:
         client = reverb.Client(f"localhost:{server.port}")
-        with client.trajectory_writer(2) as writer:
-            for t in range(41):
-                writer.append({"obs": _step(t, "float32", (3,), False), "t": np.int64(t)})
-                if t:
-                    history = writer.history
-                    writer.create_item(
-                        "u", 1.0, {"obs": history["obs"][-2:], "t": history["t"][-1]}
-                    )
+
+        def write(table: str, t_steps: slice | int) -> None:
+            """Items of two steps' obs and `t_steps` of t, one per step after the first."""
+            with client.trajectory_writer(2) as writer:
+                for t in range(41):
+                    writer.append({"obs": _step(t, "float32", (3,), False), "t": np.int64(t)})
+                    if t:
+                        history = writer.history
+                        writer.create_item(
+                            table, 1.0, {"obs": history["obs"][-2:], "t": history["t"][t_steps]}
+                        )
+
+        write("u", -1)
         address = f"localhost:{server.port}"
         kwargs = dict(
             dtypes=(tf.float32, tf.int64),
@@ -156,14 +161,7 @@ def test_tf_datasets_read_rows(batch) -> None:
                 )
             assert (sample.info.table_size.numpy() == 40).all()
         # Items whose columns all have a time dimension, for steps.
-        with client.trajectory_writer(2) as writer:
-            for t in range(41):
-                writer.append({"obs": _step(t, "float32", (3,), False), "t": np.int64(t)})
-                if t:
-                    history = writer.history
-                    writer.create_item(
-                        "s", 1.0, {"obs": history["obs"][-2:], "t": history["t"][-2:]}
-                    )
+        write("s", slice(-2, None))
         steps = reverb.TimestepDataset(
             address,
             "s",

@@ -25,21 +25,6 @@ pub(crate) struct PyStructuredWriter {
     tables: TablesFetch,
 }
 
-impl PyStructuredWriter {
-    /// Waits as [`TablesFetch::wait_locked`] on this writer (handing it the server's tables
-    /// when they come: queued items may wait for them).
-    fn wait_until(
-        &self,
-        py: Python<'_>,
-        deadline: Option<Instant>,
-        what: &str,
-        step: impl FnMut(&mut StructuredWriter, Option<Instant>) -> reverb_client::Result<bool> + Send,
-    ) -> PyResult<()> {
-        self.tables
-            .wait_locked(py, &self.inner, deadline, what, step)
-    }
-}
-
 #[pymethods]
 impl PyStructuredWriter {
     /// A writer applying `configs` (serialized `StructuredWriterConfig`s); ValueError naming
@@ -107,7 +92,10 @@ impl PyStructuredWriter {
         match appended {
             Ok(true) => Ok(None),
             Ok(false) => {
-                self.wait_until(py, None, "append", |w, until| w.writer().send_ready(until))?;
+                self.tables
+                    .wait_locked(py, &self.inner, None, "append", |w, until| {
+                        w.writer().send_ready(until)
+                    })?;
                 Ok(None)
             }
             Err(e) => append_error(py, e),
@@ -123,9 +111,10 @@ impl PyStructuredWriter {
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
         let deadline = deadline_ms(timeout_ms)?;
-        self.wait_until(py, deadline, "flush", |w, until| {
-            w.writer().flush(block_until_num_items, until)
-        })
+        self.tables
+            .wait_locked(py, &self.inner, deadline, "flush", |w, until| {
+                w.writer().flush(block_until_num_items, until)
+            })
     }
 
     /// Applies the end-of-episode configs, ends the episode and waits until every item is
@@ -139,9 +128,10 @@ impl PyStructuredWriter {
     ) -> PyResult<()> {
         let deadline = deadline_ms(timeout_ms)?;
         locked(py, &self.inner, |w| w.end_episode(clear_buffers)).py()?;
-        self.wait_until(py, deadline, "end_episode", |w, until| {
-            w.writer().flush(0, until)
-        })
+        self.tables
+            .wait_locked(py, &self.inner, deadline, "end_episode", |w, until| {
+                w.writer().flush(0, until)
+            })
     }
 
     /// Whether a partial step is open.

@@ -52,8 +52,7 @@ impl TakesTables for StructuredWriter {
         self.writer().client()
     }
     fn set_tables(&mut self, infos: &[TableInfo]) -> reverb_client::Result<()> {
-        let address = self.writer().client().address().to_string();
-        StructuredWriter::set_tables(self, infos, &address)
+        StructuredWriter::set_tables(self, infos)
     }
     fn awaiting_tables(&self) -> bool {
         StructuredWriter::awaiting_tables(self)

@@ -141,22 +141,12 @@ impl PyTrajectoryWriter {
         let now = Some(Instant::now());
         let (key, sent) = self.with_table(py, |w| w.create_item(table, priority, columns, now))?;
         if !sent {
-            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+            self.tables
+                .wait_locked(py, &self.inner, None, "create_item", |w, until| {
+                    w.send_ready(until)
+                })?;
         }
         Ok(key)
-    }
-
-    /// Waits as [`TablesFetch::wait_locked`] on this writer (handing it the server's tables
-    /// when they come: queued items may wait for them).
-    fn wait_until(
-        &self,
-        py: Python<'_>,
-        deadline: Option<Instant>,
-        what: &str,
-        step: impl FnMut(&mut TrajectoryWriter, Option<Instant>) -> reverb_client::Result<bool> + Send,
-    ) -> PyResult<()> {
-        self.tables
-            .wait_locked(py, &self.inner, deadline, what, step)
     }
 }
 
@@ -338,7 +328,10 @@ impl PyTrajectoryWriter {
             w.create_item(&table, priority, &columns, now)
         })?;
         if !sent {
-            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+            self.tables
+                .wait_locked(py, &self.inner, None, "create_item", |w, until| {
+                    w.send_ready(until)
+                })?;
         }
         Ok(key)
     }
@@ -352,9 +345,10 @@ impl PyTrajectoryWriter {
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
         let deadline = deadline_ms(timeout_ms)?;
-        self.wait_until(py, deadline, "flush", |w, until| {
-            w.flush(block_until_num_items, until)
-        })
+        self.tables
+            .wait_locked(py, &self.inner, deadline, "flush", |w, until| {
+                w.flush(block_until_num_items, until)
+            })
     }
 
     /// Ends the episode (see `TrajectoryWriter::end_episode`), then waits until every item is
@@ -368,7 +362,10 @@ impl PyTrajectoryWriter {
     ) -> PyResult<()> {
         let deadline = deadline_ms(timeout_ms)?;
         self.with(py, |w| w.end_episode(clear_buffers));
-        self.wait_until(py, deadline, "end_episode", |w, until| w.flush(0, until))
+        self.tables
+            .wait_locked(py, &self.inner, deadline, "end_episode", |w, until| {
+                w.flush(0, until)
+            })
     }
 
     /// Whether the insert stream has failed for good.
@@ -524,7 +521,10 @@ impl PyTrajectoryWriter {
             w.create_env_items(&table, &priorities, &envs, &columns, now)
         })?;
         if !sent {
-            self.wait_until(py, None, "create_item", |w, until| w.send_ready(until))?;
+            self.tables
+                .wait_locked(py, &self.inner, None, "create_item", |w, until| {
+                    w.send_ready(until)
+                })?;
         }
         Ok(())
     }

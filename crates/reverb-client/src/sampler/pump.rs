@@ -1,8 +1,8 @@
 //! The one loop that takes samples off a sample stream, whatever transport it runs on: it
 //! keeps a window of samples asked for (drawn from a budget of samples not yet asked for)
 //! and hands on the samples that arrive together as they arrive. A prefetching sampler's
-//! workers pump into the consumer's queue; a one-shot call ([`crate::Client::sample`]) pumps the samples it asked
-//! for into a vector, as a sampler asked for N.
+//! workers pump into the consumer's queue; a one-shot call ([`crate::Client::sample`]) pumps
+//! the samples it asked for into a vector, as a sampler asked for N.
 
 use crate::transport::SampleStream;
 use crate::{Result, Sampled};

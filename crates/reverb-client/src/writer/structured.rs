@@ -71,9 +71,9 @@ pub struct StructuredWriter {
     /// Signatures of the configs' tables the server has (`None`: the table has none), once
     /// known.
     signatures: Option<HashMap<String, Option<Vec<Spec>>>>,
-    /// The server's address and its tables' names, once known (for the error of a config
-    /// whose table it does not have).
-    server_tables: (String, Vec<String>),
+    /// The server's tables' names, once known (for the error of a config whose table it
+    /// does not have).
+    server_tables: Vec<String>,
 }
 
 impl StructuredWriter {
@@ -136,7 +136,7 @@ impl StructuredWriter {
             current: None,
             newest: 0,
             signatures: None,
-            server_tables: (String::new(), Vec::new()),
+            server_tables: Vec::new(),
         })
     }
 
@@ -177,7 +177,7 @@ impl StructuredWriter {
     /// Takes the tables' signatures from a `ServerInfo` answer. A config whose table the
     /// server does not have is refused each time it applies (naming the config); items made
     /// for it before are dropped when they would be sent.
-    pub fn set_tables(&mut self, infos: &[TableInfo], address: &str) -> Result<()> {
+    pub fn set_tables(&mut self, infos: &[TableInfo]) -> Result<()> {
         let mut signatures = HashMap::new();
         for c in &self.configs {
             let table = &c.pattern.table;
@@ -188,9 +188,8 @@ impl StructuredWriter {
             }
         }
         self.writer.set_tables(infos)?;
-        let mut names: Vec<String> = infos.iter().map(|i| i.name.clone()).collect();
-        names.sort();
-        self.server_tables = (address.to_owned(), names);
+        self.server_tables = infos.iter().map(|i| i.name.clone()).collect();
+        self.server_tables.sort();
         self.signatures = Some(signatures);
         Ok(())
     }
@@ -450,13 +449,13 @@ impl StructuredWriter {
             Some(Some(specs)) => specs,
             Some(None) => return Ok(()),
             None => {
-                let (address, names) = &self.server_tables;
                 return Err(ClientError::invalid(format!(
-                    "Config {} inserts into table '{}', which the server at {address} does not \
-                     have (its tables: [{}])",
+                    "Config {} inserts into table '{}', which the server at {} does not have \
+                     (its tables: [{}])",
                     pattern.index,
                     pattern.table,
-                    names.join(", ")
+                    self.writer.client().address(),
+                    self.server_tables.join(", ")
                 )));
             }
         };
