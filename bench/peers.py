@@ -1,8 +1,10 @@
 """Side by side with the replay buffers RL researchers also use, on the cases of
 `../shared/notes/anchors.md` (the same data for every system): cpprb, flashbax (JAX on
 the CPU, its buffer functions jit-compiled as its documentation shows), rlox (its
-`ReplayBuffer` / `PrioritizedReplayBuffer`; float32 actions, no frames) and TorchRL (replay
-buffers over a `LazyTensorStorage`, batches as torch tensors):
+`ReplayBuffer` / `PrioritizedReplayBuffer`; float32 actions, no frames), TorchRL (replay
+buffers over a `LazyTensorStorage`, batches as torch tensors) and echo (id-echo, a networked
+FIFO: actors stream steps over TCP to a server in the learner's process; no replay, so only
+the networked case):
 
 - a small transition: obs float32[8], action int32, reward float32, next_obs float32[8]
   (72 B, random floats); a frame item: obs uint8[84, 84] and a reward (7,060 B);
@@ -14,11 +16,18 @@ buffers over a `LazyTensorStorage`, batches as torch tensors):
   timed until stored;
 - `learner_small`: a learner's loop, a uniform batch of 256 small transitions then a step
   of numpy work on it (an MLP's forward pass over the observations, 128 wide: about 0.3 ms
-  on the 2-vCPU VM): what sampling costs a learner that does something with its batches.
+  on the 2-vCPU VM): what sampling costs a learner that does something with its batches;
+- `networked_small`: an actor process sends small transitions, one step per call (episodes
+  of 1000 steps where the system has episodes), over loopback TCP into a FIFO that the
+  learner (this process) reads in batches of 256, each step delivered once: the steps per
+  second the learner receives. Ours: a queue table with a signature fed by a trajectory
+  writer (an item per step); echo: its TCP client into its server, which lives in the
+  learner's process. The in-process buffers have no such case.
 
 Ours runs twice: with the server in the benchmark's process (`ours`; the in-process buffers
 have no other setting), and with the server in another process, reached over loopback gRPC
-(`ours-remote`, as a learner reaches a replay server), through the APIs users call:
+(`ours-remote`, as a learner reaches a replay server; in `networked_small` the actor is a
+third process), through the APIs users call:
 `TrajectoryIterator`, `mutate_priorities`, trajectory writers into tables with signatures.
 Each peer runs in its own virtualenv under `~/.cache/reverb-peers/NAME`, made on first use
 with the pinned versions below.
@@ -27,6 +36,7 @@ with the pinned versions below.
         [--seconds 3] [--markdown FILE]
 
     python bench/peers.py run SYSTEM CASE SECONDS   (one measurement: prints a JSON line)
+    python bench/peers.py actor SYSTEM ADDRESS       (networked_small's actor, until killed)
 """
 
 from __future__ import annotations
@@ -51,11 +61,15 @@ PEERS: Dict[str, List[str]] = {
     "flashbax": ["flashbax==0.1.3", "jax[cpu]==0.4.38", "numpy==2.2.6"],
     "rlox": ["rlox==1.2.0", "numpy==2.2.6"],
     "torchrl": ["torchrl==0.14.1", "tensordict==0.14.3", "torch==2.15.0", "numpy==2.2.6"],
+    "echo": ["id-echo==0.2.1", "optree==0.20.0", "numpy==2.2.6"],
 }
 # Cases a peer has no buffer for (its table cell says n/a).
 UNSUPPORTED: Dict[str, List[str]] = {
     # rlox's buffers hold float32 observation vectors (and float32 actions): no uint8 frames.
-    "rlox": ["sample_frames"],
+    "rlox": ["sample_frames", "networked_small"],
+    "cpprb": ["networked_small"],
+    "flashbax": ["networked_small"],
+    "torchrl": ["networked_small"],
 }
 CASES = [
     "sample_small",
@@ -64,7 +78,10 @@ CASES = [
     "insert_small_1",
     "insert_small_256",
     "learner_small",
+    "networked_small",
 ]
+# echo is a FIFO without replay: only the networked case.
+UNSUPPORTED["echo"] = [c for c in CASES if c != "networked_small"]
 SMALL_ITEMS = 100_000
 FRAME_ITEMS = 20_000
 BATCH = 256
@@ -101,6 +118,59 @@ def learner_step(obs: np.ndarray) -> None:
     w1, w2 = _WEIGHTS
     hidden = np.maximum(np.asarray(obs, np.float32).reshape(len(obs), 8) @ w1, 0.0)
     float(np.tanh(hidden @ w2).sum())
+
+
+def actor(system: str, target: str) -> subprocess.Popen:
+    """The actor process of `networked_small`: sends small transitions, one step per call,
+    to `target` (an address) until killed."""
+    python = sys.executable if system in OURS else peer_python(system)
+    return subprocess.Popen(
+        [python, os.path.abspath(__file__), "actor", system, target],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def act(system: str, target: str) -> None:
+    """The body of `actor`, in the actor process."""
+    steps = small_steps(1000)
+    if system == "echo":
+        import echo
+
+        host, port = target.rsplit(":", 1)
+        client = echo.TcpClient(host, int(port), _echo_example())
+        while True:
+            for t in range(1000):
+                client.send({k: v[t] for k, v in steps.items()})
+    sys.path.insert(0, HERE)
+    import workloads
+
+    import reverb
+
+    client = reverb.Client(target)
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        while True:
+            for t in range(1000):
+                writer.append({k: v[t] for k, v in steps.items()})
+                writer.create_item(
+                    workloads.TRANSITION_QUEUE,
+                    1.0,
+                    {k: v[-1] for k, v in writer.history.items()},
+                )
+            writer.end_episode()
+
+
+def received(seconds: float, batches: Callable[[], int], feeder: subprocess.Popen) -> float:
+    """Steps per second a learner receives through `batches` (the steps of one batch) while
+    `feeder` runs; the first batch (the actor starting) is not timed."""
+    try:
+        rate = timed(seconds, batches)
+        if feeder.poll() is not None:
+            raise RuntimeError(f"the actor process exited ({feeder.returncode})")
+        return rate
+    finally:
+        feeder.kill()
+        feeder.wait()
 
 
 def timed(seconds: float, step: Callable[[], int]) -> float:
@@ -157,6 +227,16 @@ def ours(case: str, seconds: float, mode: str = "inproc") -> float:
                 return len(keys)
 
             return timed(seconds, round_)
+        if case == "networked_small":
+            feeder = actor("ours", address)
+            it = reverb.TrajectoryIterator(
+                address,
+                workloads.TRANSITION_QUEUE,
+                batch_size=BATCH,
+                rate_limiter_timeout_ms=60_000,
+                unpack_as_table_signature=True,
+            )
+            return received(seconds, lambda: len(next(it).info.key), feeder)
         if case == "insert_small_1":
             steps = small_steps(1000)
             with client.trajectory_writer(num_keep_alive_refs=1) as writer:
@@ -507,6 +587,32 @@ def torchrl(case: str, seconds: float) -> float:
     raise ValueError(f"unknown case {case}")
 
 
+def _echo_example() -> Dict[str, np.ndarray]:
+    """The small transition's structure, as echo's server and client take it."""
+    return {k: np.zeros_like(v[0]) for k, v in small_steps(1).items()}
+
+
+def echo(case: str, seconds: float) -> float:
+    """echo: its server (TCP transport) in this process, fed by an actor process."""
+    import echo as echo_lib
+
+    assert case == "networked_small", case
+    server = echo_lib.Server(_echo_example(), BATCH, transport=echo_lib.TcpTransport(0))
+    server.start()
+    try:
+        feeder = actor("echo", f"127.0.0.1:{server.port}")
+
+        def batch() -> int:
+            sample = server.sample()
+            if sample is None:
+                raise RuntimeError("the echo server shut down")
+            return len(sample.batch["action"])
+
+        return received(seconds, batch, feeder)
+    finally:
+        server.close()
+
+
 def ours_remote(case: str, seconds: float) -> float:
     """Ours with the server in another process."""
     return ours(case, seconds, "process")
@@ -519,6 +625,7 @@ SYSTEMS = {
     "flashbax": flashbax,
     "rlox": rlox,
     "torchrl": torchrl,
+    "echo": echo,
 }
 OURS = ["ours", "ours-remote"]
 
@@ -553,6 +660,9 @@ def main() -> None:
         print(json.dumps({"system": system, "case": case, "value": value}))
         sys.stdout.flush()
         os._exit(0)  # (do not wait for a server's background threads)
+    if len(sys.argv) > 1 and sys.argv[1] == "actor":
+        act(sys.argv[2], sys.argv[3])
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--cases", default=",".join(CASES))

@@ -34,6 +34,7 @@ STRINGS = "strings"  # obs float32[2, 8], text string[2]
 # The peers' cases (`../shared/notes/anchors.md`), one step per item.
 TRANSITIONS = "transitions"  # obs float32[8], action int32, reward float32, next_obs float32[8]
 FRAME_ITEMS = "frame_items"  # obs uint8[84, 84], reward float32
+TRANSITION_QUEUE = "transition_queue"  # a FIFO queue (each item sampled once) of transitions
 EPISODE = 1000  # steps per episode of the writer workloads
 
 
@@ -70,6 +71,7 @@ def make_tables(max_size: int = 1_000_000, structured: bool = False) -> list:
         ),
         table(TRANSITIONS, transition_spec(tf)),
         table(FRAME_ITEMS, frame_item_spec(tf)),
+        reverb.Table.queue(TRANSITION_QUEUE, 10_000, signature=transition_spec(tf)),
     ]
     return extra + [
         table(TABLE),
