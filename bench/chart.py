@@ -4,6 +4,12 @@ first). Rows of other runs are never mixed in. With a third argument, the first 
 the first line containing it (e.g. "### Full side-by-side run of 1141a80").
 
 python bench/chart.py bench/RESULTS.md bench/ratios.png [AFTER]   (needs matplotlib)
+
+With `--peers`, the peers chart instead: the first table (after AFTER) of `bench/peers.py`'s
+output as the README shows it (a column per system, then ratio columns "ours / peer"), as
+items/s per case and system on a log scale.
+
+python bench/chart.py --peers README.md bench/peers.png "### Against in-process"
 """
 
 from __future__ import annotations
@@ -33,7 +39,87 @@ def read_rows(source: str, after: str = "") -> list:
     return rows
 
 
+def _lines_after(source: str, after: str) -> list:
+    with open(source) as f:
+        lines = f.read().splitlines()
+    if after:
+        starts = [i for i, line in enumerate(lines) if after in line]
+        if not starts:
+            raise SystemExit(f"no line of {source} contains {after!r}")
+        lines = lines[starts[0] + 1 :]
+    return lines
+
+
+def read_peers(source: str, after: str = "") -> tuple:
+    """(systems, [(case, [items/s or None per system])]) of the first peers table in
+    `source` (after the first line containing `after`, if given): the columns before the
+    first ratio column ("a / b") are systems."""
+    systems: list = []
+    rows: list = []
+    for line in _lines_after(source, after):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        if not systems:
+            systems = [c for c in cells[1:] if " / " not in c]
+            continue
+        if set(cells[0]) <= set("-"):
+            continue
+        values = []
+        for cell in cells[1 : 1 + len(systems)]:
+            number = re.match(r"[\d,.]+", cell)
+            values.append(float(number.group(0).replace(",", "")) if number else None)
+        rows.append((cells[0], values))
+    if not rows:
+        raise SystemExit(f"no peers table in {source}")
+    return systems, rows
+
+
+def draw_peers(source: str, target: str, after: str) -> None:
+    """Grouped bars: items/s of every system on every case (log scale)."""
+    systems, rows = read_peers(source, after)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    height = 0.8 / len(systems)
+    fig, ax = plt.subplots(figsize=(9, 2.2 + 0.75 * len(rows)))
+    colors = plt.get_cmap("tab10").colors
+    for j, system in enumerate(systems):
+        ys = [i + (j - (len(systems) - 1) / 2) * height for i in range(len(rows))]
+        xs = [values[j] or 0 for _, values in rows]
+        ax.barh(ys, xs, height=height, label=system, color=colors[j % len(colors)])
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([_wrap(case) for case, _ in rows], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(left=1e4)
+    ax.set_xlabel("items (steps) per second, log scale; a missing bar: no such buffer")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4)
+    ax.set_title("reverb (this project) and the replay buffers researchers also use")
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+
+
+def _wrap(text: str, width: int = 34) -> str:
+    """`text` broken into lines of at most about `width` characters."""
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return "\n".join(lines + [line])
+
+
 def main() -> None:
+    if sys.argv[1] == "--peers":
+        draw_peers(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
+        return
     source, target = sys.argv[1], sys.argv[2]
     rows = read_rows(source, sys.argv[3] if len(sys.argv) > 3 else "")
     import matplotlib
