@@ -429,13 +429,21 @@ class CheckpointReader:
 @final
 class CheckpointItems:
     """One table's items in insertion order: (key, priority, times_sampled, (seconds,
-    nanos), (episode id, step), squeezed columns, columns or None)."""
+    nanos), (episode id, step), squeezed columns, per column (episode id, first step, rows),
+    columns or None)."""
 
     def __iter__(self) -> CheckpointItems: ...
     def __next__(
         self,
     ) -> Tuple[
-        int, float, int, Tuple[int, int], Tuple[int, int], List[bool], Optional[List[_Column]]
+        int,
+        float,
+        int,
+        Tuple[int, int],
+        Tuple[int, int],
+        List[bool],
+        List[Tuple[int, int, int]],
+        Optional[List[_Column]],
     ]: ...
 
 def connect_wait_seconds() -> float: ...

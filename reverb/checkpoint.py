@@ -69,6 +69,9 @@ class CheckpointItem:
     #: Per column: whether the item took it from one step, without a time dimension
     #: (`history[c][-1]` rather than a slice).
     squeezed: Tuple[bool, ...]
+    #: Per column: the episode and step of its first row, and how many rows it has (1 for
+    #: a squeezed column): which steps of which episode the item holds.
+    spans: Tuple[Tuple[int, int, int], ...]
     #: The trajectory: a list of numpy arrays (one per column), or the table signature's
     #: nest with `unpack_as_table_signature`; None when items were read with `data=False`.
     data: Any
@@ -151,7 +154,7 @@ class Checkpoint:
             raise KeyError(f"no table {table!r} in {self.path} (it has {sorted(self.tables)})")
         signature = self.tables[table].signature if unpack_as_table_signature else None
         for entry in self._reader.items(table, data):
-            key, priority, times_sampled, (secs, nanos), (episode, step), squeezed, columns = entry
+            key, priority, times_sampled, (secs, nanos), origin, squeezed, spans, columns = entry
             item_data: Any = None
             if columns is not None:
                 item_data = to_sample(None, columns, False, signature).data
@@ -160,9 +163,10 @@ class Checkpoint:
                 priority=priority,
                 times_sampled=times_sampled,
                 inserted_at=_time(secs, nanos),
-                episode_id=episode,
-                step=step,
+                episode_id=origin[0],
+                step=origin[1],
                 squeezed=tuple(squeezed),
+                spans=tuple(spans),
                 data=item_data,
             )
 

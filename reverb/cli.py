@@ -1,8 +1,10 @@
 """The `reverb` command: look into a replay.
 
     reverb inspect PATH_OR_ADDRESS [--table T] [--bins N] [--plot out.png]
-    reverb export PATH --to DIR [--table T] [--format parquet]
+    reverb export PATH --to DIR [--table T] [--rows auto|items|steps] [--format parquet]
     reverb import FILE.parquet --to HOST:PORT [--table T]
+    reverb import DATASET --episodes --to HOST:PORT --table T [--column NAME=COLUMN ...]
+        [--episode-column C] [--step-column C] [--sequence-length N] [--period P]
     reverb top HOST:PORT [--metrics-port P] [--interval S] [--once]
 
 `inspect` describes a checkpoint (a directory `Client.checkpoint()` returned, its file, or a
@@ -11,8 +13,9 @@ its items' priorities and times sampled (statistics and histograms) and episodes
 server's address (`host:port`) instead, it describes the live tables from `ServerInfo` (what
 any Reverb server, dm-reverb's too, reports: sizes, episodes, rate limiter, signature).
 `--plot` draws the histograms into a PNG (needs matplotlib). `export` writes each table of a
-checkpoint to `DIR/<table>.parquet` and `import` seeds a live table with such a file's items
-(see `reverb.parquet`). Not in the reference.
+checkpoint to `DIR/<table>.parquet` and `import` seeds a live table with such a file's items,
+or, with `--episodes`, with the episodes of a dataset of step rows (a LeRobot v3 dataset's
+root, say; see `reverb.parquet.load_episodes`). Not in the reference.
 """
 
 from __future__ import annotations
@@ -202,14 +205,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     export.add_argument("--to", required=True, metavar="DIR", help="where the files go")
     export.add_argument("--table", action="append", help="only this table (repeatable)")
     export.add_argument("--format", default="parquet", choices=["parquet"])
-    export.add_argument("--batch-rows", type=int, default=1024, help="items per row group")
+    export.add_argument("--batch-rows", type=int, default=1024, help="rows per row group")
+    export.add_argument(
+        "--rows",
+        default="auto",
+        choices=["auto", "items", "steps"],
+        help="a row per item, or per step of the episodes reassembled from the items; auto "
+        "(default): steps where the items allow it",
+    )
     load = commands.add_parser(
         "import", help="seed a live table with the items of a Parquet file (reverb export's)"
     )
-    load.add_argument("file", help="a Parquet file of item rows")
+    load.add_argument("file", help="a Parquet file of item rows (with --episodes: a dataset)")
     load.add_argument("--to", required=True, metavar="HOST:PORT", help="the server")
     load.add_argument("--table", help="the table (default: the one the file names)")
     load.add_argument("--auth-token", help="for a server that asks for one")
+    load.add_argument(
+        "--episodes",
+        action="store_true",
+        help="the rows are steps of episodes (a LeRobot v3 dataset's root, a directory of "
+        "Parquet files, or one): written episode by episode",
+    )
+    load.add_argument(
+        "--column",
+        action="append",
+        metavar="NAME=COLUMN",
+        help="with --episodes: the step field NAME from the file's COLUMN (repeatable; "
+        "default: every column by its own name)",
+    )
+    load.add_argument(
+        "--episode-column", help="default: episode_index (LeRobot), episode_id (ours)"
+    )
+    load.add_argument("--step-column", help="default: frame_index (LeRobot), step (ours)")
+    load.add_argument("--sequence-length", type=int, default=1, help="steps per item (default 1)")
+    load.add_argument("--period", type=int, default=1, help="steps between items (default 1)")
     top = commands.add_parser("top", help="a live view of a server's tables (needs rich)")
     top.add_argument("address", help="host:port of the server")
     top.add_argument("--metrics-port", type=int, help="the server's metrics port (ours)")
@@ -255,15 +284,22 @@ def _export(args: argparse.Namespace) -> int:
     from reverb import parquet
 
     try:
-        written = parquet.export(args.source, args.to, args.table, batch_rows=args.batch_rows)
+        written = parquet.export(
+            args.source, args.to, args.table, batch_rows=args.batch_rows, rows=args.rows
+        )
     except (ValueError, KeyError, ImportError) as e:
         print(f"reverb export: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # what Arrow cannot write, a file in the way, ...
         print(f"reverb export: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    for table, path in written.items():
-        print(f"{table}: {path}")
+    for table, out in written.items():
+        if out.rows == "steps":
+            print(f"{table}: {out.path}: {out.count} steps (episodes reassembled)")
+        elif out.why_items:
+            print(f"{table}: {out.path}: {out.count} items (not reassembled: {out.why_items})")
+        else:
+            print(f"{table}: {out.path}: {out.count} items")
     return 0
 
 
@@ -272,8 +308,34 @@ def _import(args: argparse.Namespace) -> int:
     from reverb import parquet
 
     kwargs = {"auth_token": args.auth_token} if args.auth_token else {}
+    columns = None
+    if args.column:
+        pairs = [c.partition("=") for c in args.column]
+        bad = [c for c, (name, eq, column) in zip(args.column, pairs) if not (name and column)]
+        if bad:
+            print(f"reverb import: --column {bad[0]!r} is not NAME=COLUMN", file=sys.stderr)
+            return 1
+        columns = {name: column for name, _, column in pairs}
     try:
+        steps = os.path.isfile(args.file) and parquet.holds_steps(args.file)
+        if args.episodes and not args.table and not steps:
+            print("reverb import: --episodes needs --table", file=sys.stderr)
+            return 1
         client = reverb.Client(args.to, **kwargs)
+        if args.episodes or steps:
+            loaded = parquet.load_episodes(
+                client,
+                args.file,
+                args.table,
+                columns=columns,
+                episode_column=args.episode_column,
+                step_column=args.step_column,
+                sequence_length=args.sequence_length,
+                period=args.period,
+                timeout=60,
+            )
+            print(f"{loaded.episodes} episodes, {loaded.steps} steps into {args.to}")
+            return 0
         count = parquet.load(client, args.file, args.table, timeout=60)
     except Exception as e:  # bad file, unknown table, refused items, no server
         print(f"reverb import: {type(e).__name__}: {e}", file=sys.stderr)

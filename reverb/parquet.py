@@ -1,27 +1,32 @@
-"""Exports a checkpoint's tables to Apache Parquet, item by item, for pandas, polars, DuckDB
-or Hugging Face `datasets`:
+"""Exports a checkpoint's tables to Apache Parquet, for pandas, polars, DuckDB or Hugging
+Face `datasets`, and seeds live tables from Parquet datasets:
 
     reverb.parquet.export("/data/replay", "/data/replay-parquet")  # one file per table
     # or: reverb export /data/replay --to /data/replay-parquet [--table replay]
+    reverb.parquet.load_episodes(client, "/data/lerobot-dataset", "replay", columns=...)
 
-One row per item, in insertion order: `key` (uint64), `priority` (float64), `times_sampled`
-(int32), `inserted_at` (timestamp, UTC), `episode_id` (uint64) and `step` (int64, of the
-item's first row), then one column per trajectory column, named by the table signature's
-tensor names (`column_<i>` without a signature, or where names repeat). A tensor column
-holds the item's rows as a list (items of one table may differ in length) of fixed-size
-lists for the other dimensions; a column the item took from one step (squeezed) holds that
-step's value the same way; scalars are plain values, strings binary. The file's schema
-metadata names the table and says `reverb.rows = items`: episodes are exported as the items
-that hold them, not reassembled. Reads the checkpoint in bounded memory (see
-`reverb.checkpoint`), writing `batch_rows` items at a time. Needs pyarrow (`pip install
-'dm-reverb[parquet]'`). Not in the reference.
+A file's rows are either steps or items (its schema metadata says which: `reverb.rows`).
+Steps (`export_steps`, where a table's items hold every step of their episodes): one row per
+step of the reassembled episodes, `episode_id` (uint64) and `step` (int64), then one column
+per trajectory column, a step's value (scalars plain, tensors fixed-size lists, strings
+binary). Items (`export_table`): one row per item, in insertion order: `key` (uint64),
+`priority` (float64), `times_sampled` (int32), `inserted_at` (timestamp, UTC), `episode_id`
+(uint64) and `step` (int64, of the item's first row), then the trajectory columns, a tensor
+column holding the item's rows as a list (items of one table may differ in length) of
+fixed-size lists for the other dimensions; a column the item took from one step (squeezed)
+holds that step's value the same way. Trajectory columns are named by the table signature's
+tensor names (`column_<i>` without a signature, or where names repeat). Checkpoints are read
+in bounded memory (see `reverb.checkpoint`), `batch_rows` rows written at a time. `load`
+seeds a table with a file of items, `load_episodes` with a dataset of steps (ours, or
+LeRobot v3's) through a writer. Needs pyarrow (`pip install 'dm-reverb[parquet]'`). Not in
+the reference.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -100,9 +105,23 @@ def _batch(pa: Any, items: List[checkpoint.CheckpointItem], names: List[str], fi
 
 
 def export_table(
-    ckpt: checkpoint.Checkpoint, table: str, path: str, *, batch_rows: int = 1024
+    ckpt: checkpoint.Checkpoint,
+    table: str,
+    path: str,
+    *,
+    batch_rows: int = 1024,
+    rows: str = "items",
 ) -> int:
-    """Writes `table`'s items to the Parquet file `path`; returns how many."""
+    """Writes `table` to the Parquet file `path`: its items (`rows="items"`; returns how
+    many), or its episodes' steps (`rows="steps"`, see `export_steps`; returns the steps;
+    ValueError when the items do not allow it)."""
+    if rows == "steps":
+        episodes = episode_spans(ckpt, table)
+        if isinstance(episodes, str):
+            raise ValueError(f"table {table!r}: episodes cannot be reassembled: {episodes}")
+        return export_steps(ckpt, table, path, episodes, batch_rows=batch_rows)
+    if rows != "items":
+        raise ValueError(f"rows must be 'items' or 'steps'; got {rows!r}")
     pa, pq = _pyarrow()
     info = ckpt.tables[table]
     writer = None
@@ -165,11 +184,31 @@ def export_table(
     return count
 
 
+class Exported(NamedTuple):
+    """A table `export` wrote: its file, what a row is (`"items"` or `"steps"`), how many
+    rows, and, for items, why episodes were not reassembled (None when not asked to)."""
+
+    path: str
+    rows: str
+    count: int
+    why_items: Optional[str] = None
+
+
 def export(
-    source: str, out_dir: str, tables: Optional[Sequence[str]] = None, *, batch_rows: int = 1024
-) -> Dict[str, str]:
+    source: str,
+    out_dir: str,
+    tables: Optional[Sequence[str]] = None,
+    *,
+    batch_rows: int = 1024,
+    rows: str = "auto",
+) -> Dict[str, Exported]:
     """Exports the checkpoint at `source` (see `reverb.checkpoint.open`): each table (or those
-    named) to `out_dir/<table>.parquet`. Returns the files written, by table."""
+    named) to `out_dir/<table>.parquet`, a row per item (`rows="items"`), per step of the
+    reassembled episodes (`"steps"`: ValueError when a table's items do not allow it), or
+    steps where the items allow it and items elsewhere (`"auto"`). Returns what was written,
+    by table."""
+    if rows not in ("items", "steps", "auto"):
+        raise ValueError(f"rows must be 'items', 'steps' or 'auto'; got {rows!r}")
     os.makedirs(out_dir, exist_ok=True)
     written = {}
     with checkpoint.open(source) as ckpt:
@@ -177,9 +216,168 @@ def export(
             if name not in ckpt.tables:
                 raise KeyError(f"no table {name!r} in {ckpt.path} (it has {sorted(ckpt.tables)})")
             path = os.path.join(out_dir, f"{name}.parquet")
-            export_table(ckpt, name, path, batch_rows=batch_rows)
-            written[name] = path
+            episodes: Any = None
+            if rows != "items":
+                episodes = episode_spans(ckpt, name)
+                if isinstance(episodes, str) and rows == "steps":
+                    raise ValueError(f"table {name!r}: episodes cannot be reassembled: {episodes}")
+            if rows == "items" or isinstance(episodes, str):
+                count = export_table(ckpt, name, path, batch_rows=batch_rows)
+                written[name] = Exported(path, "items", count, episodes)
+            else:
+                count = export_steps(ckpt, name, path, episodes, batch_rows=batch_rows)
+                written[name] = Exported(path, "steps", count)
     return written
+
+
+#: The per-step columns before the trajectory's, in files of steps.
+STEP_COLUMNS = ["episode_id", "step"]
+
+
+def episode_spans(ckpt: checkpoint.Checkpoint, table: str) -> Any:
+    """Whether `table`'s episodes can be reassembled from its items (reading metadata only):
+    `{episode id: (first step, end step, index of its last item)}` when every column of
+    every episode's items covers the same run of steps without gaps, else a string saying
+    why not."""
+    covered: Dict[int, List[List[int]]] = {}  # episode -> per column [first, end]
+    last: Dict[int, int] = {}
+    count = 0
+    for index, item in enumerate(ckpt.items(table, data=False)):
+        count += 1
+        episodes = {episode for episode, _, _ in item.spans}
+        if len(episodes) != 1:
+            return f"item {item.key} holds steps of {len(episodes)} episodes"
+        (episode,) = episodes
+        columns = covered.setdefault(episode, [[] for _ in item.spans])
+        if len(columns) != len(item.spans):
+            return f"items of episode {episode} differ in their number of columns"
+        for runs, (_, first, length) in zip(columns, item.spans):
+            if not _cover(runs, first, first + length):
+                return f"episode {episode} has gaps between the steps its items hold"
+        last[episode] = index
+    if not count:
+        return "the table is empty"
+    spans = {}
+    for episode, columns in covered.items():
+        if any(runs != columns[0] for runs in columns) or len(columns[0]) != 2:
+            return f"the columns of episode {episode} hold different steps, or with gaps"
+        spans[episode] = (columns[0][0], columns[0][1], last[episode])
+    return spans
+
+
+def _cover(run: List[int], first: int, end: int) -> bool:
+    """Extends the run of steps `[run[0], run[1])` (empty: `[]`) by `[first, end)`; False if
+    that would leave a gap."""
+    if not run:
+        run.extend([first, end])
+        return True
+    if first > run[1] or end < run[0]:
+        return False
+    run[0], run[1] = min(run[0], first), max(run[1], end)
+    return True
+
+
+def _step_array(pa: Any, name: str, values: List[np.ndarray], first: np.ndarray) -> Any:
+    """The Arrow array of one column over a batch of steps, each like `first`: scalars
+    plain, tensors fixed-size lists (nested per dimension)."""
+    for v in values:
+        if v.shape != first.shape or v.dtype != first.dtype:
+            raise ValueError(
+                f"column {name!r}: steps of {first.dtype}{list(first.shape)} and "
+                f"{v.dtype}{list(v.shape)} cannot share a Parquet column"
+            )
+    strings = first.dtype == object or first.dtype.kind in "SU"
+    leaf_type = pa.binary() if strings else None
+    flat = np.concatenate([v.reshape(-1) for v in values]) if values else np.array([])
+    array = pa.array(list(flat) if strings else flat, type=leaf_type)
+    for size in reversed(first.shape):
+        array = pa.FixedSizeListArray.from_arrays(array, size)
+    return array
+
+
+def export_steps(
+    ckpt: checkpoint.Checkpoint,
+    table: str,
+    path: str,
+    episodes: Dict[int, tuple],
+    *,
+    batch_rows: int = 1024,
+) -> int:
+    """Writes the steps of `table`'s episodes (`episodes`: what `episode_spans` found) to the
+    Parquet file `path`, a row per step: `episode_id` (uint64), `step` (int64), then the
+    trajectory columns as the items hold them (a step's value: scalars plain, tensors
+    fixed-size lists). Episodes are written whole, in the order their last items were
+    stored, their steps in order; a step several items hold is written once. Holds only the
+    episodes still open at an item in memory. `load_episodes(client, path, table,
+    episode_column="episode_id", step_column="step")` reads it back. Returns the steps."""
+    pa, pq = _pyarrow()
+    info = ckpt.tables[table]
+    open_steps: Dict[int, Dict[int, list]] = {}
+    pending: List[tuple] = []  # (episode, step, values)
+    names: List[str] = []
+    first: List[np.ndarray] = []
+    writer = None
+    count = 0
+    partial = f"{path}.partial"
+
+    def flush() -> None:
+        nonlocal writer
+        if not pending:
+            return
+        columns = [
+            pa.array([p[0] for p in pending], pa.uint64()),
+            pa.array([p[1] for p in pending], pa.int64()),
+        ]
+        columns += [
+            _step_array(pa, name, [p[2][c] for p in pending], first[c])
+            for c, name in enumerate(names)
+        ]
+        batch = pa.record_batch(columns, names=STEP_COLUMNS + names)
+        if writer is None:
+            metadata = {
+                "reverb.table": table,
+                "reverb.rows": "steps",
+                "reverb.columns": json.dumps(names),
+            }
+            writer = pq.ParquetWriter(partial, batch.schema.with_metadata(metadata))
+        writer.write_batch(batch)
+        pending.clear()
+
+    ok = False
+    try:
+        for index, item in enumerate(ckpt.items(table)):
+            if not names:
+                names = [n for n in _names(info, len(item.data)) if n not in STEP_COLUMNS]
+                if len(names) != len(item.data):
+                    names = [f"column_{i}" for i in range(len(item.data))]
+            episode = item.spans[0][0]
+            steps = open_steps.setdefault(episode, {})
+            for c, ((_, start, length), squeezed) in enumerate(zip(item.spans, item.squeezed)):
+                column = np.asarray(item.data[c])
+                for k in range(length):
+                    row = steps.setdefault(start + k, [None] * len(names))
+                    if row[c] is None:
+                        row[c] = column if squeezed else column[k]
+            if episodes[episode][2] == index:
+                for step in range(episodes[episode][0], episodes[episode][1]):
+                    values = steps[step]
+                    if not first:
+                        first = [np.asarray(v) for v in values]
+                    pending.append((episode, step, values))
+                    count += 1
+                    if len(pending) >= batch_rows:
+                        flush()
+                del open_steps[episode]
+        flush()
+        ok = True
+    finally:
+        if writer is not None:
+            writer.close()
+            if ok:
+                os.replace(partial, path)
+            else:
+                os.unlink(partial)
+    return count
 
 
 def _scalar(value: Any, dtype: np.dtype) -> np.ndarray:
@@ -232,6 +430,11 @@ def load(
     file = pq.ParquetFile(path)
     schema = file.schema_arrow
     metadata = schema.metadata or {}
+    if holds_steps(path):
+        raise ValueError(
+            f"{path} holds the steps of episodes, not items: load it with load_episodes "
+            "(reverb import --episodes)"
+        )
     target = table or metadata.get(b"reverb.table", b"").decode()
     if not target:
         raise ValueError(f"{path} does not name its table: pass table=")
@@ -287,4 +490,204 @@ def load(
     return count
 
 
-__all__ = ["META_COLUMNS", "export", "export_table", "load"]
+def holds_steps(path: str) -> bool:
+    """Whether `path` is a Parquet file of steps `export_steps` wrote."""
+    _, pq = _pyarrow()
+    return (pq.read_schema(path).metadata or {}).get(b"reverb.rows") == b"steps"
+
+
+class LoadedEpisodes(NamedTuple):
+    """What `load_episodes` wrote: episodes and their steps."""
+
+    episodes: int
+    steps: int
+
+
+def episode_files(path: str) -> List[str]:
+    """The Parquet files of an episode dataset at `path`: the file itself, or a directory's
+    files in name order (a LeRobot v3 dataset's root: those under its `data/`)."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: no such file or directory")
+    root = os.path.join(path, "data") if os.path.isdir(os.path.join(path, "data")) else path
+    files = sorted(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name.endswith(".parquet")
+    )
+    if not files:
+        raise ValueError(f"{path}: no .parquet files")
+    return files
+
+
+def _step_column(pa: Any, where: str, array: Any) -> np.ndarray:
+    """One Arrow column of step rows as an array [rows, *shape]: lists (of one length) and
+    fixed-size lists are dimensions; an image struct (LeRobot's `{bytes, path}`) its encoded
+    bytes; strings and binaries objects of bytes."""
+    if array.null_count:
+        raise ValueError(f"{where}: {array.null_count} empty (null) values")
+    dims: List[int] = []
+    while True:
+        kind = array.type
+        if pa.types.is_fixed_size_list(kind):
+            dims.append(kind.list_size)
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+            if len(lengths) and (lengths != lengths[0]).any():
+                raise ValueError(
+                    f"{where}: rows hold lists of {lengths.min()} to {lengths.max()} values; "
+                    "a step's value must have one shape"
+                )
+            dims.append(int(lengths[0]) if len(lengths) else 0)
+        elif pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+            array = array.field("bytes")
+            continue
+        else:
+            break
+        array = array.flatten()
+        if array.null_count:
+            raise ValueError(f"{where}: {array.null_count} empty (null) values")
+    leaf = array.to_numpy(zero_copy_only=False)
+    if leaf.dtype.kind in "OSU":
+        leaf = np.array([v if isinstance(v, bytes) else str(v).encode() for v in leaf], object)
+    rows = len(leaf) // max(int(np.prod(dims)), 1) if dims else len(leaf)
+    return leaf.reshape(rows, *dims)
+
+
+def load_episodes(
+    client: Any,
+    path: str,
+    table: Optional[str] = None,
+    *,
+    columns: Optional[Mapping[str, str]] = None,
+    episode_column: Optional[str] = None,
+    step_column: Optional[str] = None,
+    sequence_length: int = 1,
+    period: int = 1,
+    priority: float = 1.0,
+    configs: Optional[Sequence[Any]] = None,
+    batch_rows: int = 4096,
+    timeout: Optional[float] = None,
+) -> LoadedEpisodes:
+    """Seeds `table` with the episodes of a Parquet dataset of step rows (one row per step,
+    an episode column, the rows of an episode together and in step order): a LeRobot v3
+    dataset's root (its `data/` files; video features are not in them), a directory of such
+    files, or one file; `export_steps`' files too. The episode and step columns are
+    `episode_index` and `frame_index` (LeRobot's), or `episode_id` and `step` in files
+    `export_steps` wrote, unless named; `table` is, without configs, the one such a file
+    names unless given. `columns` maps the step's field names to the file's columns (e.g.
+    `{"observation": "observation.state", "action": "action", "reward": "next.reward"}`;
+    default: every column but the episode and step columns, by their own names). Steps go
+    through a normal writer, so the table's signature checks them, and each episode ends
+    with `end_episode`: by default a trajectory writer makes an item of the last
+    `sequence_length` steps (one step: the step itself, unbatched) every `period` steps;
+    with `configs` (`reverb.structured_writer.create_config`, patterns over the step), a
+    structured writer makes the items those describe (in the tables they name). A step
+    column, when the file has it, must increase within an episode. Image structs arrive as
+    their encoded bytes. Returns the episodes and steps written."""
+    if sequence_length < 1 or period < 1:
+        raise ValueError(
+            f"sequence_length and period must be at least 1; got {sequence_length}, {period}"
+        )
+    pa, pq = _pyarrow()
+    files = episode_files(path)
+    metadata = pq.read_schema(files[0]).metadata or {}
+    ours = metadata.get(b"reverb.rows") == b"steps"
+    if episode_column is None:
+        episode_column = "episode_id" if ours else "episode_index"
+    if step_column is None:
+        step_column = "step" if ours else "frame_index"
+    if configs is None and not table:
+        table = metadata.get(b"reverb.table", b"").decode() if ours else None
+        if not table:
+            raise ValueError("load_episodes needs a table (or configs naming theirs)")
+    timeout_ms = None if timeout is None else int(timeout * 1000)
+    if configs is not None:
+        writer = client.structured_writer(list(configs))
+    else:
+        writer = client.trajectory_writer(num_keep_alive_refs=sequence_length)
+    names: Dict[str, str] = {}
+    episodes = steps = 0
+    seen: set = set()
+    current: Any = None
+    last_step: Any = None
+    in_episode = 0
+    with writer:
+        for file in files:
+            schema = pq.ParquetFile(file).schema_arrow
+            wanted = (
+                dict(columns)
+                if columns is not None
+                else {n: n for n in schema.names if n not in (episode_column, step_column)}
+            )
+            if not wanted:
+                raise ValueError(f"{file}: no step columns besides {episode_column!r}")
+            names = names or wanted
+            if wanted != names:
+                raise ValueError(f"{file}: columns {sorted(wanted)} differ from {sorted(names)}")
+            missing = [c for c in [episode_column, *wanted.values()] if c not in schema.names]
+            if missing:
+                raise ValueError(f"{file}: no column {missing[0]!r} (it has {schema.names})")
+            with_step = step_column is not None and step_column in schema.names
+            read = [episode_column, *([step_column] if with_step else []), *wanted.values()]
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows, columns=read):
+                episode_ids = _step_column(pa, f"{file}: {episode_column!r}", batch.column(0))
+                step_ids = batch.column(1).to_numpy(zero_copy_only=False) if with_step else None
+                values = {
+                    name: _step_column(pa, f"{file}: column {column!r}", batch[column])
+                    for name, column in wanted.items()
+                }
+                for r in range(batch.num_rows):
+                    episode = episode_ids[r].item()
+                    if episode != current:
+                        if current is not None:
+                            writer.end_episode(timeout_ms=timeout_ms)
+                            episodes += 1
+                        if episode in seen:
+                            raise ValueError(
+                                f"{file}: episode {episode} goes on after episode {current}: "
+                                "the rows of an episode must be together"
+                            )
+                        seen.add(episode)
+                        current, last_step, in_episode = episode, None, 0
+                    if step_ids is not None:
+                        if last_step is not None and step_ids[r] <= last_step:
+                            raise ValueError(
+                                f"{file}: episode {episode}: step {step_ids[r]} after step "
+                                f"{last_step}: an episode's rows must be in step order"
+                            )
+                        last_step = step_ids[r]
+                    writer.append({name: column[r] for name, column in values.items()})
+                    in_episode += 1
+                    steps += 1
+                    if configs is None and in_episode >= sequence_length:
+                        if (in_episode - sequence_length) % period == 0:
+                            history = writer.history
+                            if sequence_length == 1:
+                                item = {name: history[name][-1] for name in values}
+                            else:
+                                item = {name: history[name][-sequence_length:] for name in values}
+                            writer.create_item(table, priority, item)
+        if current is not None:
+            writer.end_episode(timeout_ms=timeout_ms)
+            episodes += 1
+        writer.flush(timeout_ms=timeout_ms)
+    return LoadedEpisodes(episodes, steps)
+
+
+__all__ = [
+    "META_COLUMNS",
+    "STEP_COLUMNS",
+    "Exported",
+    "LoadedEpisodes",
+    "episode_spans",
+    "export_steps",
+    "episode_files",
+    "export",
+    "export_table",
+    "holds_steps",
+    "load",
+    "load_episodes",
+]

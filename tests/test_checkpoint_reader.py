@@ -73,6 +73,10 @@ def test_tables_and_items_come_back_as_the_server_held_them(tmp_path: pathlib.Pa
         made = [(e, t) for e in range(3) for t in range(2, 10)][4:]
         items = list(ckpt.items("prio"))
         assert [i.step for i in items] == [t - 2 for _, t in made]
+        # Each column's episode, first step and rows.
+        assert [i.spans for i in items] == [
+            ((i.episode_id, t - 2, 3),) for (_, t), i in zip(made, items)
+        ]
         assert [i.priority for i in items] == [float(t) for _, t in made]
         episodes = [i.episode_id for i in items]
         assert len(set(episodes)) == 3
@@ -90,6 +94,8 @@ def test_tables_and_items_come_back_as_the_server_held_them(tmp_path: pathlib.Pa
         queue = list(ckpt.items("queue", data=False))
         assert [q.data for q in queue] == [None] * 22
         assert [q.step for q in queue] == (list(range(2, 10)) * 3)[2:]
+        # (Metadata only: spans come from the opening read's index, no chunk is read.)
+        assert [q.spans for q in queue] == [((q.episode_id, q.step, 1),) * 2 for q in queue]
         # Columns in the writer's flattened order (dict keys sorted): obs, t.
         [obs_col, t_col] = next(iter(ckpt.items("queue"))).data
         assert int(t_col) == 4 and obs_col.tolist() == [4.0, 4.0]

@@ -80,7 +80,8 @@ def _checkpoint(root: pathlib.Path) -> str:
 def test_export_writes_every_item_as_a_row(tmp_path: pathlib.Path, capsys) -> None:
     source = _checkpoint(tmp_path / "ckpt")
     out = tmp_path / "out"
-    assert cli.main(["export", source, "--to", str(out), "--batch-rows", "2"]) == 0
+    argv = ["export", source, "--to", str(out), "--batch-rows", "2", "--rows", "items"]
+    assert cli.main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == ["frames.parquet", "plain.parquet"]
 
     with reverb.checkpoint.open(source) as ckpt:
@@ -121,9 +122,10 @@ def test_export_of_one_table_and_bad_input(tmp_path: pathlib.Path, capsys) -> No
     source = _checkpoint(tmp_path / "ckpt")
     from reverb import parquet
 
-    written = parquet.export(source, str(tmp_path / "one"), ["plain"])
+    written = parquet.export(source, str(tmp_path / "one"), ["plain"], rows="items")
     assert list(written) == ["plain"]
-    assert pq.read_table(written["plain"]).num_rows == 5
+    assert written["plain"].rows == "items" and written["plain"].count == 5
+    assert pq.read_table(written["plain"].path).num_rows == 5
     assert cli.main(["export", source, "--to", str(tmp_path / "x"), "--table", "nope"]) == 1
     assert "no table 'nope'" in capsys.readouterr().err
     bad = tmp_path / "bad.rvb"
@@ -135,7 +137,7 @@ def test_export_of_one_table_and_bad_input(tmp_path: pathlib.Path, capsys) -> No
 def test_import_seeds_a_table_with_the_exported_items(tmp_path: pathlib.Path, capsys) -> None:
     source = _checkpoint(tmp_path / "ckpt")
     out = tmp_path / "out"
-    assert cli.main(["export", source, "--to", str(out)]) == 0
+    assert cli.main(["export", source, "--to", str(out), "--rows", "items"]) == 0
     server = _tables(tmp_path / "fresh")
     try:
         address = f"localhost:{server.port}"
@@ -181,3 +183,93 @@ def test_a_failed_export_leaves_no_file(tmp_path: pathlib.Path, capsys) -> None:
     assert cli.main(["export", path, "--to", str(out)]) == 1
     assert "cannot share a Parquet column" in capsys.readouterr().err
     assert list(out.iterdir()) == []
+
+
+def test_export_reassembles_episodes_into_steps(tmp_path: pathlib.Path, capsys) -> None:
+    """Items that together hold every step of their episodes (windows here, overlapping)
+    export as one row per step; `load_episodes` reads that back as episodes."""
+    source = _checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "out"
+    assert cli.main(["export", source, "--to", str(out), "--batch-rows", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "frames.parquet: 7 steps (episodes reassembled)" in printed
+    assert "plain.parquet: 5 steps (episodes reassembled)" in printed
+    with reverb.checkpoint.open(source) as ckpt:
+        items = list(ckpt.items("frames"))
+    # The step each item ends at (its label's, the first column in `tf.nest` order) holds
+    # that step's obs (its last row) and label.
+    by_step = {item.spans[0][1]: item for item in items}
+    table = pq.read_table(out / "frames.parquet")
+    assert table.schema.metadata[b"reverb.rows"] == b"steps"
+    rows = table.to_pylist()
+    assert [r["step"] for r in rows] == list(range(7))
+    assert {r["episode_id"] for r in rows} == {items[0].episode_id}
+    columns = table.column_names[2:]
+    for row in rows:
+        item = by_step[row["step"]]
+        label, obs = (row[c] for c in columns)
+        assert label == item.data[0].item()
+        np.testing.assert_array_equal(np.array(obs, np.uint8), item.data[1][-1])
+    # Each insert of `plain` is an episode of one step.
+    plain = pq.read_table(out / "plain.parquet").to_pylist()
+    assert [r["step"] for r in plain] == [0] * 5 and len({r["episode_id"] for r in plain}) == 5
+    assert [r["column_0"] for r in plain] == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+    # Back into a table (an item per step, its obs a one-step slice as the signature asks)
+    # with `load_episodes`: the steps come back in order.
+    from reverb import parquet, structured_writer
+
+    tf = pytest.importorskip("tensorflow")
+    step = {"label": tf.TensorSpec([], tf.string), "obs": tf.TensorSpec([4, 3], tf.uint8)}
+    pattern = structured_writer.pattern_from_transform(
+        step, lambda s: {"obs": s["obs"][-1:], "label": s["label"][-1]}
+    )
+    server = _tables(tmp_path / "fresh")
+    try:
+        loaded = parquet.load_episodes(
+            server.localhost_client(),
+            str(out / "frames.parquet"),
+            episode_column="episode_id",
+            step_column="step",
+            configs=[structured_writer.create_config(pattern, "frames")],
+            timeout=T,
+        )
+        assert loaded == (1, 7)
+        # `reverb import` of a file of steps loads its episodes, an item per step.
+        plain = str(out / "plain.parquet")
+        assert cli.main(["import", plain, "--to", f"localhost:{server.port}"]) == 0
+        assert "5 episodes, 5 steps into" in capsys.readouterr().out
+        with pytest.raises(ValueError, match="load_episodes"):
+            parquet.load(server.localhost_client(), plain)
+        copy = server.localhost_client().checkpoint(timeout=T)
+    finally:
+        server.stop()
+    with reverb.checkpoint.open(copy) as ckpt:
+        again = list(ckpt.items("frames", unpack_as_table_signature=True))
+    assert len(again) == 7
+    for t, item in enumerate(again):
+        assert item.data["label"].item() == by_step[t].data[0].item()
+        np.testing.assert_array_equal(item.data["obs"], by_step[t].data[1][-1:])
+    with reverb.checkpoint.open(copy) as ckpt:
+        assert [i.data[0].item() for i in ckpt.items("plain")] == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+def test_items_that_leave_gaps_are_exported_as_items(tmp_path: pathlib.Path, capsys) -> None:
+    server = reverb.Server([reverb.Table.queue("gaps", 10)])
+    client = server.localhost_client()
+    with client.trajectory_writer(2) as w:
+        for t in range(6):
+            w.append({"x": np.float32(t)})
+            if t in (1, 5):  # steps 0-1 and 4-5: 2 and 3 are in no item
+                w.create_item("gaps", 1.0, {"x": w.history["x"][-2:]})
+        w.end_episode(timeout_ms=int(T * 1000))
+    path = client.checkpoint(timeout=T)
+    server.stop()
+    out = tmp_path / "out"
+    assert cli.main(["export", path, "--to", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "gaps.parquet: 2 items (not reassembled: episode" in printed
+    assert "gaps" in printed
+    assert pq.read_table(out / "gaps.parquet").schema.metadata[b"reverb.rows"] == b"items"
+    assert cli.main(["export", path, "--to", str(out), "--rows", "steps"]) == 1
+    assert "cannot be reassembled" in capsys.readouterr().err

@@ -316,8 +316,16 @@ pub struct Reader<F> {
     /// Where `file` is (so reads in sequence do not seek: a seek empties a `BufReader`).
     position: u64,
     tables: Vec<PriorityTableCheckpoint>,
-    chunks: HashMap<u64, (u64, u32)>,
+    chunks: HashMap<u64, ChunkAt>,
     runs: Vec<ItemRun>,
+}
+
+/// Where a chunk record's payload is, and the episode and step of the chunk's first row
+/// (kept from the opening read, so items' metadata needs no chunk read).
+struct ChunkAt {
+    offset: u64,
+    len: u32,
+    origin: Option<(u64, i32)>,
 }
 
 /// Consecutive item records of one table: where the first starts, and how many there are.
@@ -361,8 +369,13 @@ impl<F: Read + Seek> Reader<F> {
                     tables.push(PriorityTableCheckpoint::decode(&payload[..]).map_err(corrupt)?)
                 }
                 CHUNK => {
-                    let key = ChunkData::decode(&payload[..]).map_err(corrupt)?.chunk_key;
-                    chunks.insert(key, (start + 9, payload.len() as u32));
+                    let chunk = ChunkData::decode(&payload[..]).map_err(corrupt)?;
+                    let at = ChunkAt {
+                        offset: start + 9,
+                        len: payload.len() as u32,
+                        origin: chunk.sequence_range.map(|r| (r.episode_id, r.start)),
+                    };
+                    chunks.insert(chunk.chunk_key, at);
                 }
                 ITEM => {
                     let item = PrioritizedItem::decode(&payload[..]).map_err(corrupt)?;
@@ -401,6 +414,14 @@ impl<F: Read + Seek> Reader<F> {
             }
             previous_was_item = is_item;
         }
+    }
+
+    /// The episode and step of chunk `key`'s first row (None without a sequence range);
+    /// an error for a chunk the file lacks. Reads nothing.
+    pub fn chunk_origin(&self, key: u64) -> Result<Option<(u64, i32)>> {
+        let at = self.chunks.get(&key);
+        let at = at.ok_or_else(|| corrupt(format!("an item references missing chunk {key}")))?;
+        Ok(at.origin)
     }
 
     /// The tables' settings and counters, in the file's order.
@@ -481,7 +502,7 @@ impl<F: Read + Seek> Reader<F> {
 
     /// The chunk `key` (its record checked again as it is read).
     pub fn chunk(&mut self, key: u64) -> Result<ChunkData> {
-        let &(offset, len) = self
+        let &ChunkAt { offset, len, .. } = self
             .chunks
             .get(&key)
             .ok_or_else(|| corrupt(format!("an item references missing chunk {key}")))?;

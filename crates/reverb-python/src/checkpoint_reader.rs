@@ -17,9 +17,9 @@ use std::io::BufReader;
 use std::path::Path;
 use std::sync::Arc;
 
-/// How many chunks an item walk keeps decoded: consecutive items of a writer share most of
-/// theirs.
-const CHUNK_CACHE: usize = 64;
+/// How many bytes of chunks an item walk keeps (at least the last one read): consecutive
+/// items of a writer share most of theirs.
+const CHUNK_CACHE_BYTES: usize = 64 << 20;
 
 /// Where a checkpoint's records come from.
 enum Source {
@@ -100,6 +100,17 @@ impl Source {
         }
     }
 
+    /// The episode and step of chunk `key`'s first row, without reading its data.
+    fn chunk_origin(&self, key: u64) -> Result<Option<(u64, i32)>, String> {
+        match self {
+            Self::File(r) => r.chunk_origin(key).map_err(|e| e.to_string()),
+            Self::Loaded(_, chunks) => chunks
+                .get(&key)
+                .map(|c| c.data().sequence_range.map(|r| (r.episode_id, r.start)))
+                .ok_or_else(|| format!("an item references missing chunk {key}")),
+        }
+    }
+
     fn chunk(&mut self, key: u64) -> Result<ChunkData, String> {
         match self {
             Self::File(r) => r.chunk(key).map_err(|e| e.to_string()),
@@ -161,7 +172,7 @@ impl PyCheckpointReader {
             source: self.source.clone(),
             path: self.path.clone(),
             data,
-            chunks: VecDeque::new(),
+            chunks: ChunkCache::default(),
         }
     }
 }
@@ -174,7 +185,25 @@ pub(crate) struct PyCheckpointItems {
     cursor: Cursor,
     table_size: i64,
     data: bool,
+    chunks: ChunkCache,
+}
+
+/// The chunks an item walk read last, at most [`CHUNK_CACHE_BYTES`] of them (and the last).
+#[derive(Default)]
+struct ChunkCache {
     chunks: VecDeque<ChunkData>,
+    bytes: usize,
+}
+
+impl ChunkCache {
+    fn add(&mut self, chunk: ChunkData) {
+        self.bytes += chunk.data.len();
+        self.chunks.push_back(chunk);
+        while self.bytes > CHUNK_CACHE_BYTES && self.chunks.len() > 1 {
+            let old = self.chunks.pop_front().expect("more than one chunk");
+            self.bytes -= old.data.len();
+        }
+    }
 }
 
 type ItemTuple<'py> = (
@@ -184,6 +213,7 @@ type ItemTuple<'py> = (
     (i64, i32),
     (u64, i64),
     Vec<bool>,
+    Vec<(u64, i64, i64)>,
     Option<Bound<'py, PyList>>,
 );
 
@@ -194,9 +224,10 @@ impl PyCheckpointItems {
     }
 
     /// `(key, priority, times_sampled, (inserted_at seconds, nanos), (episode id, first
-    /// step), squeezed, columns or None)`; columns are `(dtype, shape, data)` as samples give
-    /// them; `squeezed` says which columns are one step without a time dimension. The episode
-    /// and step are those of the first column's first row.
+    /// step), squeezed, spans, columns or None)`; columns are `(dtype, shape, data)` as
+    /// samples give them; `squeezed` says which columns are one step without a time
+    /// dimension; `spans` are each column's `(episode id, first step, rows)`. The episode and
+    /// step are those of the first column's first row.
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<ItemTuple<'py>>> {
         let (source, cursor, cache) = (&self.source, &mut self.cursor, &mut self.chunks);
         let (data, table_size) = (self.data, self.table_size);
@@ -205,42 +236,44 @@ impl PyCheckpointItems {
             let Some(item) = source.next_item(cursor)? else {
                 return Ok(None);
             };
-            let slices: Vec<_> = item
+            let columns: Vec<_> = item
                 .flat_trajectory
                 .iter()
                 .flat_map(|t| &t.columns)
-                .flat_map(|c| &c.chunk_slices)
                 .collect();
-            // Without data, only the first slice's chunk (for the episode and step).
+            // Per column: the episode and step of its first row, and its rows.
+            let mut spans: Vec<(u64, i64, i64)> = Vec::with_capacity(columns.len());
+            for column in &columns {
+                let rows = column.chunk_slices.iter().map(|s| i64::from(s.length));
+                let (episode, step) = match column.chunk_slices.first() {
+                    Some(s) => source
+                        .chunk_origin(s.chunk_key)?
+                        .map_or((0, 0), |(e, start)| {
+                            (e, i64::from(start) + i64::from(s.offset))
+                        }),
+                    None => (0, 0),
+                };
+                spans.push((episode, step, rows.sum()));
+            }
+            let origin = spans.first().map_or((0, 0), |&(e, s, _)| (e, s));
+            if !data {
+                return Ok(Some((item, origin, spans, None)));
+            }
             let mut chunks: Vec<ChunkData> = Vec::new();
-            for slice in slices.iter().take(if data { usize::MAX } else { 1 }) {
+            for slice in columns.iter().flat_map(|c| &c.chunk_slices) {
                 let key = slice.chunk_key;
                 if chunks.iter().any(|c| c.chunk_key == key) {
                     continue;
                 }
-                let chunk = match cache.iter().find(|c| c.chunk_key == key) {
+                let chunk = match cache.chunks.iter().find(|c| c.chunk_key == key) {
                     Some(chunk) => chunk.clone(),
                     None => {
                         let chunk = source.chunk(key)?;
-                        if cache.len() == CHUNK_CACHE {
-                            cache.pop_front();
-                        }
-                        cache.push_back(chunk.clone());
+                        cache.add(chunk.clone());
                         chunk
                     }
                 };
                 chunks.push(chunk);
-            }
-            // (`chunks` starts with the first slice's.)
-            let origin = slices
-                .first()
-                .zip(chunks.first())
-                .and_then(|(s, c)| c.sequence_range.as_ref().map(|r| (s, r)))
-                .map_or((0, 0), |(s, r)| {
-                    (r.episode_id, i64::from(r.start) + i64::from(s.offset))
-                });
-            if !data {
-                return Ok(Some((item, origin, None)));
             }
             let info = SampleInfo {
                 item: Some(item.clone()),
@@ -250,9 +283,9 @@ impl PyCheckpointItems {
             let sample = reverb_client::sample::plan(info, &chunks)
                 .and_then(|planned| planned.assemble())
                 .map_err(|e| format!("item {}: {}", item.key, e.message))?;
-            Ok(Some((item, origin, Some(sample.columns))))
+            Ok(Some((item, origin, spans, Some(sample.columns))))
         });
-        let Some((item, origin, columns)) = next.map_err(|e| corrupt(&self.path, e))? else {
+        let Some((item, origin, spans, columns)) = next.map_err(|e| corrupt(&self.path, e))? else {
             return Ok(None);
         };
         let columns = match columns {
@@ -278,6 +311,7 @@ impl PyCheckpointItems {
             (at.seconds, at.nanos),
             origin,
             squeezed,
+            spans,
             columns,
         )))
     }
