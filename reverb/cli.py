@@ -1,7 +1,7 @@
 """The `reverb` command: look into a replay.
 
     reverb inspect PATH_OR_ADDRESS [--table T] [--bins N] [--plot out.png]
-    reverb export PATH --to DIR [--table T] [--rows auto|items|steps] [--format parquet]
+    reverb export PATH --to DIR [--table T] [--rows auto|items|steps] [--format parquet|rlds]
     reverb import FILE.parquet --to HOST:PORT [--table T]
     reverb import DATASET --episodes --to HOST:PORT --table T [--column NAME=COLUMN ...]
         [--episode-column C] [--step-column C] [--sequence-length N] [--period P]
@@ -204,7 +204,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     export.add_argument("source", help="checkpoint directory, file or root")
     export.add_argument("--to", required=True, metavar="DIR", help="where the files go")
     export.add_argument("--table", action="append", help="only this table (repeatable)")
-    export.add_argument("--format", default="parquet", choices=["parquet"])
+    export.add_argument(
+        "--format",
+        default="parquet",
+        choices=["parquet", "rlds"],
+        help="parquet (default; pyarrow) or rlds (episodes as a TFDS dataset; TensorFlow Datasets)",
+    )
     export.add_argument("--batch-rows", type=int, default=1024, help="rows per row group")
     export.add_argument(
         "--rows",
@@ -284,9 +289,17 @@ def _export(args: argparse.Namespace) -> int:
     from reverb import parquet
 
     try:
-        written = parquet.export(
-            args.source, args.to, args.table, batch_rows=args.batch_rows, rows=args.rows
-        )
+        if args.format == "rlds":
+            if args.rows == "items":
+                print("reverb export: RLDS holds episodes, not items", file=sys.stderr)
+                return 1
+            from reverb import rlds
+
+            written = rlds.export(args.source, args.to, args.table)
+        else:
+            written = parquet.export(
+                args.source, args.to, args.table, batch_rows=args.batch_rows, rows=args.rows
+            )
     except (ValueError, KeyError, ImportError) as e:
         print(f"reverb export: {e}", file=sys.stderr)
         return 1
@@ -294,7 +307,9 @@ def _export(args: argparse.Namespace) -> int:
         print(f"reverb export: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     for table, out in written.items():
-        if out.rows == "steps":
+        if out.rows == "episodes":
+            print(f"{table}: {out.path}: {out.count} episodes (RLDS)")
+        elif out.rows == "steps":
             print(f"{table}: {out.path}: {out.count} steps (episodes reassembled)")
         elif out.why_items:
             print(f"{table}: {out.path}: {out.count} items (not reassembled: {out.why_items})")

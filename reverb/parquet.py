@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -185,8 +185,9 @@ def export_table(
 
 
 class Exported(NamedTuple):
-    """A table `export` wrote: its file, what a row is (`"items"` or `"steps"`), how many
-    rows, and, for items, why episodes were not reassembled (None when not asked to)."""
+    """A table `export` wrote: its file, what a row is (`"items"` or `"steps"`; `"episodes"`
+    for `reverb.rlds.export`'s datasets), how many rows, and, for items, why episodes were
+    not reassembled (None when not asked to)."""
 
     path: str
     rows: str
@@ -295,6 +296,35 @@ def _step_array(pa: Any, name: str, values: List[np.ndarray], first: np.ndarray)
     return array
 
 
+def reassembled(
+    ckpt: checkpoint.Checkpoint, table: str, episodes: Dict[int, tuple]
+) -> Iterator[Tuple[int, int, List[list]]]:
+    """The episodes of `table` (`episodes`: what `episode_spans` found) as `(episode id,
+    first step, steps)`, each step a list of its values (one per trajectory column), in the
+    order their last items were stored; a step several items hold comes once. Holds only
+    the episodes still open at an item in memory."""
+    open_steps: Dict[int, Dict[int, list]] = {}
+    for index, item in enumerate(ckpt.items(table)):
+        episode = item.spans[0][0]
+        steps = open_steps.setdefault(episode, {})
+        for c, ((_, start, length), squeezed) in enumerate(zip(item.spans, item.squeezed)):
+            column = np.asarray(item.data[c])
+            for k in range(length):
+                row = steps.setdefault(start + k, [None] * len(item.spans))
+                if row[c] is None:
+                    row[c] = column if squeezed else column[k]
+        first, end, last = episodes[episode]
+        if last == index:
+            yield episode, first, [steps[step] for step in range(first, end)]
+            del open_steps[episode]
+
+
+def step_names(ckpt: checkpoint.Checkpoint, table: str, count: int) -> List[str]:
+    """The names of `table`'s `count` trajectory columns in files of steps."""
+    names = _names(ckpt.tables[table], count)
+    return names if not set(names) & set(STEP_COLUMNS) else [f"column_{i}" for i in range(count)]
+
+
 def export_steps(
     ckpt: checkpoint.Checkpoint,
     table: str,
@@ -306,13 +336,10 @@ def export_steps(
     """Writes the steps of `table`'s episodes (`episodes`: what `episode_spans` found) to the
     Parquet file `path`, a row per step: `episode_id` (uint64), `step` (int64), then the
     trajectory columns as the items hold them (a step's value: scalars plain, tensors
-    fixed-size lists). Episodes are written whole, in the order their last items were
-    stored, their steps in order; a step several items hold is written once. Holds only the
-    episodes still open at an item in memory. `load_episodes(client, path, table,
-    episode_column="episode_id", step_column="step")` reads it back. Returns the steps."""
+    fixed-size lists). Episodes are written whole (see `reassembled`), their steps in order.
+    `load_episodes(client, path, table, episode_column="episode_id", step_column="step")`
+    reads it back. Returns the steps."""
     pa, pq = _pyarrow()
-    info = ckpt.tables[table]
-    open_steps: Dict[int, Dict[int, list]] = {}
     pending: List[tuple] = []  # (episode, step, values)
     names: List[str] = []
     first: List[np.ndarray] = []
@@ -345,29 +372,15 @@ def export_steps(
 
     ok = False
     try:
-        for index, item in enumerate(ckpt.items(table)):
+        for episode, start, steps in reassembled(ckpt, table, episodes):
             if not names:
-                names = [n for n in _names(info, len(item.data)) if n not in STEP_COLUMNS]
-                if len(names) != len(item.data):
-                    names = [f"column_{i}" for i in range(len(item.data))]
-            episode = item.spans[0][0]
-            steps = open_steps.setdefault(episode, {})
-            for c, ((_, start, length), squeezed) in enumerate(zip(item.spans, item.squeezed)):
-                column = np.asarray(item.data[c])
-                for k in range(length):
-                    row = steps.setdefault(start + k, [None] * len(names))
-                    if row[c] is None:
-                        row[c] = column if squeezed else column[k]
-            if episodes[episode][2] == index:
-                for step in range(episodes[episode][0], episodes[episode][1]):
-                    values = steps[step]
-                    if not first:
-                        first = [np.asarray(v) for v in values]
-                    pending.append((episode, step, values))
-                    count += 1
-                    if len(pending) >= batch_rows:
-                        flush()
-                del open_steps[episode]
+                names = step_names(ckpt, table, len(steps[0]))
+                first = [np.asarray(v) for v in steps[0]]
+            for k, values in enumerate(steps):
+                pending.append((episode, start + k, values))
+                count += 1
+                if len(pending) >= batch_rows:
+                    flush()
         flush()
         ok = True
     finally:
@@ -688,6 +701,8 @@ __all__ = [
     "export",
     "export_table",
     "holds_steps",
+    "reassembled",
+    "step_names",
     "load",
     "load_episodes",
 ]
