@@ -54,6 +54,9 @@ pub struct Client {
     /// The connection of this client's writers, on [`crate::writer_runtime`] (made on first
     /// use; shared by clones).
     writer_connection: Arc<OnceLock<tonic::transport::Channel>>,
+    /// Whether the server takes item runs, once asked (shared by clones; see
+    /// [`Client::takes_item_runs`]).
+    pub(crate) takes_runs: Arc<OnceLock<bool>>,
 }
 
 /// The generated stub over `channel`, with the message limit.
@@ -130,6 +133,7 @@ impl Client {
             key_shard: None,
             kept_streams: Arc::default(),
             writer_connection: Arc::default(),
+            takes_runs: Arc::default(),
         })
     }
 

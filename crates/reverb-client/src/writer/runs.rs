@@ -139,13 +139,17 @@ fn check(steps: &[TensorView<'_>], priorities: &[(String, Vec<f64>)]) -> Result<
 
 impl Client {
     /// Whether the server takes item runs (a server of this process always does; another
-    /// says so in `ServerInfo`).
+    /// says so in `ServerInfo`, asked once per client and its clones).
     pub async fn takes_item_runs(&self, timeout: Option<Duration>) -> Result<bool> {
         if self.inproc().is_some() {
             return Ok(true);
         }
+        if let Some(&takes) = self.takes_runs.get() {
+            return Ok(takes);
+        }
         let info = self.server_info_response(timeout).await?;
-        Ok(info.features.iter().any(|f| f == FEATURE))
+        let takes = info.features.iter().any(|f| f == FEATURE);
+        Ok(*self.takes_runs.get_or_init(|| takes))
     }
 }
 
