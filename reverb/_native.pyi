@@ -159,7 +159,7 @@ class Client:
     def insert_steps(
         self,
         values: Sequence[object],
-        priorities: Sequence[Tuple[str, Sequence[float]]],
+        priorities: Sequence[Tuple[str, bytes]],
         timeout_ms: Optional[int] = None,
     ) -> None: ...
     def sample(

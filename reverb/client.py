@@ -162,7 +162,7 @@ class Client:
                     f"table '{table}' needs one priority or {n} (one per step); got "
                     f"{np.shape(priority)}"
                 )
-            pairs.append((str(table), values.tolist()))
+            pairs.append((str(table), values))
         if any(a.dtype.kind in "OSU" for a in arrays):
             # (Strings go one step at a time, within the call's one timeout.)
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -177,7 +177,8 @@ class Client:
         for table, _ in pairs:
             self._check_signature(table, step)
         timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
-        self._client.insert_steps(arrays, pairs, timeout_ms)
+        pairs_bytes = [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
+        self._client.insert_steps(arrays, pairs_bytes, timeout_ms)
 
     def _check_tables(self, tables: Iterable[str], timeout: Optional[float]) -> None:
         """ValueError, as the reference's, when the server has no table of one of `tables`

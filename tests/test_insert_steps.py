@@ -156,3 +156,28 @@ def test_a_full_queue_times_out_and_stores_nothing_later(make_server) -> None:
     client.insert_steps({"v": np.arange(20, 22)}, {"q": 1.0}, timeout=T)
     assert [int(d[0]) for _, d in _queue_contents(client, "q", 2)] == [20, 21]
     assert client.server_info(timeout=T)["q"].current_size == 0
+
+
+def test_inserts_go_on_after_the_server_restarts(make_server) -> None:
+    """A client keeps its insert stream open between calls; when the server behind the
+    address restarts, the next insert goes through on a new stream, stored once."""
+    first = make_server([reverb.Table.queue("q", 100)])
+    port = first.port
+    client = reverb.Client(f"localhost:{port}")
+    client.insert_steps({"v": np.arange(3)}, {"q": 1.0}, timeout=T)
+    client.insert_steps({"v": np.arange(3, 5)}, {"q": 1.0}, timeout=T)
+    assert client.server_info(timeout=T)["q"].current_size == 5
+    first.stop()
+    second = make_server([reverb.Table.queue("q", 100)], port=port)
+    wait_for(lambda: _answers(client), T, "the restarted server to answer")
+    client.insert_steps({"v": np.arange(10, 14)}, {"q": 1.0}, timeout=T)
+    assert second.localhost_client().server_info(timeout=T)["q"].current_size == 4
+    assert [int(d[0]) for _, d in _queue_contents(client, "q", 4)] == [10, 11, 12, 13]
+
+
+def _answers(client: reverb.Client) -> bool:
+    try:
+        client.server_info(timeout=1.0)
+        return True
+    except Exception:  # noqa: BLE001 - not yet
+        return False

@@ -375,7 +375,12 @@ impl Table {
         let at = now();
         let mut taken = 0;
         let mut guard = self.state.lock();
+        let mut warm = 0;
         let result = loop {
+            if warm == 0 {
+                warm = guard.warm(items, self.config.max_size);
+            }
+            warm = warm.saturating_sub(1);
             let Some((item, priority)) = items.pop_front() else {
                 break Ok(());
             };
@@ -636,6 +641,31 @@ impl State {
             }
         }
         Ok(InsertOutcome::Inserted)
+    }
+
+    /// Loads what inserting the next of `items` will touch, all at once so that their cache
+    /// misses overlap instead of coming one after another: each new key's place in the item
+    /// map and, when the table is full, the records of the items a Fifo remover deletes to
+    /// make room, and their chunks. Returns how many items it looked ahead.
+    fn warm(&self, items: &VecDeque<(ItemData, f64)>, max_size: i64) -> usize {
+        const AHEAD: usize = 64;
+        let ahead = items.len().min(AHEAD);
+        for (item, _) in items.iter().take(ahead) {
+            std::hint::black_box(self.items.get(&item.key).is_some());
+        }
+        let over = (self.items.len() + ahead).saturating_sub(max_size.max(0) as usize);
+        if over > 0 {
+            let mut victims = Vec::with_capacity(over);
+            self.remover.upcoming(over.min(ahead), &mut victims);
+            for key in victims {
+                if let Some(entry) = self.items.get(&key) {
+                    for chunk in entry.data.chunks() {
+                        reverb_proto::prefetch(Arc::as_ptr(chunk));
+                    }
+                }
+            }
+        }
+        ahead
     }
 
     fn add_item(&mut self, item: ItemData, priority: f64, times_sampled: i32) -> Result<()> {

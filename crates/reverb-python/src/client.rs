@@ -385,16 +385,33 @@ impl PyClient {
     }
 
     /// Inserts N steps (`values`: leaves with a leading dimension N) as N items per
-    /// `(table, priorities)` (N priorities each), item `i` holding step `i`, all in one
-    /// episode's chunks; returns as `insert` does.
+    /// `(table, priorities)` (N float64 priorities each, as bytes in native order), item `i`
+    /// holding step `i`, all in one episode's chunks; returns as `insert` does.
     #[pyo3(signature = (values, priorities, timeout_ms=None))]
     fn insert_steps(
         &self,
         py: Python<'_>,
         values: Vec<Bound<'_, PyAny>>,
-        priorities: Vec<(String, Vec<f64>)>,
+        priorities: Vec<(String, Bound<'_, pyo3::types::PyBytes>)>,
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
+        // (Priorities come as float64 bytes: no Python float per step.)
+        let priorities: Vec<(String, Vec<f64>)> = priorities
+            .into_iter()
+            .map(|(table, bytes)| {
+                let bytes = bytes.as_bytes();
+                if bytes.len() % 8 != 0 {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "the priorities of table '{table}' are not float64 bytes"
+                    )));
+                }
+                let values = bytes
+                    .chunks_exact(8)
+                    .map(|b| f64::from_ne_bytes(b.try_into().expect("8 bytes")))
+                    .collect();
+                Ok((table, values))
+            })
+            .collect::<PyResult<_>>()?;
         let deadline = deadline_ms(timeout_ms)?;
         let left = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let timeout = left();

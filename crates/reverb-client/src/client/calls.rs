@@ -67,38 +67,59 @@ impl Client {
         requests: Vec<InsertStreamRequest>,
         timeout: Option<Duration>,
     ) -> Result<()> {
-        let mut keys = reverb_proto::KeySet::default();
+        let mut keys = 0;
         for item in requests.iter().flat_map(|r| r.items.iter()) {
-            let item = PrioritizedItem::decode(item.clone()).map_err(|e| {
+            PrioritizedItem::decode(item.clone()).map_err(|e| {
                 ClientError::invalid(format!("An item is not a PrioritizedItem message: {e}"))
             })?;
-            keys.insert(item.key);
+            keys += 1;
         }
         let runs = requests.iter().flat_map(|r| r.item_runs.iter());
-        keys.extend(runs.flat_map(|run| run.keys.iter().copied()));
-        let (requests, keys) = (&requests, &keys);
+        keys += runs.map(|run| run.keys.len()).sum::<usize>();
+        let requests = &requests;
         self.with_deadline("InsertStream", timeout, |server| async move {
-            let mut stream = server.insert_stream();
-            for request in requests {
-                stream.send(request.clone()).await?;
-            }
-            let mut pending = keys.clone();
-            while !pending.is_empty() {
-                let Some(confirmed) = stream.confirmed().await? else {
-                    return Err(ClientError::new(
-                        Code::Internal,
-                        format!(
-                            "Server at {} closed the insert stream before confirming every item",
-                            self.address()
-                        ),
-                    ));
-                };
-                for key in confirmed {
-                    pending.remove(&key);
+            // The stream the last insert left open, if any: a stream the server has closed
+            // since (a restart, say) fails, and the insert is made again on a new one (an
+            // item stored twice under its key is stored once).
+            let kept = self.kept_insert.lock().take();
+            if let Some(mut stream) = kept {
+                if self.insert_on(&mut *stream, requests, keys).await.is_ok() {
+                    self.kept_insert.lock().get_or_insert(stream);
+                    return Ok(());
                 }
             }
+            let mut stream = server.insert_stream();
+            self.insert_on(&mut *stream, requests, keys).await?;
+            self.kept_insert.lock().get_or_insert(stream);
             Ok(())
         })
         .await
+    }
+
+    /// Sends `requests` on `stream` and waits until the server confirmed their `keys` items
+    /// (a stream confirms only what was sent on it).
+    async fn insert_on(
+        &self,
+        stream: &mut dyn crate::transport::InsertStream,
+        requests: &[InsertStreamRequest],
+        keys: usize,
+    ) -> Result<()> {
+        for request in requests {
+            stream.send(request.clone()).await?;
+        }
+        let mut pending = keys;
+        while pending > 0 {
+            let Some(confirmed) = stream.confirmed().await? else {
+                return Err(ClientError::new(
+                    Code::Internal,
+                    format!(
+                        "Server at {} closed the insert stream before confirming every item",
+                        self.address()
+                    ),
+                ));
+            };
+            pending = pending.saturating_sub(confirmed.len());
+        }
+        Ok(())
     }
 }

@@ -57,6 +57,10 @@ pub struct Client {
     /// Whether the server takes item runs, once asked (shared by clones; see
     /// [`Client::takes_item_runs`]).
     pub(crate) takes_runs: Arc<OnceLock<bool>>,
+    /// The insert stream [`Client::insert_requests`] left open for the next one-shot insert
+    /// (nothing in flight on it; shared by clones).
+    pub(crate) kept_insert:
+        Arc<parking_lot::Mutex<Option<Box<dyn crate::transport::InsertStream>>>>,
 }
 
 /// The generated stub over `channel`, with the message limit.
@@ -134,6 +138,7 @@ impl Client {
             kept_streams: Arc::default(),
             writer_connection: Arc::default(),
             takes_runs: Arc::default(),
+            kept_insert: Arc::default(),
         })
     }
 

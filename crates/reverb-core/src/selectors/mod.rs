@@ -161,6 +161,10 @@ pub trait Selector: Send {
     fn update_many(&mut self, updates: &[(Place, f64)]) -> Result<()> {
         updates.iter().try_for_each(|&(at, p)| self.update(at, p))
     }
+    /// The keys the next `n` calls of [`Selector::sample`] would return, when the selector
+    /// knows them ahead (Fifo: the oldest keys, which inserts do not change), appended to
+    /// `out`; the others add nothing. A hint, for warming caches.
+    fn upcoming(&self, _n: usize, _out: &mut Vec<u64>) {}
     /// Removes every key.
     fn clear(&mut self);
     /// Number of keys.

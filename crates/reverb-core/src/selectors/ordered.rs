@@ -90,6 +90,12 @@ impl Selector for Ordered {
         };
         place.map(|&(key, _)| (key, 1.0))
     }
+    fn upcoming(&self, n: usize, out: &mut Vec<u64>) {
+        if !self.newest_first {
+            let live = self.order.iter().filter(|p| p.1 & DEAD == 0);
+            out.extend(live.take(n).map(|&(key, _)| key));
+        }
+    }
     fn clear(&mut self) {
         self.order = VecDeque::new();
         self.live = 0;

@@ -379,6 +379,11 @@ proptest! {
                 }
                 let expect = if newest_first { model.last() } else { model.first() };
                 prop_assert_eq!(s.sample(&mut rng()), expect.map(|&k| (k, 1.0)));
+                // Fifo knows its next victims: the oldest live keys, in order.
+                let mut upcoming = Vec::new();
+                s.sel.upcoming(5, &mut upcoming);
+                let oldest: Vec<u64> = model.iter().take(5).copied().collect();
+                prop_assert_eq!(upcoming, if newest_first { vec![] } else { oldest });
                 prop_assert_eq!(s.len(), model.len());
                 // Dead places never outnumber live ones by more than the slack.
                 prop_assert!(s.sel.order.len() <= 2 * model.len() + 16);
