@@ -14,8 +14,9 @@ truncated or corrupt checkpoint is refused with a `ValueError` naming the file);
 it keeps only the tables' settings and an index of where chunks and items are, so a
 checkpoint larger than memory is read item by item, each chunk fetched from the file when an
 item needs it. Reads the checkpoints of this package (`Client.checkpoint`, a server's
-`DefaultCheckpointer`) that way, and dm-reverb 0.14's (a directory of TFRecord files) whole,
-into memory, with the same checks as a server's restore.
+`DefaultCheckpointer`) that way; dm-reverb 0.14's (a directory of TFRecord files) are first
+converted into an unlinked temporary file of ours under `TMPDIR`, every record's checksums
+checked.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def _resolve(path: str) -> str:
         return os.path.join(path, FILE)
     if _is_dm_reverb(path):
         return path
+    if os.path.isfile(os.path.join(path, "tables.tfrecord")):
+        raise ValueError(
+            f"{path}: a dm-reverb checkpoint without its DONE marker (dm-reverb did not "
+            "finish writing it)"
+        )
     subdirs = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
     ours = [d for d in subdirs if os.path.isfile(os.path.join(path, d, FILE))]
     if ours:

@@ -177,3 +177,24 @@ def test_a_broken_checkpoint_is_refused_whole(made, tmp_path, how) -> None:
     with pytest.raises(ValueError, match="dm-reverb checkpoint") as raised:
         reverb.Server(_drain_tables(), checkpointer=checkpointer)
     assert path in str(raised.value)
+
+
+@pytest.mark.parametrize("how", ["no DONE", "truncated", "flipped byte", "missing chunks"])
+def test_the_offline_reader_refuses_a_broken_checkpoint(made, tmp_path, how, monkeypatch) -> None:
+    """The reader converts dm-reverb's files into an unlinked temporary file of ours (so
+    memory stays bounded); a broken checkpoint fails clearly, when opened or (an item
+    whose chunks are missing) when that item is read, and leaves no temporary file."""
+    path = _broken_copy(made, tmp_path, how)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    with pytest.raises(ValueError, match="tfrecord|DONE|chunk") as raised:
+        with reverb.checkpoint.open(path) as ckpt:
+            for name in ckpt.tables:
+                list(ckpt.items(name))
+    assert path in str(raised.value) or "chunk" in str(raised.value)
+    assert list(scratch.iterdir()) == []
+    # A sound one: read whole, and nothing left behind either.
+    with reverb.checkpoint.open(made["path"]) as ckpt:
+        assert list(scratch.iterdir()) == []
+        assert sum(len(list(ckpt.items(name))) for name in ckpt.tables) > 0

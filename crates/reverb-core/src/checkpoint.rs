@@ -131,6 +131,51 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
     Ok(counting.bytes)
 }
 
+/// Writes a checkpoint record by record from encoded messages (tables first, then chunks,
+/// then items): how another format (dm-reverb's) is turned into ours, one record at a time.
+/// The file is checked when [`Reader::open`] reads it.
+pub struct RecordWriter<W: Write> {
+    out: W,
+    /// Tables, chunks and items written.
+    counts: [u64; 3],
+}
+
+impl<W: Write> RecordWriter<W> {
+    /// Starts a checkpoint on `out`.
+    pub fn new(mut out: W) -> std::io::Result<Self> {
+        out.write_all(MAGIC)?;
+        Ok(Self {
+            out,
+            counts: [0; 3],
+        })
+    }
+    /// An encoded `PriorityTableCheckpoint`.
+    pub fn table(&mut self, encoded: &[u8]) -> std::io::Result<()> {
+        self.counts[0] += 1;
+        record(&mut self.out, TABLE, encoded)
+    }
+    /// An encoded `ChunkData`.
+    pub fn chunk(&mut self, encoded: &[u8]) -> std::io::Result<()> {
+        self.counts[1] += 1;
+        record(&mut self.out, CHUNK, encoded)
+    }
+    /// An encoded `PrioritizedItem`.
+    pub fn item(&mut self, encoded: &[u8]) -> std::io::Result<()> {
+        self.counts[2] += 1;
+        record(&mut self.out, ITEM, encoded)
+    }
+    /// Ends the checkpoint (its end record, with the counts) and flushes it.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        let mut end = Vec::with_capacity(24);
+        for n in self.counts {
+            end.extend_from_slice(&n.to_le_bytes());
+        }
+        record(&mut self.out, END, &end)?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
 struct Counting<'a, W: Write> {
     inner: &'a mut W,
     bytes: u64,

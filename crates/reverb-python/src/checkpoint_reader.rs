@@ -1,6 +1,7 @@
 //! The offline checkpoint reader (`reverb.checkpoint.open`): a checkpoint file of ours read
-//! in place, without a server, in bounded memory (`reverb_core::checkpoint::Reader`), or a
-//! dm-reverb checkpoint directory read whole (`reverb_server::dm_checkpoint`).
+//! in place, without a server, in bounded memory (`reverb_core::checkpoint::Reader`); a
+//! dm-reverb checkpoint directory is first written in our format to an unlinked temporary
+//! file (`reverb_server::dm_checkpoint::convert`) and read the same way.
 
 use crate::numpy::column_out;
 use parking_lot::Mutex;
@@ -8,10 +9,9 @@ use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use reverb_core::checkpoint::{ItemCursor, Reader, SavedTable};
-use reverb_core::Chunk;
+use reverb_core::checkpoint::{ItemCursor, Reader};
 use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint, SampleInfo};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
@@ -21,105 +21,70 @@ use std::sync::Arc;
 /// items of a writer share most of theirs.
 const CHUNK_CACHE_BYTES: usize = 64 << 20;
 
-/// Where a checkpoint's records come from.
-enum Source {
-    /// Our checkpoint file, read in place.
-    File(Reader<BufReader<File>>),
-    /// A dm-reverb checkpoint, read whole (its TFRecord files are not indexed), with its
-    /// chunks by key.
-    Loaded(Vec<SavedTable>, HashMap<u64, Arc<Chunk>>),
-}
+/// Where a checkpoint's records come from: a checkpoint file of ours, read in place (for
+/// a dm-reverb checkpoint, the temporary file it was converted into).
+struct Source(Reader<BufReader<File>>);
 
 /// Where a walk over one table's items stands.
-enum Cursor {
-    File(ItemCursor),
-    Loaded { table: Option<usize>, next: usize },
-}
+type Cursor = ItemCursor;
 
 impl Source {
     fn open(path: &str) -> Result<Self, String> {
-        if Path::new(path).is_dir() {
-            let saved =
-                reverb_server::dm_checkpoint::read(Path::new(path)).map_err(|e| e.to_string())?;
-            let tables: Vec<SavedTable> = saved.into_values().collect();
-            let chunks = tables
-                .iter()
-                .flat_map(|t| &t.snapshot.items)
-                .flat_map(|(item, _, _)| item.chunks().iter())
-                .map(|c| (c.key(), c.clone()))
-                .collect();
-            return Ok(Self::Loaded(tables, chunks));
-        }
-        let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+        let file = if Path::new(path).is_dir() {
+            converted(Path::new(path))?
+        } else {
+            File::open(path).map_err(|e| format!("cannot open: {e}"))?
+        };
         let reader = Reader::open(BufReader::with_capacity(1 << 16, file));
-        reader.map(Self::File).map_err(|e| e.to_string())
+        reader.map(Self).map_err(|e| e.to_string())
     }
 
     fn tables(&self) -> Vec<(PriorityTableCheckpoint, u64)> {
-        match self {
-            Self::File(r) => r
-                .tables()
-                .iter()
-                .map(|t| (t.clone(), r.item_count(&t.table_name)))
-                .collect(),
-            Self::Loaded(tables, _) => tables
-                .iter()
-                .map(|t| (t.header.clone(), t.snapshot.items.len() as u64))
-                .collect(),
-        }
+        let r = &self.0;
+        r.tables()
+            .iter()
+            .map(|t| (t.clone(), r.item_count(&t.table_name)))
+            .collect()
     }
 
     fn cursor(&self, table: &str) -> Cursor {
-        match self {
-            Self::File(r) => Cursor::File(r.cursor(table)),
-            Self::Loaded(tables, _) => Cursor::Loaded {
-                table: tables.iter().position(|t| t.header.table_name == table),
-                next: 0,
-            },
-        }
+        self.0.cursor(table)
     }
 
     fn next_item(&mut self, cursor: &mut Cursor) -> Result<Option<PrioritizedItem>, String> {
-        match (self, cursor) {
-            (Self::File(r), Cursor::File(c)) => r.next_item(c).map_err(|e| e.to_string()),
-            (Self::Loaded(tables, _), Cursor::Loaded { table, next }) => {
-                let Some(saved) = table.map(|t| &tables[t]) else {
-                    return Ok(None);
-                };
-                let Some((item, priority, times_sampled)) = saved.snapshot.items.get(*next) else {
-                    return Ok(None);
-                };
-                *next += 1;
-                Ok(Some(item.to_proto(
-                    &saved.header.table_name,
-                    *priority,
-                    *times_sampled,
-                )))
-            }
-            _ => Err("a cursor of another checkpoint".to_string()),
-        }
+        self.0.next_item(cursor).map_err(|e| e.to_string())
     }
 
     /// The episode and step of chunk `key`'s first row, without reading its data.
     fn chunk_origin(&self, key: u64) -> Result<Option<(u64, i32)>, String> {
-        match self {
-            Self::File(r) => r.chunk_origin(key).map_err(|e| e.to_string()),
-            Self::Loaded(_, chunks) => chunks
-                .get(&key)
-                .map(|c| c.data().sequence_range.map(|r| (r.episode_id, r.start)))
-                .ok_or_else(|| format!("an item references missing chunk {key}")),
-        }
+        self.0.chunk_origin(key).map_err(|e| e.to_string())
     }
 
     fn chunk(&mut self, key: u64) -> Result<ChunkData, String> {
-        match self {
-            Self::File(r) => r.chunk(key).map_err(|e| e.to_string()),
-            Self::Loaded(_, chunks) => chunks
-                .get(&key)
-                .map(|c| c.data())
-                .ok_or_else(|| format!("an item references missing chunk {key}")),
-        }
+        self.0.chunk(key).map_err(|e| e.to_string())
     }
+}
+
+/// The dm-reverb checkpoint in `dir` written in our format to a temporary file (under the
+/// system's temporary directory, `TMPDIR`), unlinked at once: it goes when it is closed.
+fn converted(dir: &Path) -> Result<File, String> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "reverb-dm-checkpoint-{}-{nanos}.rvb",
+        std::process::id()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot make a temporary file {}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(&path);
+    let out = std::io::BufWriter::with_capacity(1 << 20, &file);
+    reverb_server::dm_checkpoint::convert(dir, out).map_err(|e| e.to_string())?;
+    Ok(file)
 }
 
 /// An opened checkpoint.

@@ -58,6 +58,26 @@ pub fn read(dir: &Path) -> Result<BTreeMap<String, SavedTable>, CoreError> {
     Ok(saved.finish())
 }
 
+/// Writes the dm-reverb checkpoint in `dir` to `out` in our checkpoint format, one record at
+/// a time (memory stays bounded whatever the checkpoint's size), verifying every record's
+/// checksums; a checkpoint without its `DONE` marker, or a truncated or corrupt file, is
+/// refused. Items are checked against their chunks when they are read.
+pub fn convert(dir: &Path, out: impl std::io::Write) -> Result<(), CoreError> {
+    if !dir.join(DONE).is_file() {
+        return Err(corrupt(format!(
+            "{} has no {DONE} marker: dm-reverb did not finish writing it",
+            dir.display()
+        )));
+    }
+    let io = |e: std::io::Error| corrupt(format!("cannot write the converted checkpoint: {e}"));
+    let mut writer = reverb_core::checkpoint::RecordWriter::new(out).map_err(io)?;
+    for_each_record(&dir.join(TABLES), |r| writer.table(&r).map_err(io))?;
+    for_each_record(&dir.join(CHUNKS), |r| writer.chunk(&r).map_err(io))?;
+    for_each_record(&dir.join(ITEMS), |r| writer.item(&r).map_err(io))?;
+    writer.finish().map_err(io)?;
+    Ok(())
+}
+
 /// Calls `f` with each record of the TFRecord file at `path` (ZLIB compressed or not).
 fn for_each_record(
     path: &Path,
