@@ -307,7 +307,9 @@ def _export(args: argparse.Namespace) -> int:
         print(f"reverb export: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     for table, out in written.items():
-        if out.rows == "episodes":
+        if out.rows == "episodes" and out.why_items:
+            print(f"{table}: nothing written ({out.why_items})")
+        elif out.rows == "episodes":
             print(f"{table}: {out.path}: {out.count} episodes (RLDS)")
         elif out.rows == "steps":
             print(f"{table}: {out.path}: {out.count} steps (episodes reassembled)")
@@ -333,8 +335,16 @@ def _import(args: argparse.Namespace) -> int:
         columns = {name: column for name, _, column in pairs}
     try:
         steps = os.path.isfile(args.file) and parquet.holds_steps(args.file)
-        if args.episodes and not args.table and not steps:
-            print("reverb import: --episodes needs --table", file=sys.stderr)
+        episode_options = [
+            (args.column, "--column"),
+            (args.sequence_length != 1, "--sequence-length"),
+            (args.period != 1, "--period"),
+            (args.episode_column, "--episode-column"),
+            (args.step_column, "--step-column"),
+        ]
+        given = [flag for value, flag in episode_options if value]
+        if given and not (args.episodes or steps):
+            print(f"reverb import: {given[0]} needs --episodes", file=sys.stderr)
             return 1
         client = reverb.Client(args.to, **kwargs)
         if args.episodes or steps:

@@ -24,6 +24,7 @@ the reference.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -240,7 +241,7 @@ def episode_spans(ckpt: checkpoint.Checkpoint, table: str) -> Any:
     `{episode id: (first step, end step, index of its last item)}` when every column of
     every episode's items covers the same run of steps without gaps, else a string saying
     why not."""
-    covered: Dict[int, List[List[int]]] = {}  # episode -> per column [first, end]
+    covered: Dict[int, List[List[List[int]]]] = {}  # episode -> per column its runs
     last: Dict[int, int] = {}
     count = 0
     for index, item in enumerate(ckpt.items(table, data=False)):
@@ -253,29 +254,42 @@ def episode_spans(ckpt: checkpoint.Checkpoint, table: str) -> Any:
         if len(columns) != len(item.spans):
             return f"items of episode {episode} differ in their number of columns"
         for runs, (_, first, length) in zip(columns, item.spans):
-            if not _cover(runs, first, first + length):
-                return f"episode {episode} has gaps between the steps its items hold"
+            if length < 0:
+                return f"item {item.key} holds steps that do not follow each other"
+            _cover(runs, first, first + length)
         last[episode] = index
     if not count:
         return "the table is empty"
     spans = {}
     for episode, columns in covered.items():
-        if any(runs != columns[0] for runs in columns) or len(columns[0]) != 2:
-            return f"the columns of episode {episode} hold different steps, or with gaps"
-        spans[episode] = (columns[0][0], columns[0][1], last[episode])
+        if any(len(runs) != 1 for runs in columns):
+            return f"episode {episode} has gaps between the steps its items hold"
+        if any(runs != columns[0] for runs in columns):
+            return f"the columns of episode {episode} hold different steps"
+        ((first, end),) = columns[0]
+        spans[episode] = (first, end, last[episode])
     return spans
 
 
-def _cover(run: List[int], first: int, end: int) -> bool:
-    """Extends the run of steps `[run[0], run[1])` (empty: `[]`) by `[first, end)`; False if
-    that would leave a gap."""
-    if not run:
-        run.extend([first, end])
-        return True
-    if first > run[1] or end < run[0]:
-        return False
-    run[0], run[1] = min(run[0], first), max(run[1], end)
-    return True
+def _cover(runs: List[List[int]], first: int, end: int) -> None:
+    """Adds the steps `[first, end)` to `runs` (sorted, disjoint, not touching `[lo, hi)`
+    runs), merging what they join. Items mostly come in step order: then the last run
+    grows."""
+    if runs and runs[-1][0] <= first <= runs[-1][1]:
+        runs[-1][1] = max(runs[-1][1], end)
+        return
+    at = bisect.bisect_left(runs, [first, end])
+    runs.insert(at, [first, end])
+    # Merge it with the run before it and the runs after it that it reaches.
+    i = max(at - 1, 0)
+    while i + 1 < len(runs):
+        if runs[i + 1][0] <= runs[i][1]:
+            runs[i][1] = max(runs[i][1], runs[i + 1][1])
+            del runs[i + 1]
+        elif i < at:
+            i += 1
+        else:
+            break
 
 
 def _step_array(pa: Any, name: str, values: List[np.ndarray], first: np.ndarray) -> Any:
@@ -541,6 +555,7 @@ def _step_column(pa: Any, where: str, array: Any) -> np.ndarray:
     bytes; strings and binaries objects of bytes."""
     if array.null_count:
         raise ValueError(f"{where}: {array.null_count} empty (null) values")
+    rows = len(array)
     dims: List[int] = []
     while True:
         kind = array.type
@@ -556,6 +571,11 @@ def _step_column(pa: Any, where: str, array: Any) -> np.ndarray:
             dims.append(int(lengths[0]) if len(lengths) else 0)
         elif pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
             array = array.field("bytes")
+            if array.null_count:
+                raise ValueError(
+                    f"{where}: {array.null_count} images without their bytes (a path only: "
+                    "images stored beside the files are not read)"
+                )
             continue
         else:
             break
@@ -565,7 +585,6 @@ def _step_column(pa: Any, where: str, array: Any) -> np.ndarray:
     leaf = array.to_numpy(zero_copy_only=False)
     if leaf.dtype.kind in "OSU":
         leaf = np.array([v if isinstance(v, bytes) else str(v).encode() for v in leaf], object)
-    rows = len(leaf) // max(int(np.prod(dims)), 1) if dims else len(leaf)
     return leaf.reshape(rows, *dims)
 
 
@@ -599,7 +618,10 @@ def load_episodes(
     with `configs` (`reverb.structured_writer.create_config`, patterns over the step), a
     structured writer makes the items those describe (in the tables they name). A step
     column, when the file has it, must increase within an episode. Image structs arrive as
-    their encoded bytes. Returns the episodes and steps written."""
+    their encoded bytes. A step of a file of ours (without `columns`) is appended as a list of
+    its columns in the file's order, which is the table's flattened order (a dict of their
+    names need not flatten to it); patterns in `configs` index it. Returns the episodes and
+    steps written."""
     if sequence_length < 1 or period < 1:
         raise ValueError(
             f"sequence_length and period must be at least 1; got {sequence_length}, {period}"
@@ -610,8 +632,12 @@ def load_episodes(
     ours = metadata.get(b"reverb.rows") == b"steps"
     if episode_column is None:
         episode_column = "episode_id" if ours else "episode_index"
+    step_required = step_column is not None
     if step_column is None:
         step_column = "step" if ours else "frame_index"
+    # Our files list the columns in the table's flattened order (tf.nest's), which a dict
+    # of their names need not flatten to: their steps are appended as lists in that order.
+    as_list = ours and columns is None
     if configs is None and not table:
         table = metadata.get(b"reverb.table", b"").decode() if ours else None
         if not table:
@@ -643,7 +669,9 @@ def load_episodes(
             missing = [c for c in [episode_column, *wanted.values()] if c not in schema.names]
             if missing:
                 raise ValueError(f"{file}: no column {missing[0]!r} (it has {schema.names})")
-            with_step = step_column is not None and step_column in schema.names
+            with_step = step_column in schema.names
+            if step_required and not with_step:
+                raise ValueError(f"{file}: no step column {step_column!r} (it has {schema.names})")
             read = [episode_column, *([step_column] if with_step else []), *wanted.values()]
             for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows, columns=read):
                 episode_ids = _step_column(pa, f"{file}: {episode_column!r}", batch.column(0))
@@ -672,16 +700,19 @@ def load_episodes(
                                 f"{last_step}: an episode's rows must be in step order"
                             )
                         last_step = step_ids[r]
-                    writer.append({name: column[r] for name, column in values.items()})
+                    if as_list:
+                        writer.append([column[r] for column in values.values()])
+                    else:
+                        writer.append({name: column[r] for name, column in values.items()})
                     in_episode += 1
                     steps += 1
                     if configs is None and in_episode >= sequence_length:
                         if (in_episode - sequence_length) % period == 0:
                             history = writer.history
-                            if sequence_length == 1:
-                                item = {name: history[name][-1] for name in values}
-                            else:
-                                item = {name: history[name][-sequence_length:] for name in values}
+                            n = sequence_length
+                            fields = range(len(values)) if as_list else list(values)
+                            cells = [history[f][-1] if n == 1 else history[f][-n:] for f in fields]
+                            item = cells if as_list else dict(zip(fields, cells))
                             writer.create_item(table, priority, item)
         if current is not None:
             writer.end_episode(timeout_ms=timeout_ms)

@@ -153,21 +153,25 @@ def export(
     shard_episodes: int = 1000,
 ) -> Dict[str, parquet.Exported]:
     """Exports the checkpoint at `source` (see `reverb.checkpoint.open`): each table (or those
-    named) as an RLDS dataset in `out_dir/<table>/1.0.0`. ValueError for a table whose
-    episodes cannot be reassembled. Returns what was written (rows "episodes"), by table."""
+    named) as an RLDS dataset in `out_dir/<table>/1.0.0`; an empty table is skipped (its
+    entry says so, nothing written). ValueError for a table whose episodes cannot be
+    reassembled. Returns what was written (rows "episodes"), by table."""
     _tfds()
     written = {}
     with checkpoint.open(source) as ckpt:
         for name in tables or list(ckpt.tables):
             if name not in ckpt.tables:
                 raise KeyError(f"no table {name!r} in {ckpt.path} (it has {sorted(ckpt.tables)})")
+            path = os.path.join(out_dir, name, VERSION)
+            if ckpt.tables[name].num_items == 0:
+                written[name] = parquet.Exported(path, "episodes", 0, "the table is empty")
+                continue
             episodes = parquet.episode_spans(ckpt, name)
             if isinstance(episodes, str):
                 raise ValueError(
                     f"table {name!r}: RLDS holds episodes, and they cannot be reassembled "
                     f"from its items: {episodes}"
                 )
-            path = os.path.join(out_dir, name, VERSION)
             count = export_table(ckpt, name, path, episodes, shard_episodes=shard_episodes)
             written[name] = parquet.Exported(path, "episodes", count)
     return written

@@ -181,3 +181,26 @@ def _answers(client: reverb.Client) -> bool:
         return True
     except Exception:  # noqa: BLE001 - not yet
         return False
+
+
+def test_a_refused_insert_is_not_sent_again(make_server, monkeypatch) -> None:
+    """A call split into several requests (rows near the message limit) whose later items
+    the server refuses: the items before the refusal are stored once, even on the insert
+    stream an earlier call left open."""
+    monkeypatch.setenv("REVERB_MAX_MESSAGE_BYTES", "40000")
+    server = make_server(
+        [
+            reverb.Table(
+                "p", selectors.Prioritized(1.0), selectors.Fifo(), 4, rate_limiters.MinSize(1)
+            )
+        ]
+    )
+    client = reverb.Client(f"localhost:{server.port}")
+    client.insert_steps([np.zeros((1, 4096), np.float32)], {"p": 1.0}, timeout=T)
+    before = client.server_info(timeout=T)["p"].rate_limiter_info.insert_stats.completed
+    rows = np.arange(8 * 4096, dtype=np.float32).reshape(8, 4096)  # 16 KiB a row
+    with pytest.raises(ValueError, match="Priority -1.0 is not valid"):
+        client.insert_steps([rows], {"p": [1, 1, 1, 1, 1, 1, -1, -1]}, timeout=T)
+    info = client.server_info(timeout=T)["p"]
+    assert info.rate_limiter_info.insert_stats.completed - before == 6
+    assert info.current_size == 4

@@ -8,6 +8,8 @@ import pathlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reverb
 from reverb import cli
@@ -273,3 +275,76 @@ def test_items_that_leave_gaps_are_exported_as_items(tmp_path: pathlib.Path, cap
     assert pq.read_table(out / "gaps.parquet").schema.metadata[b"reverb.rows"] == b"items"
     assert cli.main(["export", path, "--to", str(out), "--rows", "steps"]) == 1
     assert "cannot be reassembled" in capsys.readouterr().err
+
+
+def _one_episode(writer_items, columns: int = 1) -> str:
+    """A checkpoint of a queue table holding one episode of 6 steps (`columns` float32
+    columns, step t's value t + 100 * column), with the items `writer_items(history)`
+    names (lists of trajectories)."""
+    server = reverb.Server([reverb.Table.queue("t", 100)])
+    client = server.localhost_client()
+    with client.trajectory_writer(6) as w:
+        for t in range(6):
+            w.append([np.float32(t + 100 * c) for c in range(columns)])
+        for trajectory in writer_items(w.history):
+            w.create_item("t", 1.0, trajectory)
+        w.end_episode(timeout_ms=int(T * 1000))
+    path = client.checkpoint(timeout=T)
+    server.stop()
+    return path
+
+
+def test_items_out_of_order_reassemble_and_strided_ones_do_not(tmp_path: pathlib.Path) -> None:
+    from reverb import parquet
+
+    # Steps 4-5, then 0-1, then 2-3: together the whole episode.
+    path = _one_episode(lambda h: [[h[0][4:6]], [h[0][0:2]], [h[0][2:4]]])
+    out = parquet.export(path, str(tmp_path / "a"))["t"]
+    assert (out.rows, out.count) == ("steps", 6)
+    rows = pq.read_table(out.path).to_pylist()
+    assert [(r["step"], r["column_0"]) for r in rows] == [(t, float(t)) for t in range(6)]
+    # Every other step: not consecutive steps, so items (and the reason).
+    path = _one_episode(lambda h: [[h[0][0:6:2]], [h[0][0:3]]])
+    out = parquet.export(path, str(tmp_path / "b"))["t"]
+    assert out.rows == "items" and "do not follow each other" in out.why_items
+    with pytest.raises(ValueError, match="cannot be reassembled"):
+        parquet.export(path, str(tmp_path / "c"), rows="steps")
+
+
+def test_steps_come_back_in_their_columns_order(tmp_path: pathlib.Path) -> None:
+    """11 columns without a signature (`column_10` sorts before `column_2` by name): a file
+    of steps loads back with every value in its own column."""
+    from reverb import parquet
+
+    path = _one_episode(lambda h: [[c[-1] for c in h]], columns=11)
+    out = parquet.export(path, str(tmp_path / "out"))["t"]
+    assert out.rows == "steps" and out.count == 1
+    server = reverb.Server([reverb.Table.queue("t", 100)])
+    try:
+        loaded = parquet.load_episodes(server.localhost_client(), out.path)
+        assert loaded == (1, 1)
+        (sample,) = server.localhost_client().sample("t", 1, emit_timesteps=False, timeout=T)
+        assert [float(v) for v in sample.data] == [5.0 + 100 * c for c in range(11)]
+    finally:
+        server.stop()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 5)), min_size=1, max_size=12))
+def test_runs_of_steps_merge_whatever_the_order(spans) -> None:
+    """`_cover` keeps the steps items hold as sorted, disjoint runs (what reassembly checks
+    for gaps), whatever order the items come in."""
+    from reverb.parquet import _cover
+
+    runs: list = []
+    steps: set = set()
+    for first, length in spans:
+        _cover(runs, first, first + length)
+        steps |= set(range(first, first + length))
+    expected: list = []
+    for step in sorted(steps):
+        if expected and expected[-1][1] == step:
+            expected[-1][1] = step + 1
+        else:
+            expected.append([step, step + 1])
+    assert runs == expected

@@ -239,3 +239,27 @@ def test_the_command_and_bad_datasets(tmp_path: pathlib.Path, capsys) -> None:
             parquet.load_episodes(client, str(tmp_path / "none"), "replay")
     finally:
         server.stop()
+
+
+def test_images_without_bytes_and_options_without_episodes(tmp_path: pathlib.Path, capsys) -> None:
+    path = tmp_path / "images.parquet"
+    images = pa.array(
+        [{"bytes": b"png", "path": None}, {"bytes": None, "path": "frame1.png"}],
+        pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+    )
+    table = pa.table({"episode_index": [0, 0], "frame_index": [0, 1], "image": images})
+    pq.write_table(table, str(path))
+    server = reverb.Server([reverb.Table.queue("replay", 10)])
+    try:
+        client = server.localhost_client()
+        with pytest.raises(ValueError, match="1 images without their bytes"):
+            parquet.load_episodes(client, str(path), "replay")
+        assert client.server_info(timeout=T)["replay"].current_size == 0
+        argv = ["import", str(path), "--to", f"localhost:{server.port}", "--table", "replay"]
+        assert cli.main([*argv, "--column", "image=image"]) == 1
+        assert "--column needs --episodes" in capsys.readouterr().err
+        argv += ["--episodes", "--step-column", "t"]
+        assert cli.main(argv) == 1
+        assert "no step column 't'" in capsys.readouterr().err
+    finally:
+        server.stop()

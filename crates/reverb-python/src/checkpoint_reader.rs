@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use reverb_core::checkpoint::{ItemCursor, Reader};
-use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint, SampleInfo};
+use reverb_proto::{ChunkData, KeyHashMap, PrioritizedItem, PriorityTableCheckpoint, SampleInfo};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufReader;
@@ -153,20 +153,30 @@ pub(crate) struct PyCheckpointItems {
     chunks: ChunkCache,
 }
 
-/// The chunks an item walk read last, at most [`CHUNK_CACHE_BYTES`] of them (and the last).
+/// The chunks an item walk read last, at most [`CHUNK_CACHE_BYTES`] of them (and the last),
+/// by key; the oldest read goes first.
 #[derive(Default)]
 struct ChunkCache {
-    chunks: VecDeque<ChunkData>,
+    chunks: KeyHashMap<ChunkData>,
+    order: VecDeque<u64>,
     bytes: usize,
 }
 
 impl ChunkCache {
+    fn get(&self, key: u64) -> Option<ChunkData> {
+        self.chunks.get(&key).cloned()
+    }
     fn add(&mut self, chunk: ChunkData) {
         self.bytes += chunk.data.len();
-        self.chunks.push_back(chunk);
-        while self.bytes > CHUNK_CACHE_BYTES && self.chunks.len() > 1 {
-            let old = self.chunks.pop_front().expect("more than one chunk");
+        self.order.push_back(chunk.chunk_key);
+        if let Some(old) = self.chunks.insert(chunk.chunk_key, chunk) {
             self.bytes -= old.data.len();
+        }
+        while self.bytes > CHUNK_CACHE_BYTES && self.order.len() > 1 {
+            let key = self.order.pop_front().expect("more than one chunk");
+            if let Some(old) = self.chunks.remove(&key) {
+                self.bytes -= old.data.len();
+            }
         }
     }
 }
@@ -191,8 +201,9 @@ impl PyCheckpointItems {
     /// `(key, priority, times_sampled, (inserted_at seconds, nanos), (episode id, first
     /// step), squeezed, spans, columns or None)`; columns are `(dtype, shape, data)` as
     /// samples give them; `squeezed` says which columns are one step without a time
-    /// dimension; `spans` are each column's `(episode id, first step, rows)`. The episode and
-    /// step are those of the first column's first row.
+    /// dimension; `spans` are each column's `(episode id, first step, rows)`, rows -1 when
+    /// they are not consecutive steps of one episode. The episode and step are those of the
+    /// first column's first row.
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<ItemTuple<'py>>> {
         let (source, cursor, cache) = (&self.source, &mut self.cursor, &mut self.chunks);
         let (data, table_size) = (self.data, self.table_size);
@@ -206,19 +217,24 @@ impl PyCheckpointItems {
                 .iter()
                 .flat_map(|t| &t.columns)
                 .collect();
-            // Per column: the episode and step of its first row, and its rows.
+            // Per column: the episode and step of its first row, and its rows (-1 when its
+            // rows are not consecutive steps of one episode: a strided slice, say).
             let mut spans: Vec<(u64, i64, i64)> = Vec::with_capacity(columns.len());
             for column in &columns {
-                let rows = column.chunk_slices.iter().map(|s| i64::from(s.length));
-                let (episode, step) = match column.chunk_slices.first() {
-                    Some(s) => source
-                        .chunk_origin(s.chunk_key)?
-                        .map_or((0, 0), |(e, start)| {
-                            (e, i64::from(start) + i64::from(s.offset))
-                        }),
-                    None => (0, 0),
-                };
-                spans.push((episode, step, rows.sum()));
+                let mut span: Option<(u64, i64, i64)> = None;
+                for slice in &column.chunk_slices {
+                    let (episode, start) = source.chunk_origin(slice.chunk_key)?.unwrap_or((0, 0));
+                    let step = i64::from(start) + i64::from(slice.offset);
+                    let rows = i64::from(slice.length);
+                    span = Some(match span {
+                        None => (episode, step, rows),
+                        Some((e, first, n)) if e == episode && first + n == step && n >= 0 => {
+                            (e, first, n + rows)
+                        }
+                        Some((e, first, _)) => (e, first, -1),
+                    });
+                }
+                spans.push(span.unwrap_or((0, 0, 0)));
             }
             let origin = spans.first().map_or((0, 0), |&(e, s, _)| (e, s));
             if !data {
@@ -230,8 +246,8 @@ impl PyCheckpointItems {
                 if chunks.iter().any(|c| c.chunk_key == key) {
                     continue;
                 }
-                let chunk = match cache.chunks.iter().find(|c| c.chunk_key == key) {
-                    Some(chunk) => chunk.clone(),
+                let chunk = match cache.get(key) {
+                    Some(chunk) => chunk,
                     None => {
                         let chunk = source.chunk(key)?;
                         cache.add(chunk.clone());

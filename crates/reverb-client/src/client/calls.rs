@@ -78,18 +78,27 @@ impl Client {
         keys += runs.map(|run| run.keys.len()).sum::<usize>();
         let requests = &requests;
         self.with_deadline("InsertStream", timeout, |server| async move {
-            // The stream the last insert left open, if any: a stream the server has closed
-            // since (a restart, say) fails, and the insert is made again on a new one (an
-            // item stored twice under its key is stored once).
+            // The stream the last insert left open, if any. One the server has closed since
+            // (a restart, say) fails before confirming anything, and the insert is made
+            // again on a new stream; any other failure (a refusal, or one after some items
+            // were stored) is the call's: nothing is sent twice.
             let kept = self.kept_insert.lock().take();
             if let Some(mut stream) = kept {
-                if self.insert_on(&mut *stream, requests, keys).await.is_ok() {
-                    self.kept_insert.lock().get_or_insert(stream);
-                    return Ok(());
+                let mut confirmed = 0;
+                match self
+                    .insert_on(&mut *stream, requests, keys, &mut confirmed)
+                    .await
+                {
+                    Ok(()) => {
+                        self.kept_insert.lock().get_or_insert(stream);
+                        return Ok(());
+                    }
+                    Err(e) if confirmed > 0 || !closed(&e) => return Err(e),
+                    Err(_) => {}
                 }
             }
             let mut stream = server.insert_stream();
-            self.insert_on(&mut *stream, requests, keys).await?;
+            self.insert_on(&mut *stream, requests, keys, &mut 0).await?;
             self.kept_insert.lock().get_or_insert(stream);
             Ok(())
         })
@@ -97,19 +106,20 @@ impl Client {
     }
 
     /// Sends `requests` on `stream` and waits until the server confirmed their `keys` items
-    /// (a stream confirms only what was sent on it).
+    /// (a stream confirms only what was sent on it), counting them in `confirmed`.
     async fn insert_on(
         &self,
         stream: &mut dyn crate::transport::InsertStream,
         requests: &[InsertStreamRequest],
         keys: usize,
+        confirmed: &mut usize,
     ) -> Result<()> {
         for request in requests {
             stream.send(request.clone()).await?;
         }
         let mut pending = keys;
         while pending > 0 {
-            let Some(confirmed) = stream.confirmed().await? else {
+            let Some(confirmed_now) = stream.confirmed().await? else {
                 return Err(ClientError::new(
                     Code::Internal,
                     format!(
@@ -118,8 +128,19 @@ impl Client {
                     ),
                 ));
             };
-            pending = pending.saturating_sub(confirmed.len());
+            pending = pending.saturating_sub(confirmed_now.len());
+            *confirmed += confirmed_now.len();
         }
         Ok(())
     }
+}
+
+/// Whether `e` says the stream or its connection was closed (rather than that the server
+/// refused what was sent).
+fn closed(e: &ClientError) -> bool {
+    e.unsent
+        || matches!(
+            e.code,
+            Code::Unavailable | Code::Cancelled | Code::Aborted | Code::Unknown | Code::Internal
+        )
 }

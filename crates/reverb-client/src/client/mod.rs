@@ -167,6 +167,7 @@ impl Client {
         self.auth_token = token.map(str::to_string);
         self.stub = stub(&self.channel, self.max_message_size);
         self.kept_streams = Arc::default();
+        self.kept_insert = Arc::default();
         Ok(self)
     }
 
@@ -226,6 +227,7 @@ impl Client {
         self.inproc_port = allowed
             .then(|| inproc::loopback_port(&self.address))
             .flatten();
+        self.kept_insert = Arc::default();
         self
     }
 
@@ -245,6 +247,7 @@ impl Client {
         self.max_message_size = bytes;
         self.stub = stub(&self.channel, bytes);
         self.kept_streams = Arc::default();
+        self.kept_insert = Arc::default();
         self
     }
 
