@@ -6,6 +6,7 @@ pub mod chunk;
 pub mod error;
 pub mod keymap;
 pub mod rate_limiter;
+pub mod segment_log;
 pub mod selectors;
 pub mod table;
 

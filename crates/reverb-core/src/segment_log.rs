@@ -1,0 +1,415 @@
+//! Chunk payloads on disk (issue 43's store, chosen by `bench/storage`): a log of segment
+//! files in one directory. Each chunk is appended as a record `[MAGIC u32][key u64][len u32]
+//! [crc32 u32][payload]` (the checksum covers key, length and payload) to the active segment;
+//! a segment is sealed at its size bound and a new one started. An in-memory index says
+//! where each live chunk is. Deleting a chunk only forgets it: a sealed segment is unlinked
+//! when nothing in it is live (under FIFO deletes that is all it takes), and once the
+//! segments hold more than [`MAX_AMPLIFICATION`] times the live bytes (random deletes), the
+//! emptiest sealed segment is compacted: its live chunks appended anew, then it is unlinked.
+//! Deletes are not logged: after a restart, the owner (which logs its items elsewhere)
+//! deletes the chunks no item references.
+//!
+//! Opening scans every segment, checking every record: a record cut short at the end of the
+//! newest segment (a write a crash interrupted) is cut off; any other record that fails its
+//! checksum is reported and left out; every read checks the checksum again. A directory is
+//! held by one open log at a time (an exclusive lock on its `LOCK` file).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use reverb_proto::KeyHashMap;
+
+/// The first bytes of every record.
+const MAGIC: u32 = 0x5256_4331; // "RVC1"
+/// Bytes of a record's header.
+const HEADER: u64 = 20;
+/// Segment bytes over live bytes past which compaction runs (beyond two segments' slack).
+pub const MAX_AMPLIFICATION: f64 = 1.5;
+
+/// Where a chunk's payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place {
+    segment: u64,
+    /// Offset of the record's header.
+    at: u64,
+    len: u32,
+}
+
+struct Segment {
+    file: File,
+    /// Bytes written (the record ends).
+    len: u64,
+    /// Bytes of live records.
+    live: u64,
+    /// The keys written here, in order (some deleted or moved since).
+    keys: Vec<u64>,
+}
+
+/// What opening a log found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// Chunks found whole.
+    pub chunks: usize,
+    /// Bytes cut off the end of the newest segment (a write a crash interrupted).
+    pub torn_bytes: u64,
+    /// Records that failed their checksum (left out), as (segment, offset).
+    pub corrupt: Vec<(u64, u64)>,
+}
+
+/// The log of one directory (see the module's documentation).
+pub struct SegmentLog {
+    dir: PathBuf,
+    /// Held for the log's life: the directory's exclusive lock.
+    _lock: File,
+    segments: BTreeMap<u64, Segment>,
+    active: u64,
+    index: KeyHashMap<Place>,
+    segment_bytes: u64,
+    /// Bytes the segments hold, and bytes of live records in them.
+    total: u64,
+    live: u64,
+    /// Bytes compaction copied, in all.
+    copied: u64,
+}
+
+fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:016x}.seg"))
+}
+
+fn record_crc(key: u64, payload: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&key.to_le_bytes());
+    crc.update(&(payload.len() as u32).to_le_bytes());
+    crc.update(payload);
+    crc.finalize()
+}
+
+fn corrupt(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+impl SegmentLog {
+    /// Opens (or creates) the log in `dir`, recovering what its segments hold; segments are
+    /// sealed at `segment_bytes`. Fails if another log holds the directory.
+    pub fn open(dir: &Path, segment_bytes: u64) -> io::Result<(Self, Recovered)> {
+        fs::create_dir_all(dir)?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))?;
+        lock.try_lock().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{} is held by another server", dir.display()),
+            )
+        })?;
+        let mut ids: Vec<u64> = fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                u64::from_str_radix(name.strip_suffix(".seg")?, 16).ok()
+            })
+            .collect();
+        ids.sort_unstable();
+        let mut log = Self {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            segments: BTreeMap::new(),
+            active: 0,
+            index: KeyHashMap::default(),
+            segment_bytes: segment_bytes.max(HEADER + 1),
+            total: 0,
+            live: 0,
+            copied: 0,
+        };
+        let mut found = Recovered::default();
+        let newest = ids.last().copied();
+        for id in ids {
+            log.scan(id, Some(id) == newest, &mut found)?;
+        }
+        found.chunks = log.index.len();
+        match newest {
+            Some(id) => log.active = id,
+            None => log.start_segment(0)?,
+        }
+        // Segments whose chunks were all copied elsewhere before a crash stopped their
+        // unlinking, or deleted before it.
+        let sealed: Vec<u64> = log
+            .segments
+            .keys()
+            .copied()
+            .filter(|&i| i != log.active)
+            .collect();
+        for id in sealed {
+            log.reclaim(id)?;
+        }
+        Ok((log, found))
+    }
+
+    /// Reads segment `id` whole, indexing its records (a later record of a key wins).
+    fn scan(&mut self, id: u64, newest: bool, found: &mut Recovered) -> io::Result<()> {
+        let path = segment_path(&self.dir, id);
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        let size = file.metadata()?.len();
+        let mut input = io::BufReader::with_capacity(1 << 20, file.try_clone()?);
+        let segment = Segment {
+            file,
+            len: 0,
+            live: 0,
+            keys: Vec::new(),
+        };
+        self.segments.insert(id, segment);
+        let mut at = 0u64;
+        let mut header = [0u8; HEADER as usize];
+        let mut payload = Vec::new();
+        while at < size {
+            let whole = size - at >= HEADER && input.read_exact(&mut header).is_ok();
+            let (magic, key, len, crc) = (
+                u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")),
+                u64::from_le_bytes(header[4..12].try_into().expect("8 bytes")),
+                u32::from_le_bytes(header[12..16].try_into().expect("4 bytes")),
+                u32::from_le_bytes(header[16..20].try_into().expect("4 bytes")),
+            );
+            let fits = whole && magic == MAGIC && at + HEADER + u64::from(len) <= size;
+            if fits {
+                payload.resize(len as usize, 0);
+                input.read_exact(&mut payload)?;
+            }
+            if !fits || record_crc(key, &payload) != crc {
+                if newest {
+                    // A write a crash cut short (or never finished): cut it off.
+                    found.torn_bytes += size - at;
+                    let segment = &self.segments[&id];
+                    segment.file.set_len(at)?;
+                    segment.file.sync_all()?;
+                } else {
+                    // Inside a sealed segment: nothing after it can be trusted to be framed.
+                    found.corrupt.push((id, at));
+                }
+                break;
+            }
+            let place = Place {
+                segment: id,
+                at,
+                len,
+            };
+            if let Some(old) = self.index.insert(key, place) {
+                self.forget(old);
+            }
+            let segment = self.segments.get_mut(&id).expect("inserted above");
+            segment.live += HEADER + u64::from(len);
+            segment.keys.push(key);
+            self.live += HEADER + u64::from(len);
+            at += HEADER + u64::from(len);
+        }
+        self.segments.get_mut(&id).expect("inserted above").len = at;
+        self.total += at;
+        Ok(())
+    }
+
+    fn start_segment(&mut self, id: u64) -> io::Result<()> {
+        let file = OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(segment_path(&self.dir, id))?;
+        // The new name must survive a crash too.
+        File::open(&self.dir)?.sync_all()?;
+        let segment = Segment {
+            file,
+            len: 0,
+            live: 0,
+            keys: Vec::new(),
+        };
+        self.segments.insert(id, segment);
+        self.active = id;
+        Ok(())
+    }
+
+    /// Appends chunk `key` (replacing an older one under that key). On an error (a full
+    /// disk, say) nothing of it stays: the segment is cut back to where it was.
+    pub fn put(&mut self, key: u64, payload: &[u8]) -> io::Result<()> {
+        let place = self.append(key, payload)?;
+        if let Some(old) = self.index.insert(key, place) {
+            self.forget(old);
+            self.reclaim(old.segment)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a record of `key` at the end of the active segment (sealing it first when
+    /// full); the index is the caller's.
+    fn append(&mut self, key: u64, payload: &[u8]) -> io::Result<Place> {
+        let len = u32::try_from(payload.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "chunk over 4 GiB"))?;
+        if self.segments[&self.active].len >= self.segment_bytes {
+            let sealed = self.active;
+            self.segments[&sealed].file.sync_data()?;
+            self.start_segment(sealed + 1)?;
+            self.reclaim(sealed)?;
+        }
+        let id = self.active;
+        let segment = self.segments.get_mut(&id).expect("the active segment");
+        let mut record = Vec::with_capacity(HEADER as usize + payload.len());
+        record.extend_from_slice(&MAGIC.to_le_bytes());
+        record.extend_from_slice(&key.to_le_bytes());
+        record.extend_from_slice(&len.to_le_bytes());
+        record.extend_from_slice(&record_crc(key, payload).to_le_bytes());
+        record.extend_from_slice(payload);
+        let at = segment.len;
+        if let Err(e) = segment.file.write_all_at(&record, at) {
+            let _ = segment.file.set_len(at);
+            return Err(e);
+        }
+        segment.len += record.len() as u64;
+        segment.live += record.len() as u64;
+        segment.keys.push(key);
+        self.total += record.len() as u64;
+        self.live += record.len() as u64;
+        Ok(Place {
+            segment: id,
+            at,
+            len,
+        })
+    }
+
+    /// Chunk `key`'s payload (checksum checked), or None without one.
+    pub fn get(&self, key: u64) -> io::Result<Option<Vec<u8>>> {
+        let Some(&place) = self.index.get(&key) else {
+            return Ok(None);
+        };
+        let segment = &self.segments[&place.segment];
+        let mut record = vec![0u8; (HEADER + u64::from(place.len)) as usize];
+        segment.file.read_exact_at(&mut record, place.at)?;
+        let crc = u32::from_le_bytes(record[16..20].try_into().expect("4 bytes"));
+        let payload = record.split_off(HEADER as usize);
+        if record_crc(key, &payload) != crc {
+            return Err(corrupt(format!(
+                "chunk {key} in {} at {} fails its checksum",
+                segment_path(&self.dir, place.segment).display(),
+                place.at
+            )));
+        }
+        Ok(Some(payload))
+    }
+
+    /// Forgets chunk `key` (true if there was one); its space comes back as its segment dies
+    /// or is compacted.
+    pub fn delete(&mut self, key: u64) -> io::Result<bool> {
+        let Some(place) = self.index.remove(&key) else {
+            return Ok(false);
+        };
+        self.forget(place);
+        self.reclaim(place.segment)?;
+        Ok(true)
+    }
+
+    /// Keeps only the chunks `keep` says yes to (after a restart: those items reference).
+    pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) -> io::Result<()> {
+        let gone: Vec<u64> = self.index.keys().copied().filter(|&k| !keep(k)).collect();
+        for key in gone {
+            self.delete(key)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every chunk put so far durable.
+    pub fn sync(&self) -> io::Result<()> {
+        self.segments[&self.active].file.sync_data()
+    }
+
+    fn forget(&mut self, place: Place) {
+        if let Some(segment) = self.segments.get_mut(&place.segment) {
+            segment.live -= HEADER + u64::from(place.len);
+            self.live -= HEADER + u64::from(place.len);
+        }
+    }
+
+    /// Unlinks sealed segment `id` once nothing in it is live; then compacts while the
+    /// segments hold too much more than the live bytes.
+    fn reclaim(&mut self, id: u64) -> io::Result<()> {
+        self.unlink_if_dead(id)?;
+        let slack = 2 * self.segment_bytes;
+        while self.total > slack + (self.live as f64 * MAX_AMPLIFICATION) as u64 {
+            // The sealed segment with the least live in it (ties: the oldest).
+            let emptiest = self
+                .segments
+                .iter()
+                .filter(|(&i, s)| i != self.active && s.len > 0)
+                .min_by(|(_, a), (_, b)| (a.live * b.len).cmp(&(b.live * a.len)))
+                .map(|(&i, _)| i);
+            let Some(victim) = emptiest else { break };
+            let segment = &self.segments[&victim];
+            // (Copying a mostly live segment gains nothing: the dead bytes are elsewhere,
+            // in the active segment.)
+            if segment.live * 10 > segment.len * 9 {
+                break;
+            }
+            let before = self.total;
+            self.compact(victim)?;
+            if self.total >= before {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn unlink_if_dead(&mut self, id: u64) -> io::Result<()> {
+        if id != self.active && self.segments.get(&id).is_some_and(|s| s.live == 0) {
+            let segment = self.segments.remove(&id).expect("present");
+            self.total -= segment.len;
+            fs::remove_file(segment_path(&self.dir, id))?;
+        }
+        Ok(())
+    }
+
+    /// Appends sealed segment `id`'s live chunks anew, then unlinks it.
+    fn compact(&mut self, id: u64) -> io::Result<()> {
+        let keys = std::mem::take(&mut self.segments.get_mut(&id).expect("present").keys);
+        for key in keys {
+            if self.index.get(&key).is_some_and(|p| p.segment == id) {
+                let payload = self.get(key)?.expect("indexed");
+                self.copied += payload.len() as u64;
+                let place = self.append(key, &payload)?;
+                let old = self.index.insert(key, place).expect("indexed");
+                self.forget(old);
+            }
+        }
+        // (The copies must be durable before the original goes.)
+        self.sync()?;
+        self.unlink_if_dead(id)
+    }
+
+    /// Chunks held.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether no chunk is held.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// The keys of the chunks held, in no order.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.index.keys().copied()
+    }
+
+    /// Bytes the segments take, and bytes of live records in them.
+    pub fn bytes(&self) -> (u64, u64) {
+        (self.total, self.live)
+    }
+
+    /// Bytes compaction copied since the log was opened.
+    pub fn copied(&self) -> u64 {
+        self.copied
+    }
+}
+
+#[cfg(test)]
+#[path = "segment_log_tests.rs"]
+mod tests;
