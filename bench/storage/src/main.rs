@@ -10,18 +10,15 @@
 //!         [--remover fifo|uniform]
 //!
 //! Engines: `fjall` (an LSM tree with key-value separation: values in blob files, garbage
-//! collected), `redb` (a copy-on-write B-tree in one file), `log` (a hand-written segment
-//! log: chunks appended to 64 MiB segment files, an in-memory index, a segment unlinked when
-//! its last live chunk is deleted, its live chunks copied to the end first once less than
-//! half of it is live). `--remover uniform` deletes a random chunk instead of the oldest.
+//! collected), `redb` (a copy-on-write B-tree in one file), `log` (the hand-written segment
+//! log the server uses, `reverb_core::segment_log`: chunks appended to 64 MiB segment files,
+//! an in-memory index, a segment unlinked when nothing in it is live, the emptiest compacted
+//! when the segments hold 1.5x the live bytes). `--remover uniform` deletes a random chunk
+//! instead of the oldest.
 //! Each chunk read is checked (its first bytes are its key).
 
 use rand::{Rng, SeedableRng};
 use redb::{ReadableDatabase, ReadableTable};
-use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -146,144 +143,31 @@ impl Store for Redb {
     }
 }
 
-/// The hand-written segment log: records `[key u64][len u32][crc32 u32][bytes]` appended to
-/// segment files of [`SEGMENT`] bytes; an index of where each live chunk is; a segment
-/// whose chunks are all deleted is unlinked (for a FIFO table that is all the compaction
-/// there is; other removers would need live chunks copied out of mostly dead segments).
-struct Log {
-    dir: PathBuf,
-    segments: HashMap<u64, Segment>,
-    active: u64,
-    index: HashMap<u64, (u64, u64, u32)>,
-    /// Bytes compaction copied.
-    moved: u64,
-}
-
-struct Segment {
-    file: File,
-    len: u64,
-    live: usize,
-    /// Bytes of live records.
-    live_bytes: u64,
-    /// The keys written here, in order (some since deleted or moved).
-    keys: Vec<u64>,
-}
-
-const SEGMENT: u64 = 64 << 20;
+/// The segment log the server uses (`reverb_core::segment_log`), 64 MiB segments.
+struct Log(reverb_core::segment_log::SegmentLog);
 
 impl Log {
     fn open(dir: &Path) -> Self {
-        std::fs::create_dir_all(dir).expect("dir");
-        let mut log = Self {
-            dir: dir.to_path_buf(),
-            segments: HashMap::new(),
-            active: 0,
-            index: HashMap::new(),
-            moved: 0,
-        };
-        log.new_segment(0);
-        log
-    }
-    fn new_segment(&mut self, id: u64) {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(self.dir.join(format!("{id:010}.seg")))
-            .expect("segment");
-        self.segments.insert(
-            id,
-            Segment {
-                file,
-                len: 0,
-                live: 0,
-                live_bytes: 0,
-                keys: Vec::new(),
-            },
-        );
-        self.active = id;
-    }
-    /// Unlinks segment `id` once nothing in it is live; compacts it (its live chunks
-    /// appended anew) once less than half of it is.
-    fn drop_if_dead(&mut self, id: u64) {
-        if id == self.active {
-            return;
-        }
-        let segment = &self.segments[&id];
-        if segment.live > 0 && segment.live_bytes * 2 < segment.len {
-            let keys = segment.keys.clone();
-            for key in keys {
-                if self.index.get(&key).is_some_and(|&(s, _, _)| s == id) {
-                    let value = self.get(key).expect("live");
-                    self.moved += value.len() as u64;
-                    self.remove(key);
-                    self.put(key, &value);
-                }
-            }
-        }
-        if self.segments.get(&id).is_some_and(|s| s.live == 0) {
-            self.segments.remove(&id);
-            std::fs::remove_file(self.dir.join(format!("{id:010}.seg"))).expect("unlink");
-        }
-    }
-    /// Forgets `key`'s chunk; its segment's live counts fall.
-    fn remove(&mut self, key: u64) -> Option<u64> {
-        let (id, _, len) = self.index.remove(&key)?;
-        let segment = self.segments.get_mut(&id).expect("segment");
-        segment.live -= 1;
-        segment.live_bytes -= 16 + u64::from(len);
-        Some(id)
+        let (log, _) = reverb_core::segment_log::SegmentLog::open(dir, 64 << 20).expect("open");
+        Self(log)
     }
 }
 
 impl Store for Log {
     fn put(&mut self, key: u64, value: &[u8]) {
-        if self.segments[&self.active].len >= SEGMENT {
-            let (old, next) = (self.active, self.active + 1);
-            self.segments[&old].file.sync_data().expect("sync");
-            self.new_segment(next);
-            self.drop_if_dead(old);
-        }
-        let segment = self.segments.get_mut(&self.active).expect("active");
-        let mut record = Vec::with_capacity(16 + value.len());
-        record.extend_from_slice(&key.to_le_bytes());
-        record.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        record.extend_from_slice(&crc32fast::hash(value).to_le_bytes());
-        record.extend_from_slice(value);
-        (&segment.file).write_all(&record).expect("append");
-        let at = segment.len + 16;
-        segment.len += record.len() as u64;
-        segment.live += 1;
-        segment.live_bytes += record.len() as u64;
-        segment.keys.push(key);
-        self.index
-            .insert(key, (self.active, at, value.len() as u32));
+        self.0.put(key, value).expect("put");
     }
     fn delete(&mut self, key: u64) {
-        if let Some(id) = self.remove(key) {
-            self.drop_if_dead(id);
-        }
+        self.0.delete(key).expect("delete");
     }
     fn get(&mut self, key: u64) -> Option<Vec<u8>> {
-        let &(id, at, len) = self.index.get(&key)?;
-        let mut out = vec![0u8; len as usize];
-        let segment = &self.segments[&id];
-        segment.file.read_exact_at(&mut out, at).expect("pread");
-        let mut crc = [0u8; 4];
-        segment.file.read_exact_at(&mut crc, at - 4).expect("pread");
-        assert_eq!(
-            u32::from_le_bytes(crc),
-            crc32fast::hash(&out),
-            "chunk {key} corrupt"
-        );
-        Some(out)
+        self.0.get(key).expect("get")
     }
     fn sync(&mut self) {
-        self.segments[&self.active].file.sync_data().expect("sync");
+        self.0.sync().expect("sync");
     }
     fn copied(&self) -> Option<u64> {
-        Some(self.moved)
+        Some(self.0.copied())
     }
 }
 
