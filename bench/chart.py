@@ -18,28 +18,8 @@ import re
 import sys
 
 
-def read_rows(source: str, after: str = "") -> list:
-    """(label, ratio) of every row of the first table in `source` with a ratio column (the
-    first after the first line containing `after`, if given)."""
-    rows: list = []
-    with open(source) as f:
-        lines = f.read().splitlines()
-    if after:
-        starts = [i for i, line in enumerate(lines) if after in line]
-        if not starts:
-            raise SystemExit(f"no line of {source} contains {after!r}")
-        lines = lines[starts[0] + 1 :]
-    for line in lines:
-        match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
-        if match:
-            server = "same proc." if match.group(2) == "same process" else "other proc."
-            rows.append((f"{match.group(1)} ({server})", float(match.group(3))))
-        elif rows:
-            break  # the end of the first table
-    return rows
-
-
 def _lines_after(source: str, after: str) -> list:
+    """The lines of `source` after the first one containing `after` (all, without it)."""
     with open(source) as f:
         lines = f.read().splitlines()
     if after:
@@ -48,6 +28,20 @@ def _lines_after(source: str, after: str) -> list:
             raise SystemExit(f"no line of {source} contains {after!r}")
         lines = lines[starts[0] + 1 :]
     return lines
+
+
+def read_rows(source: str, after: str = "") -> list:
+    """(label, ratio) of every row of the first table in `source` with a ratio column (the
+    first after the first line containing `after`, if given)."""
+    rows: list = []
+    for line in _lines_after(source, after):
+        match = re.match(r"\| (\w+) \| ([\w ]+) \| .* \| ([\d.]+)x \|$", line.strip())
+        if match:
+            server = "same proc." if match.group(2) == "same process" else "other proc."
+            rows.append((f"{match.group(1)} ({server})", float(match.group(3))))
+        elif rows:
+            break  # the end of the first table
+    return rows
 
 
 def read_peers(source: str, after: str = "") -> tuple:

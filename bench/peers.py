@@ -150,14 +150,7 @@ def act(system: str, target: str) -> None:
     client = reverb.Client(target)
     with client.trajectory_writer(num_keep_alive_refs=1) as writer:
         while True:
-            for t in range(1000):
-                writer.append({k: v[t] for k, v in steps.items()})
-                writer.create_item(
-                    workloads.TRANSITION_QUEUE,
-                    1.0,
-                    {k: v[-1] for k, v in writer.history.items()},
-                )
-            writer.end_episode()
+            write_episode(writer, workloads.TRANSITION_QUEUE, steps)
 
 
 def received(seconds: float, batches: Callable[[], int], feeder: subprocess.Popen) -> float:
@@ -242,14 +235,7 @@ def ours(case: str, seconds: float, mode: str = "inproc") -> float:
             with client.trajectory_writer(num_keep_alive_refs=1) as writer:
 
                 def one() -> int:
-                    for t in range(1000):
-                        writer.append({k: v[t] for k, v in steps.items()})
-                        writer.create_item(
-                            workloads.TRANSITIONS,
-                            1.0,
-                            {k: v[-1] for k, v in writer.history.items()},
-                        )
-                    writer.end_episode()
+                    write_episode(writer, workloads.TRANSITIONS, steps)
                     writer.flush()
                     return 1000
 
@@ -272,12 +258,18 @@ def _fill(client, table: str, steps: Dict[str, np.ndarray]) -> None:
     """One item per step, episodes of 1000 steps, as an actor writing transitions does."""
     n = len(next(iter(steps.values())))
     with client.trajectory_writer(num_keep_alive_refs=1) as writer:
-        for t in range(n):
-            writer.append({k: v[t] for k, v in steps.items()})
-            writer.create_item(table, 1.0, {k: v[-1] for k, v in writer.history.items()})
-            if t % 1000 == 999:
-                writer.end_episode()
+        for start in range(0, n, 1000):
+            write_episode(writer, table, {k: v[start : start + 1000] for k, v in steps.items()})
         writer.flush()
+
+
+def write_episode(writer, table: str, steps: Dict[str, np.ndarray]) -> None:
+    """`steps` (arrays over steps) appended as one episode through a trajectory writer, an
+    item of each step in `table`, as an actor writing transitions does."""
+    for t in range(len(next(iter(steps.values())))):
+        writer.append({k: v[t] for k, v in steps.items()})
+        writer.create_item(table, 1.0, {k: v[-1] for k, v in writer.history.items()})
+    writer.end_episode()
 
 
 # --- cpprb ------------------------------------------------------------------------------

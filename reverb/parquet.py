@@ -48,11 +48,18 @@ def _pyarrow() -> Any:
     return pa, pq
 
 
-def _names(table: checkpoint.CheckpointTable, count: int) -> List[str]:
-    """Column names: the signature's tensor names when there is one and they are usable."""
+def signature_names(table: checkpoint.CheckpointTable, count: int) -> Optional[List[str]]:
+    """The signature's names of `table`'s `count` trajectory columns (`a/b` for nested
+    ones), when it has them and they name each column once; else None."""
     names = list(table.column_names or [])
     usable = len(names) == count and all(names) and len(set(names)) == count
-    if usable and not set(names) & set(META_COLUMNS):
+    return names if usable else None
+
+
+def _names(table: checkpoint.CheckpointTable, count: int) -> List[str]:
+    """Column names: the signature's tensor names when there is one and they are usable."""
+    names = signature_names(table, count)
+    if names and not set(names) & set(META_COLUMNS):
         return [n.replace("/", ".") for n in names]
     return [f"column_{i}" for i in range(count)]
 
@@ -105,80 +112,90 @@ def _batch(pa: Any, items: List[checkpoint.CheckpointItem], names: List[str], fi
     return pa.record_batch(list(columns.values()), names=list(columns))
 
 
+class _Batches:
+    """Rows written to a Parquet file `batch_rows` at a time (`to_batch` makes a record
+    batch of them; the first one's schema, with `metadata`, is the file's), under
+    `path.partial` and renamed to `path` once whole: a failed export leaves no file that
+    looks whole. `written` is whether any row was."""
+
+    def __init__(self, pq: Any, path: str, batch_rows: int, to_batch: Any) -> None:
+        self.pq, self.path, self.batch_rows, self.to_batch = pq, path, batch_rows, to_batch
+        self.metadata: Dict[str, str] = {}
+        self.pending: List[Any] = []
+        self.writer: Any = None
+
+    @property
+    def written(self) -> bool:
+        return self.writer is not None
+
+    def add(self, row: Any) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        batch = self.to_batch(self.pending)
+        if self.writer is None:
+            schema = batch.schema.with_metadata(self.metadata)
+            self.writer = self.pq.ParquetWriter(f"{self.path}.partial", schema)
+        self.writer.write_batch(batch)
+        self.pending.clear()
+
+    def __enter__(self) -> _Batches:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        whole = False
+        try:
+            if exc_type is None:
+                self.flush()
+                whole = True
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+                if whole:
+                    os.replace(f"{self.path}.partial", self.path)
+                else:
+                    os.unlink(f"{self.path}.partial")
+
+
 def export_table(
-    ckpt: checkpoint.Checkpoint,
-    table: str,
-    path: str,
-    *,
-    batch_rows: int = 1024,
-    rows: str = "items",
+    ckpt: checkpoint.Checkpoint, table: str, path: str, *, batch_rows: int = 1024
 ) -> int:
-    """Writes `table` to the Parquet file `path`: its items (`rows="items"`; returns how
-    many), or its episodes' steps (`rows="steps"`, see `export_steps`; returns the steps;
-    ValueError when the items do not allow it)."""
-    if rows == "steps":
-        episodes = episode_spans(ckpt, table)
-        if isinstance(episodes, str):
-            raise ValueError(f"table {table!r}: episodes cannot be reassembled: {episodes}")
-        return export_steps(ckpt, table, path, episodes, batch_rows=batch_rows)
-    if rows != "items":
-        raise ValueError(f"rows must be 'items' or 'steps'; got {rows!r}")
+    """Writes `table`'s items to the Parquet file `path`; returns how many."""
     pa, pq = _pyarrow()
     info = ckpt.tables[table]
-    writer = None
     names: List[str] = []
     first: List[np.ndarray] = []
     squeezed: tuple = ()
     count = 0
-    pending: List[checkpoint.CheckpointItem] = []
-    # Written under another name and renamed once complete: a failed export leaves no file
-    # that looks whole.
-    partial = f"{path}.partial"
 
-    def flush() -> None:
-        nonlocal writer
-        if not pending:
-            return
-        batch = _batch(pa, pending, names, first)
-        if writer is None:
-            metadata = {
-                "reverb.table": table,
-                "reverb.rows": "items",
-                "reverb.columns": json.dumps(names),
-                "reverb.squeezed": json.dumps(list(squeezed)),
-            }
-            schema = batch.schema.with_metadata(metadata)
-            writer = pq.ParquetWriter(partial, schema)
-        writer.write_batch(batch)
-        pending.clear()
+    def to_batch(items: List[checkpoint.CheckpointItem]) -> Any:
+        return _batch(pa, items, names, first)
 
-    ok = False
-    try:
+    with _Batches(pq, path, batch_rows, to_batch) as out:
         for item in ckpt.items(table):
             if not names:
-                names = _names(info, len(item.data))
-                first = [np.asarray(column) for column in item.data]
+                names[:] = _names(info, len(item.data))
+                first[:] = [np.asarray(column) for column in item.data]
                 squeezed = item.squeezed
+                out.metadata = {
+                    "reverb.table": table,
+                    "reverb.rows": "items",
+                    "reverb.columns": json.dumps(names),
+                    "reverb.squeezed": json.dumps(list(squeezed)),
+                }
             elif item.squeezed != squeezed:
                 raise ValueError(
                     f"items of table {table!r} differ in which columns are single steps "
                     f"({squeezed} and, for item {item.key}, {item.squeezed}): they cannot "
                     "share one Parquet file"
                 )
-            pending.append(item)
+            out.add(item)
             count += 1
-            if len(pending) >= batch_rows:
-                flush()
-        flush()
-        ok = True
-    finally:
-        if writer is not None:
-            writer.close()
-            if ok:
-                os.replace(partial, path)
-            else:
-                os.unlink(partial)
-    if writer is None:  # no items: an empty file with the item columns only
+    if not out.written:  # no items: an empty file with the item columns only
         metadata = {"reverb.table": table, "reverb.rows": "items"}
         schema = pa.schema(_meta_fields(pa), metadata=metadata)
         pq.write_table(schema.empty_table(), path)
@@ -354,56 +371,33 @@ def export_steps(
     `load_episodes(client, path, table, episode_column="episode_id", step_column="step")`
     reads it back. Returns the steps."""
     pa, pq = _pyarrow()
-    pending: List[tuple] = []  # (episode, step, values)
     names: List[str] = []
     first: List[np.ndarray] = []
-    writer = None
     count = 0
-    partial = f"{path}.partial"
 
-    def flush() -> None:
-        nonlocal writer
-        if not pending:
-            return
+    def to_batch(rows: List[tuple]) -> Any:  # rows: (episode, step, values)
         columns = [
-            pa.array([p[0] for p in pending], pa.uint64()),
-            pa.array([p[1] for p in pending], pa.int64()),
+            pa.array([r[0] for r in rows], pa.uint64()),
+            pa.array([r[1] for r in rows], pa.int64()),
         ]
         columns += [
-            _step_array(pa, name, [p[2][c] for p in pending], first[c])
-            for c, name in enumerate(names)
+            _step_array(pa, name, [r[2][c] for r in rows], first[c]) for c, name in enumerate(names)
         ]
-        batch = pa.record_batch(columns, names=STEP_COLUMNS + names)
-        if writer is None:
-            metadata = {
-                "reverb.table": table,
-                "reverb.rows": "steps",
-                "reverb.columns": json.dumps(names),
-            }
-            writer = pq.ParquetWriter(partial, batch.schema.with_metadata(metadata))
-        writer.write_batch(batch)
-        pending.clear()
+        return pa.record_batch(columns, names=STEP_COLUMNS + names)
 
-    ok = False
-    try:
+    with _Batches(pq, path, batch_rows, to_batch) as out:
         for episode, start, steps in reassembled(ckpt, table, episodes):
             if not names:
-                names = step_names(ckpt, table, len(steps[0]))
-                first = [np.asarray(v) for v in steps[0]]
+                names[:] = step_names(ckpt, table, len(steps[0]))
+                first[:] = [np.asarray(v) for v in steps[0]]
+                out.metadata = {
+                    "reverb.table": table,
+                    "reverb.rows": "steps",
+                    "reverb.columns": json.dumps(names),
+                }
             for k, values in enumerate(steps):
-                pending.append((episode, start + k, values))
+                out.add((episode, start + k, values))
                 count += 1
-                if len(pending) >= batch_rows:
-                    flush()
-        flush()
-        ok = True
-    finally:
-        if writer is not None:
-            writer.close()
-            if ok:
-                os.replace(partial, path)
-            else:
-                os.unlink(partial)
     return count
 
 
@@ -733,6 +727,7 @@ __all__ = [
     "export_table",
     "holds_steps",
     "reassembled",
+    "signature_names",
     "step_names",
     "load",
     "load_episodes",

@@ -46,9 +46,8 @@ def _tfds() -> Any:
 
 def _paths(ckpt: checkpoint.Checkpoint, table: str, count: int) -> List[List[str]]:
     """Each column's path in the step (the signature's names split at `/`)."""
-    names = ckpt.tables[table].column_names or []
-    if len(names) != count or not all(names) or len(set(names)) != count:
-        names = [f"column_{i}" for i in range(count)]
+    names = parquet.signature_names(ckpt.tables[table], count)
+    names = names or [f"column_{i}" for i in range(count)]
     paths = [name.split("/") for name in names]
     for path in paths:
         if path[0] in RLDS_FIELDS:

@@ -48,6 +48,18 @@ struct Segment {
     keys: Vec<u64>,
 }
 
+impl Segment {
+    /// A segment of `file` with nothing counted in it yet.
+    fn empty(file: File) -> Self {
+        Self {
+            file,
+            len: 0,
+            live: 0,
+            keys: Vec::new(),
+        }
+    }
+}
+
 /// What opening a log found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Recovered {
@@ -156,13 +168,7 @@ impl SegmentLog {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let size = file.metadata()?.len();
         let mut input = io::BufReader::with_capacity(1 << 20, file.try_clone()?);
-        let segment = Segment {
-            file,
-            len: 0,
-            live: 0,
-            keys: Vec::new(),
-        };
-        self.segments.insert(id, segment);
+        self.segments.insert(id, Segment::empty(file));
         let mut at = 0u64;
         let mut header = [0u8; HEADER as usize];
         let mut payload = Vec::new();
@@ -219,13 +225,7 @@ impl SegmentLog {
             .open(segment_path(&self.dir, id))?;
         // The new name must survive a crash too.
         File::open(&self.dir)?.sync_all()?;
-        let segment = Segment {
-            file,
-            len: 0,
-            live: 0,
-            keys: Vec::new(),
-        };
-        self.segments.insert(id, segment);
+        self.segments.insert(id, Segment::empty(file));
         self.active = id;
         Ok(())
     }
