@@ -16,6 +16,7 @@ from reverb import (
     rate_limiters,
     replay_sample,
     reverb_types,
+    storage,
     structured_writer,
 )
 from reverb import item_selectors as selectors
@@ -26,6 +27,7 @@ from reverb.errors import DeadlineExceededError, ReverbError
 from reverb.replay_sample import ReplaySample, SampleInfo
 from reverb.server import Server, Table
 from reverb.sharded_client import ShardedClient
+from reverb.storage import DiskStorage
 from reverb.trajectory_iterator import TrajectoryIterator
 from reverb.trajectory_writer import TrajectoryColumn, TrajectoryWriter
 from reverb.vector_trajectory_writer import VectorTrajectoryWriter
@@ -59,6 +61,7 @@ __all__ = [
     "Client",
     "PatternDataset",
     "DeadlineExceededError",
+    "DiskStorage",
     "ReplaySample",
     "ReverbError",
     "SampleInfo",
@@ -84,6 +87,7 @@ __all__ = [
     "replay_sample",
     "reverb_types",
     "selectors",
+    "storage",
     "structured",
     "structured_writer",
 ]

@@ -117,6 +117,8 @@ class Server:
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
         tls_client_ca: Optional[str] = None,
+        storage_dir: Optional[str] = None,
+        cache_bytes: int = 1073741824,
     ) -> Server: ...
     @property
     def port(self) -> int: ...

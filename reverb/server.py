@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from reverb import (
     _native,
@@ -16,6 +16,7 @@ from reverb import (
     reverb_types,
 )
 from reverb import client as client_lib
+from reverb import storage as storage_lib
 
 
 class TableExtensionBase(metaclass=abc.ABCMeta):
@@ -198,7 +199,9 @@ class Server:
     `log_stats_every` (seconds) it writes one line per table to stderr that often. With
     `tls_cert` and `tls_key` (PEM files) it serves TLS only; with `tls_client_ca` as well,
     only to clients presenting a certificate that authority signed (mutual TLS). By default
-    the `REVERB_TLS_CERT`, `REVERB_TLS_KEY` and `REVERB_TLS_CLIENT_CA` variables.
+    the `REVERB_TLS_CERT`, `REVERB_TLS_KEY` and `REVERB_TLS_CLIENT_CA` variables. With
+    `storage` (a `reverb.DiskStorage`, or a directory) chunk data is kept on disk behind a
+    bounded cache, for tables larger than memory (see `reverb.storage`).
     """
 
     def __init__(
@@ -214,7 +217,9 @@ class Server:
         tls_cert: Optional[client_lib.PathLike] = None,
         tls_key: Optional[client_lib.PathLike] = None,
         tls_client_ca: Optional[client_lib.PathLike] = None,
+        storage: Union[None, client_lib.PathLike, storage_lib.DiskStorage] = None,
     ) -> None:
+        disk = storage_lib.disk_storage(storage)
         if not tables:
             raise ValueError("At least one table must be provided")
         names = [t.name for t in tables]
@@ -256,7 +261,10 @@ class Server:
             tls_cert=_path(tls_cert),
             tls_key=_path(tls_key),
             tls_client_ca=_path(tls_client_ca),
+            storage_dir=None if disk is None else os.fspath(disk.directory),
+            cache_bytes=storage_lib.DEFAULT_CACHE_BYTES if disk is None else disk.cache_bytes,
         )
+        self._storage = disk
         self._port = self._server.port
         self._host = host
         self._auth_token = auth_token

@@ -17,6 +17,8 @@ Python >= 3.11, by file extension), which also configures checkpoints:
       "fallback_checkpoint_path": null,           # optional
       "keep_latest": 1,                           # optional
       "checkpoint_on_exit": false,                # optional: save when stopped by a signal
+      "storage": {"directory": "/var/lib/reverb/chunks",   # optional: chunk data on disk
+                  "cache_bytes": 4294967296},              #   behind a cache this big
       "tables": [
         {"name": "replay", "sampler": {"prioritized": 0.6}, "remover": "fifo",
          "max_size": 1000000, "max_times_sampled": 0,
@@ -187,6 +189,29 @@ def read_config(arg: str) -> Tuple[Dict[str, Any], List[reverb.Table]]:
     return {"port": proto.port or None}, tables
 
 
+def _storage(spec: Any) -> Optional[reverb.DiskStorage]:
+    """The config's "storage": a directory, or {"directory": ..., "cache_bytes": ...}."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return reverb.DiskStorage(spec)
+    if not isinstance(spec, dict) or "directory" not in spec:
+        raise ValueError(
+            f'"storage" must be a directory or {{"directory": ..., "cache_bytes": ...}}, '
+            f"got {spec!r}"
+        )
+    unknown = sorted(set(spec) - {"directory", "cache_bytes"})
+    if unknown:
+        raise ValueError(f'"storage" has unknown keys {unknown}')
+    try:
+        return reverb.DiskStorage(
+            spec["directory"],
+            cache_bytes=int(spec.get("cache_bytes", reverb.storage.DEFAULT_CACHE_BYTES)),
+        )
+    except TypeError as e:
+        raise ValueError(f'"storage": {e}') from e
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="reverb_server", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -213,9 +238,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 auth_token = f.read().strip()
             if not auth_token:
                 raise ValueError(f"auth_token_file {config['auth_token_file']} is empty")
+        storage = _storage(config.get("storage"))
         server = reverb.Server(
             tables,
             port=port,
+            storage=storage,
             checkpointer=checkpointer,
             host=config.get("host"),
             auth_token=auth_token,
@@ -247,6 +274,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         if checkpointer is not None:
             log.info("checkpoints in %s", checkpointer.path)
+        if storage is not None:
+            log.info(
+                "chunk data on disk in %s (cache %d bytes)", storage.directory, storage.cache_bytes
+            )
         log.info(
             "serving on port %d (%s%s%s)",
             server.port,

@@ -20,6 +20,21 @@ _package = str(pathlib.Path(reverb.__file__).resolve())
 if os.environ.get("REVERB_EXPECT_INSTALLED") and "site-packages" not in _package:
     raise RuntimeError(f"testing {_package}, not the installed wheel")
 
+# REVERB_TEST_STORAGE=disk runs the suite with every server keeping chunk data on disk (a
+# directory of its own, removed at exit) behind a cache of 64 KiB, so that sampling reads
+# from disk: the suite passes on both stores.
+if os.environ.get("REVERB_TEST_STORAGE") == "disk":
+    _storage_root = tempfile.TemporaryDirectory(prefix="reverb-test-storage-")
+    _server_init = reverb.Server.__init__
+
+    def _init_on_disk(self, *args, storage=None, **kwargs) -> None:
+        if storage is None:
+            directory = tempfile.mkdtemp(dir=_storage_root.name)
+            storage = reverb.DiskStorage(directory, cache_bytes=64 << 10)
+        _server_init(self, *args, storage=storage, **kwargs)
+
+    reverb.Server.__init__ = _init_on_disk
+
 # Every blocking call in the suite passes a timeout so that a bug shows up as a failure,
 # never as a hang.
 CALL_TIMEOUT = 10.0

@@ -6,7 +6,7 @@
 
 use crate::chunk::ItemError;
 use crate::selectors::SelectorKind;
-use crate::{invalid_arg, Chunk, CoreError, ItemData, Result, Table, TableSnapshot};
+use crate::{invalid_arg, Chunk, ChunkStore, CoreError, ItemData, Result, Table, TableSnapshot};
 use bytes::Bytes;
 use prost::Message;
 use reverb_proto::payload::{chunk_layouts, Layouts};
@@ -107,6 +107,8 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
         for (item, _, _) in &snapshot.items {
             for chunk in item.chunks() {
                 if written.insert(chunk.key()) {
+                    // (A payload stored on disk is read back: checkpoints hold their data.)
+                    let chunk = chunk.resident()?;
                     chunk_parts(&chunk.data(), &mut buf);
                     record_parts(out, CHUNK, &[&buf, chunk.payload()])?;
                     n_chunks += 1;
@@ -557,6 +559,33 @@ impl<F: Read + Seek> Reader<F> {
         }
         ChunkData::decode(Bytes::from(payload)).map_err(corrupt)
     }
+}
+
+/// Moves the chunks of `saved` into `store` (a server storing chunks on disk restores into
+/// it): each chunk is written once, however many items and tables share it.
+pub fn store_chunks(
+    saved: &mut BTreeMap<String, SavedTable>,
+    store: &Arc<ChunkStore>,
+) -> std::io::Result<()> {
+    let mut stored: reverb_proto::KeyHashMap<Arc<Chunk>> = Default::default();
+    for table in saved.values_mut() {
+        for (item, _, _) in &mut table.snapshot.items {
+            let chunks = item
+                .chunks()
+                .iter()
+                .map(|c| match stored.get(&c.key()) {
+                    Some(s) => Ok(s.clone()),
+                    None => {
+                        let s = store.store(c.data())?;
+                        stored.insert(c.key(), s.clone());
+                        Ok(s)
+                    }
+                })
+                .collect::<std::io::Result<Vec<_>>>()?;
+            *item = Arc::new(item.with_chunks(chunks.into()));
+        }
+    }
+    Ok(())
 }
 
 /// Loads saved tables into the configured ones. Every configured table must be in the

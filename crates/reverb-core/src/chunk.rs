@@ -2,6 +2,7 @@
 //! and is shared through `Arc` by every item that references it, in any table; it is freed when
 //! the last such item is gone.
 
+use crate::chunk_store::ChunkStore;
 use bytes::Bytes;
 use reverb_proto::held::{ChunkView, SliceView, StoredItem};
 use reverb_proto::payload::{dtype_name, Layout};
@@ -36,10 +37,13 @@ pub struct Chunk {
 /// gather of a batch of small items reads a record and a payload per column and item).
 const INLINE_PAYLOAD: usize = 62;
 
-/// A chunk's payload: in its record when small, else in an allocation of its own.
+/// A chunk's payload: in its record when small, else in an allocation of its own, or (a
+/// server storing chunks on disk) in a [`ChunkStore`], read through its cache.
 enum Payload {
     Inline(u8, [u8; INLINE_PAYLOAD]),
     Heap(Box<[u8]>),
+    /// In the store, with its length; nothing of it in memory.
+    Stored(Arc<ChunkStore>, usize),
 }
 
 impl Payload {
@@ -55,20 +59,31 @@ impl Payload {
     }
 }
 
-impl std::ops::Deref for Payload {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
+impl Payload {
+    /// The bytes held in memory: none of a stored payload (read it with
+    /// [`Chunk::resident`]).
+    fn held(&self) -> &[u8] {
         match self {
             Payload::Inline(len, bytes) => &bytes[..*len as usize],
             Payload::Heap(bytes) => bytes,
+            Payload::Stored(..) => &[],
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Payload::Stored(_, len) => *len,
+            held => held.held().len(),
         }
     }
 }
 
 impl std::fmt::Debug for Payload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} bytes", self.len())
+        match self {
+            Payload::Stored(..) => write!(f, "{} bytes on disk", self.len()),
+            _ => write!(f, "{} bytes", self.len()),
+        }
     }
 }
 
@@ -84,7 +99,7 @@ struct SharedPayload(Arc<Chunk>);
 
 impl AsRef<[u8]> for SharedPayload {
     fn as_ref(&self) -> &[u8] {
-        &self.0.payload
+        self.0.payload.held()
     }
 }
 
@@ -92,8 +107,13 @@ impl Chunk {
     /// Stores a received chunk (its payload copied into an allocation of its own; the
     /// transport-only shared-memory fields are dropped).
     pub fn new(data: ChunkData) -> Self {
+        let payload = Payload::new(&data.data);
+        Self::with_payload(data, payload)
+    }
+
+    fn with_payload(data: ChunkData, payload: Payload) -> Self {
         HELD.0.fetch_add(1, Ordering::Relaxed);
-        HELD.1.fetch_add(data.data.len(), Ordering::Relaxed);
+        HELD.1.fetch_add(payload.held().len(), Ordering::Relaxed);
         let range = data.sequence_range.unwrap_or_default();
         let flags = if data.sequence_range.is_some() {
             HAS_RANGE
@@ -109,8 +129,66 @@ impl Chunk {
             uncompressed_size: data.data_uncompressed_size,
             tensors_len: data.data_tensors_len,
             flags,
-            payload: Payload::new(&data.data),
+            payload,
         }
+    }
+
+    /// A chunk whose payload `store` holds (the store wrote it): its fields from `data`, its
+    /// payload's length.
+    pub(crate) fn stored(data: ChunkData, store: Arc<ChunkStore>) -> Self {
+        let len = data.data.len();
+        Self::with_payload(
+            ChunkData {
+                data: Bytes::new(),
+                ..data
+            },
+            Payload::Stored(store, len),
+        )
+    }
+
+    /// This chunk (fields and key) with `payload` read back from its store, in memory.
+    pub(crate) fn with_bytes(&self, payload: Vec<u8>) -> Self {
+        HELD.0.fetch_add(1, Ordering::Relaxed);
+        HELD.1.fetch_add(payload.len(), Ordering::Relaxed);
+        let payload = match payload.len() {
+            0..=INLINE_PAYLOAD => Payload::new(&payload),
+            _ => Payload::Heap(payload.into_boxed_slice()),
+        };
+        Self { payload, ..*self }
+    }
+
+    /// Whether its payload stays in memory when a chunk store holds chunks: small ones do
+    /// (in the chunk's own record, they cost no memory of their own).
+    pub(crate) fn kept_in_memory(data: &ChunkData) -> bool {
+        data.data.len() <= INLINE_PAYLOAD
+    }
+
+    /// The chunk with its payload in memory: itself, or (stored on disk) a copy read through
+    /// its store's cache. Fails when the store cannot read it back whole.
+    pub fn resident(self: &Arc<Self>) -> std::io::Result<Arc<Chunk>> {
+        match &self.payload {
+            Payload::Stored(store, _) => store.load(self),
+            _ => Ok(self.clone()),
+        }
+    }
+
+    /// Whether its payload is on disk, not in memory.
+    pub fn is_stored(&self) -> bool {
+        matches!(self.payload, Payload::Stored(..))
+    }
+
+    /// Its fields other than the key and payload, as a chunk store writes them before the
+    /// payload: `[1][episode_id][start][end][uncompressed_size][tensors_len][flags]`.
+    pub(crate) fn header(&self) -> [u8; STORED_HEADER] {
+        let mut out = [0u8; STORED_HEADER];
+        out[0] = 1;
+        out[1..9].copy_from_slice(&self.episode_id.to_le_bytes());
+        out[9..13].copy_from_slice(&self.start.to_le_bytes());
+        out[13..17].copy_from_slice(&self.end.to_le_bytes());
+        out[17..25].copy_from_slice(&self.uncompressed_size.to_le_bytes());
+        out[25..29].copy_from_slice(&self.tensors_len.to_le_bytes());
+        out[29] = self.flags;
+        out
     }
 
     /// Chunks alive in this process (held by tables, insert streams or samples in flight)
@@ -146,9 +224,10 @@ impl Chunk {
             ..Default::default()
         }
     }
-    /// The encoded payload.
+    /// The encoded payload held in memory (empty when it is on disk: see
+    /// [`Chunk::resident`]).
     pub fn payload(&self) -> &[u8] {
-        &self.payload
+        self.payload.held()
     }
     /// Bytes of encoded payload (what a sample response carries).
     pub fn byte_size(&self) -> usize {
@@ -166,9 +245,16 @@ impl Chunk {
 impl Drop for Chunk {
     fn drop(&mut self) {
         HELD.0.fetch_sub(1, Ordering::Relaxed);
-        HELD.1.fetch_sub(self.payload.len(), Ordering::Relaxed);
+        HELD.1
+            .fetch_sub(self.payload.held().len(), Ordering::Relaxed);
+        if let Payload::Stored(store, _) = &self.payload {
+            store.forget(self.key);
+        }
     }
 }
+
+/// Bytes of [`Chunk::header`].
+pub(crate) const STORED_HEADER: usize = 30;
 
 /// An item's columns as chunk slices, held in one allocation: the wire form
 /// (`FlatTrajectory`) takes one per column and one more, which for the small items of RL
@@ -485,6 +571,35 @@ impl ItemData {
         &self.chunks
     }
 
+    /// The item with every chunk's payload in memory (see [`Chunk::resident`]), or None
+    /// when they all are already. Fails (naming the chunk) when one cannot be read back.
+    pub fn resident(&self) -> std::io::Result<Option<ItemData>> {
+        if !self.chunks.iter().any(|c| c.is_stored()) {
+            return Ok(None);
+        }
+        let chunks = self
+            .chunks
+            .iter()
+            .map(Chunk::resident)
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(Some(self.with_chunks(chunks.into())))
+    }
+
+    /// The item over `chunks` (the same keys, in the same order: another form of each).
+    pub fn with_chunks(&self, chunks: Arc<[Arc<Chunk>]>) -> ItemData {
+        debug_assert!(self
+            .chunks
+            .iter()
+            .zip(chunks.iter())
+            .all(|(a, b)| a.key == b.key));
+        Self {
+            key: self.key,
+            trajectory: self.trajectory.clone(),
+            inserted_at_ns: self.inserted_at_ns,
+            chunks,
+        }
+    }
+
     /// When the table stored it (None before).
     pub fn inserted_at(&self) -> Option<prost_types::Timestamp> {
         (self.inserted_at_ns != 0).then(|| prost_types::Timestamp {
@@ -638,7 +753,7 @@ impl StoredItem for ItemData {
         let chunk = &self.chunks[position];
         ChunkView {
             key: chunk.key,
-            payload: &chunk.payload,
+            payload: chunk.payload.held(),
             delta_encoded: chunk.flags & DELTA_ENCODED != 0,
         }
     }
@@ -666,7 +781,7 @@ impl StoredItem for ItemData {
                 .chunks
                 .iter()
                 .filter(|c| matches!(c.payload, Payload::Heap(_)))
-                .for_each(|c| reverb_proto::prefetch(c.payload.as_ptr())),
+                .for_each(|c| reverb_proto::prefetch(c.payload.held().as_ptr())),
         }
     }
 

@@ -1,8 +1,10 @@
 //! The Reverb replay engine: tables of prioritized items referencing shared, reference-counted
-//! chunks; item selectors; rate limiters. Pure Rust, no I/O, no async runtime.
+//! chunks; item selectors; rate limiters; chunk payloads on disk (`chunk_store` over
+//! `segment_log`: the only I/O). No async runtime.
 
 pub mod checkpoint;
 pub mod chunk;
+pub mod chunk_store;
 pub mod error;
 pub mod keymap;
 pub mod rate_limiter;
@@ -11,6 +13,7 @@ pub mod selectors;
 pub mod table;
 
 pub use chunk::{Chunk, ItemData, RowRef, RunShape, Trajectory};
+pub use chunk_store::ChunkStore;
 pub use error::{CoreError, Result};
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};

@@ -384,6 +384,11 @@ impl SegmentLog {
         self.unlink_if_dead(id)
     }
 
+    /// Whether chunk `key` is held.
+    pub fn contains(&self, key: u64) -> bool {
+        self.index.contains_key(&key)
+    }
+
     /// Chunks held.
     pub fn len(&self) -> usize {
         self.index.len()

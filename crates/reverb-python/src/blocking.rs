@@ -215,12 +215,14 @@ pub(crate) fn lock_with_gil<'a, W: Send>(py: Python<'_>, lock: &'a Mutex<W>) -> 
 }
 
 /// Repeats a bounded wait on a locked writer (`step` until a time; true when done) until
-/// done or `deadline`; DeadlineExceededError naming `what` after it.
+/// done or `deadline`; DeadlineExceededError naming `what` after it, and what the writer's
+/// insert stream is retrying after (`retrying`), if anything.
 pub(crate) fn wait_locked<W: Send>(
     py: Python<'_>,
     lock: &Mutex<W>,
     deadline: Option<Instant>,
     what: &str,
+    retrying: impl FnOnce(&W) -> Option<ClientError>,
     mut step: impl FnMut(&mut W, Option<Instant>) -> reverb_client::Result<bool> + Send,
 ) -> PyResult<()> {
     let done = slices(py, deadline, |until| {
@@ -231,8 +233,17 @@ pub(crate) fn wait_locked<W: Send>(
     })?;
     match done {
         Some(done) => done.py().map(|_| ()),
-        None => Err(client_error(ClientError::deadline(format!(
-            "Timeout exceeded: {what} did not complete in time"
-        )))),
+        None => {
+            let why = match retrying(&lock_with_gil(py, lock)) {
+                Some(e) => format!(
+                    "; the insert stream is retrying after the server's answer {:?}: {}",
+                    e.code, e.message
+                ),
+                None => String::new(),
+            };
+            Err(client_error(ClientError::deadline(format!(
+                "Timeout exceeded: {what} did not complete in time{why}"
+            ))))
+        }
     }
 }

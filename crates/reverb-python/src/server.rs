@@ -7,7 +7,7 @@ use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
+use reverb_core::{ChunkStore, CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
 use reverb_server::{Checkpointer, Server, ServerOptions, ServerTls};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -160,8 +160,9 @@ impl PyServer {
     /// Listens on `host` (every interface when `None`); with `auth_token` (by default
     /// `REVERB_AUTH_TOKEN`'s value, if any) serves only calls that carry it. Serves TLS with
     /// the certificate `tls_cert` and key `tls_key` (PEM files; with `tls_client_ca`, only to
-    /// clients presenting a certificate it signed), by default as `REVERB_TLS_*` say.
-    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None, tls_cert=None, tls_key=None, tls_client_ca=None))]
+    /// clients presenting a certificate it signed), by default as `REVERB_TLS_*` say. With
+    /// `storage_dir`, chunk payloads are kept on disk there behind a cache of `cache_bytes`.
+    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None, tls_cert=None, tls_key=None, tls_client_ca=None, storage_dir=None, cache_bytes=1073741824))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -177,6 +178,8 @@ impl PyServer {
         tls_cert: Option<String>,
         tls_key: Option<String>,
         tls_client_ca: Option<String>,
+        storage_dir: Option<std::path::PathBuf>,
+        cache_bytes: usize,
     ) -> PyResult<Self> {
         let given = |p: Option<String>| p.filter(|p| !p.is_empty());
         let (cert, key, ca) = (given(tls_cert), given(tls_key), given(tls_client_ca));
@@ -203,8 +206,16 @@ impl PyServer {
                 keep_latest,
             ))
         });
+        let storage = match storage_dir {
+            None => None,
+            Some(dir) => Some(
+                py.detach(|| ChunkStore::open(&dir, cache_bytes))
+                    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?,
+            ),
+        };
         let defaults = ServerOptions::default();
         let options = ServerOptions {
+            storage,
             port,
             host,
             auth_token: auth_token

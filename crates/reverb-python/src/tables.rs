@@ -27,6 +27,8 @@ pub(crate) trait TakesTables: Send {
     fn set_tables(&mut self, infos: &[TableInfo]) -> reverb_client::Result<()>;
     /// Whether queued items wait for the tables.
     fn awaiting_tables(&self) -> bool;
+    /// What its insert stream is retrying after, if anything.
+    fn retrying(&self) -> Option<reverb_client::ClientError>;
 }
 
 impl TakesTables for TrajectoryWriter {
@@ -42,6 +44,9 @@ impl TakesTables for TrajectoryWriter {
     fn awaiting_tables(&self) -> bool {
         TrajectoryWriter::awaiting_tables(self)
     }
+    fn retrying(&self) -> Option<reverb_client::ClientError> {
+        TrajectoryWriter::retrying(self)
+    }
 }
 
 impl TakesTables for StructuredWriter {
@@ -56,6 +61,9 @@ impl TakesTables for StructuredWriter {
     }
     fn awaiting_tables(&self) -> bool {
         StructuredWriter::awaiting_tables(self)
+    }
+    fn retrying(&self) -> Option<reverb_client::ClientError> {
+        StructuredWriter::retrying(self)
     }
 }
 
@@ -155,7 +163,7 @@ impl TablesFetch {
         what: &str,
         mut step: impl FnMut(&mut W, Option<Instant>) -> reverb_client::Result<bool> + Send,
     ) -> PyResult<()> {
-        wait_locked(py, writer, deadline, what, |w, until| {
+        wait_locked(py, writer, deadline, what, W::retrying, |w, until| {
             // Items waiting for the tables: wait for them (not spin) within this slice.
             let wait = w.awaiting_tables().then_some(until).flatten();
             self.poll(w, wait)?;

@@ -5,7 +5,7 @@
 
 use crate::dm_checkpoint;
 use reverb_core::checkpoint;
-use reverb_core::Table;
+use reverb_core::{ChunkStore, Table};
 use std::fs;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -163,15 +163,20 @@ impl Checkpointer {
     /// into `tables`. Returns the path loaded, or None when there was nothing to load.
     /// A corrupt latest checkpoint falls back to the fallback path when one is set; otherwise
     /// it is an error, and no table is changed.
-    pub fn load_latest(&self, tables: &[Arc<Table>]) -> Result<Option<PathBuf>, String> {
+    /// With `storage`, the restored chunks' payloads go to it.
+    pub fn load_latest(
+        &self,
+        tables: &[Arc<Table>],
+        storage: Option<&Arc<ChunkStore>>,
+    ) -> Result<Option<PathBuf>, String> {
         let latest = self.latest();
         match (latest, &self.fallback) {
             (None, None) => Ok(None),
-            (None, Some(fallback)) => load(fallback, tables).map(Some),
-            (Some(path), None) => load(&path, tables).map(Some),
-            (Some(path), Some(fallback)) => match load(&path, tables) {
+            (None, Some(fallback)) => load(fallback, tables, storage).map(Some),
+            (Some(path), None) => load(&path, tables, storage).map(Some),
+            (Some(path), Some(fallback)) => match load(&path, tables, storage) {
                 Ok(p) => Ok(Some(p)),
-                Err(first) => load(fallback, tables)
+                Err(first) => load(fallback, tables, storage)
                     .map(Some)
                     .map_err(|second| format!("{first}; the fallback also failed: {second}")),
             },
@@ -228,17 +233,25 @@ impl Write for EarlyWriteback {
     }
 }
 
-/// Loads one checkpoint directory (or file) into `tables`: ours, or one dm-reverb wrote.
-pub fn load(path: &Path, tables: &[Arc<Table>]) -> Result<PathBuf, String> {
+/// Loads one checkpoint directory (or file) into `tables`: ours, or one dm-reverb wrote (with
+/// `storage`, the chunks' payloads go to it).
+pub fn load(
+    path: &Path,
+    tables: &[Arc<Table>],
+    storage: Option<&Arc<ChunkStore>>,
+) -> Result<PathBuf, String> {
     if path.is_dir() && !path.join(FILE).exists() && dm_checkpoint::is_dm_checkpoint(path) {
-        let failed = |e| {
+        let failed = |e: &dyn std::fmt::Display| {
             format!(
                 "Could not load dm-reverb checkpoint {}: {e}",
                 path.display()
             )
         };
-        let saved = dm_checkpoint::read(path).map_err(failed)?;
-        checkpoint::restore(tables, saved).map_err(failed)?;
+        let mut saved = dm_checkpoint::read(path).map_err(|e| failed(&e))?;
+        if let Some(store) = storage {
+            checkpoint::store_chunks(&mut saved, store).map_err(|e| failed(&e))?;
+        }
+        checkpoint::restore(tables, saved).map_err(|e| failed(&e))?;
         return Ok(path.to_path_buf());
     }
     let file_path = if path.is_dir() {
@@ -247,8 +260,12 @@ pub fn load(path: &Path, tables: &[Arc<Table>]) -> Result<PathBuf, String> {
         path.to_path_buf()
     };
     let file = fs::File::open(&file_path).map_err(|e| io_err("open", &file_path, e))?;
-    let saved = checkpoint::read(&mut BufReader::with_capacity(8 << 20, file))
+    let mut saved = checkpoint::read(&mut BufReader::with_capacity(8 << 20, file))
         .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
+    if let Some(store) = storage {
+        checkpoint::store_chunks(&mut saved, store)
+            .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
+    }
     checkpoint::restore(tables, saved)
         .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
     Ok(path.to_path_buf())

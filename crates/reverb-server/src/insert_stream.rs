@@ -88,7 +88,7 @@ impl Inserter {
         // rejected request inserts nothing (and ends the stream, with the chunks it kept).
         let mut received = Vec::with_capacity(request.chunks.len());
         for data in request.chunks {
-            received.push(check_chunk(data)?);
+            received.push(check_chunk(tables, data)?);
         }
         for r in received {
             self.chunks.insert(r.chunk.key(), r);
@@ -129,11 +129,11 @@ impl Inserter {
 }
 
 /// Reads a received chunk's tensor headers (not its data): a chunk no sampler could decode is
-/// refused.
-fn check_chunk(data: ChunkData) -> Result<Received, Status> {
+/// refused. Then keeps it as the tables do (see [`Tables::keep_chunk`]).
+fn check_chunk(tables: &Tables, data: ChunkData) -> Result<Received, Status> {
     let tensors = chunk_layouts(&data).map_err(|e| Status::invalid_argument(e.message))?;
     Ok(Received {
-        chunk: Arc::new(Chunk::new(data)),
+        chunk: tables.keep_chunk(data)?,
         tensors,
     })
 }

@@ -165,7 +165,82 @@ pub fn render(tables: &Tables, streams: &Streams) -> String {
         streams.insert.load(Ordering::Relaxed),
         streams.sample.load(Ordering::Relaxed),
     );
+    if let Some(store) = tables.storage() {
+        storage(&mut out, &store.stats());
+    }
     out
+}
+
+/// The chunk store's lines (a server storing chunks on disk).
+fn storage(out: &mut String, s: &reverb_core::chunk_store::StoreStats) {
+    let lines: [(&str, &str, &str, String); 10] = [
+        (
+            "storage_chunks",
+            "gauge",
+            "Chunks whose payload is on disk.",
+            s.chunks.to_string(),
+        ),
+        (
+            "storage_disk_bytes",
+            "gauge",
+            "Bytes the chunk store's files take.",
+            s.disk_bytes.to_string(),
+        ),
+        (
+            "storage_live_bytes",
+            "gauge",
+            "Bytes of live chunks in those files.",
+            s.live_bytes.to_string(),
+        ),
+        (
+            "storage_compacted_bytes_total",
+            "counter",
+            "Bytes compaction copied.",
+            s.compacted_bytes.to_string(),
+        ),
+        (
+            "storage_cache_bytes",
+            "gauge",
+            "Payload bytes the chunk cache holds.",
+            s.cache_bytes.to_string(),
+        ),
+        (
+            "storage_cache_limit_bytes",
+            "gauge",
+            "The chunk cache's bound.",
+            s.cache_limit.to_string(),
+        ),
+        (
+            "storage_cache_hits_total",
+            "counter",
+            "Chunk reads the cache answered.",
+            s.hits.to_string(),
+        ),
+        (
+            "storage_cache_misses_total",
+            "counter",
+            "Chunk reads that went to disk.",
+            s.misses.to_string(),
+        ),
+        (
+            "storage_read_seconds_total",
+            "counter",
+            "Seconds chunk reads from disk took, in all (over the misses: the mean latency).",
+            format!("{:.6}", s.read_seconds),
+        ),
+        (
+            "storage_errors_total",
+            "counter",
+            "Chunk store reads and writes that failed.",
+            s.errors.to_string(),
+        ),
+    ];
+    for (name, kind, help, value) in lines {
+        let _ = writeln!(
+            out,
+            "# HELP reverb_{name} {help}\n# TYPE reverb_{name} {kind}\nreverb_{name} {value}"
+        );
+    }
 }
 
 /// One log line per table (what `log_stats_every` prints).

@@ -221,6 +221,7 @@ async fn serve(
             tx.is_closed()
         })
         .await?;
+        let batch = tables.resident(&table, batch)?;
         remaining -= batch.len();
         if let Some(columnar) = columns.as_deref_mut().filter(|_| gathering.is_some()) {
             let response = gathered(&batch, columnar, ring);

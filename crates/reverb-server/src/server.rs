@@ -8,7 +8,7 @@ use crate::tls::ServerTls;
 use crate::transport::inproc::{InProcServer, Stopped};
 use crate::ReverbServiceImpl;
 use futures::StreamExt;
-use reverb_core::Table;
+use reverb_core::{ChunkStore, Table};
 use reverb_proto::reverb_service_server::ReverbServiceServer;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::{Arc, Condvar, Mutex};
@@ -46,6 +46,9 @@ pub struct ServerOptions {
     pub metrics_port: Option<u16>,
     /// Writes one line per table to stderr this often.
     pub log_stats_every: Option<Duration>,
+    /// Keeps chunk payloads on disk in this store (see `reverb_core::chunk_store`) instead
+    /// of in memory.
+    pub storage: Option<Arc<ChunkStore>>,
 }
 
 impl Default for ServerOptions {
@@ -62,6 +65,7 @@ impl Default for ServerOptions {
             checkpointer: None,
             metrics_port: None,
             log_stats_every: None,
+            storage: None,
         }
     }
 }
@@ -118,9 +122,12 @@ impl Server {
     pub fn start(tables: Vec<Arc<Table>>, options: ServerOptions) -> Result<Self, StartError> {
         let mut service =
             ReverbServiceImpl::new(tables.clone()).map_err(StartError::InvalidConfig)?;
+        if let Some(store) = &options.storage {
+            service = service.with_storage(store.clone());
+        }
         if let Some(checkpointer) = &options.checkpointer {
             checkpointer
-                .load_latest(&tables)
+                .load_latest(&tables, options.storage.as_ref())
                 .map_err(StartError::Checkpoint)?;
             service = service.with_checkpointer(checkpointer.clone());
         }
@@ -235,6 +242,18 @@ impl Server {
                     for line in metrics::summary(&tables) {
                         eprintln!("reverb server port {port}: {line}");
                     }
+                }
+            });
+        }
+        if let Some(store) = options.storage.clone() {
+            // Dropped chunks' payloads are forgotten by the next write, or here (their space
+            // then comes back without waiting for one).
+            runtime.spawn(async move {
+                let mut ticks = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    ticks.tick().await;
+                    let store = store.clone();
+                    let _ = tokio::task::spawn_blocking(move || store.maintain()).await;
                 }
             });
         }

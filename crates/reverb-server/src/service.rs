@@ -8,7 +8,7 @@ use crate::status::from_core;
 use crate::tables::Tables;
 use crate::{insert_stream, sample_stream};
 use futures::Stream;
-use reverb_core::Table;
+use reverb_core::{ChunkStore, Table};
 use reverb_proto::reverb_service_server::ReverbService;
 use reverb_proto::*;
 use std::future::Future;
@@ -106,6 +106,12 @@ impl ReverbServiceImpl {
     /// Saves checkpoints with `checkpointer` when asked (the `Checkpoint` RPC).
     pub fn with_checkpointer(mut self, checkpointer: Arc<Checkpointer>) -> Self {
         self.checkpointer = Some(checkpointer);
+        self
+    }
+
+    /// Keeps the tables' chunk payloads in `store` (on disk).
+    pub fn with_storage(mut self, store: Arc<ChunkStore>) -> Self {
+        self.tables = self.tables.with_storage(store);
         self
     }
 

@@ -1,13 +1,15 @@
-//! `Tables`: the fixed set of tables a server serves, by name.
+//! `Tables`: the fixed set of tables a server serves, by name, and where their chunks'
+//! payloads are kept (memory, or a [`ChunkStore`] on disk).
 
-use reverb_core::Table;
+use reverb_core::{Chunk, ChunkStore, SampledItem, Table};
+use reverb_proto::ChunkData;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::Status;
 
 /// A server's tables by name. Cheap to clone (shared).
 #[derive(Clone)]
-pub struct Tables(Arc<BTreeMap<String, Arc<Table>>>);
+pub struct Tables(Arc<BTreeMap<String, Arc<Table>>>, Option<Arc<ChunkStore>>);
 
 impl Tables {
     /// The tables; names must be unique, and there must be at least one.
@@ -24,7 +26,64 @@ impl Tables {
         if map.is_empty() {
             return Err("At least one table must be provided".to_string());
         }
-        Ok(Self(Arc::new(map)))
+        Ok(Self(Arc::new(map), None))
+    }
+
+    /// The same tables with their chunks' payloads stored in `store`.
+    pub fn with_storage(mut self, store: Arc<ChunkStore>) -> Self {
+        self.1 = Some(store);
+        self
+    }
+
+    /// Where chunk payloads are stored on disk, if they are.
+    pub fn storage(&self) -> Option<&Arc<ChunkStore>> {
+        self.1.as_ref()
+    }
+
+    /// A received chunk as the tables keep it: in memory, or its payload written to the
+    /// store (a full disk is RESOURCE_EXHAUSTED, naming the directory).
+    pub fn keep_chunk(&self, data: ChunkData) -> Result<Arc<Chunk>, Status> {
+        match &self.1 {
+            None => Ok(Arc::new(Chunk::new(data))),
+            Some(store) => store.store(data).map_err(crate::status::from_storage),
+        }
+    }
+
+    /// `batch` (sampled from `table`) with every item's chunks in memory: a server storing
+    /// chunks on disk reads them back here, outside the table's lock. An item whose chunk
+    /// cannot be read back whole (it fails its checksum, or is missing) is deleted from the
+    /// table and the call fails with DATA_LOSS naming it and the store: it is never served.
+    pub fn resident(
+        &self,
+        table: &Table,
+        mut batch: Vec<SampledItem>,
+    ) -> Result<Vec<SampledItem>, Status> {
+        if self.1.is_none() {
+            return Ok(batch);
+        }
+        for sample in &mut batch {
+            match sample.item.resident() {
+                Ok(None) => {}
+                Ok(Some(item)) => sample.item = Arc::new(item),
+                Err(e) => {
+                    let key = sample.item.key;
+                    let lost = matches!(
+                        e.kind(),
+                        std::io::ErrorKind::InvalidData | std::io::ErrorKind::NotFound
+                    );
+                    if !lost {
+                        return Err(crate::status::from_storage(e));
+                    }
+                    // (A key that is gone already is ignored.)
+                    let _ = table.mutate_items(&[], &[key]);
+                    return Err(Status::data_loss(format!(
+                        "Item {key} of table {} could not be read back and was deleted: {e}",
+                        crate::status::echo(table.name())
+                    )));
+                }
+            }
+        }
+        Ok(batch)
     }
 
     /// The table called `name`, or NOT_FOUND listing the tables that exist.

@@ -687,6 +687,12 @@ impl TrajectoryWriter {
         }
     }
 
+    /// The transient error (a broken connection, a server short of memory or disk) the
+    /// insert stream is retrying after, if it is: what a call that times out says.
+    pub fn retrying(&self) -> Option<ClientError> {
+        self.shared.progress.lock().unwrap().retrying.clone()
+    }
+
     /// Items the server confirmed since the writer was made.
     pub fn confirmed(&self) -> u64 {
         self.shared.progress.lock().unwrap().confirmed

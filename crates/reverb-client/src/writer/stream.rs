@@ -52,6 +52,10 @@ pub(crate) struct Progress {
     pub error: Option<ClientError>,
     /// Why the last item was refused, until a call reports it.
     pub rejection: Option<ClientError>,
+    /// The transient error (a broken connection, a server short of memory or disk) the
+    /// stream is retrying after, until the server confirms again: a call that times out
+    /// meanwhile says it.
+    pub retrying: Option<ClientError>,
 }
 
 impl Progress {
@@ -222,6 +226,7 @@ pub(crate) async fn run(
             // The connection worked for a while: the reconnect window starts afresh.
             failing_since = None;
             backoff = Duration::from_millis(1);
+            shared.update(|p| p.retrying = None);
         }
         match result {
             Ok(()) => return,
@@ -243,6 +248,7 @@ pub(crate) async fn run(
                     shared.update(|p| p.error = Some(ClientError::new(Code::Unavailable, message)));
                     return;
                 }
+                shared.update(|p| p.retrying = Some(e));
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }

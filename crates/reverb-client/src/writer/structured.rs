@@ -145,6 +145,12 @@ impl StructuredWriter {
         &mut self.writer
     }
 
+    /// What its insert stream is retrying after, if anything (see
+    /// [`TrajectoryWriter::retrying`]).
+    pub fn retrying(&self) -> Option<crate::ClientError> {
+        self.writer.retrying()
+    }
+
     /// One more than the highest leaf index any config reads (leaves from here on are never
     /// read).
     pub fn width(&self) -> usize {

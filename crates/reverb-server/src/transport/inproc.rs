@@ -107,6 +107,7 @@ impl Service for InProcServer {
             )
             .await
             .map_err(|e| e.unwrap_or_else(stopped))?;
+            let batch = self.service.tables().resident(&table, batch)?;
             Ok(batch.into_iter().map(HeldSample::from).collect())
         })
     }

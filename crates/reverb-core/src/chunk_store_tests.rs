@@ -1,0 +1,188 @@
+//! The chunk store: payloads back through a bounded cache, space back when chunks go, keys
+//! stored twice, a flipped byte, a second opener.
+
+use super::*;
+use rand::{Rng, SeedableRng};
+use reverb_proto::SequenceRange;
+use std::fs;
+
+/// A fresh directory under the system's temporary one, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Dir(std::env::temp_dir().join(format!(
+            "reverb-chunk-store-{name}-{}-{nanos}",
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn data(key: u64, len: usize) -> ChunkData {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(key);
+    let mut bytes = vec![0u8; len];
+    rng.fill(&mut bytes[..]);
+    ChunkData {
+        chunk_key: key,
+        sequence_range: Some(SequenceRange {
+            episode_id: key / 10,
+            start: (key % 10) as i32,
+            end: (key % 10) as i32 + 1,
+            sparse: false,
+        }),
+        data: bytes.into(),
+        data_tensors_len: 2,
+        data_uncompressed_size: len as i64 * 2,
+        delta_encoded: key.is_multiple_of(2),
+        ..Default::default()
+    }
+}
+
+/// The chunk's wire form read back through its store.
+fn read_back(chunk: &Arc<Chunk>) -> ChunkData {
+    chunk.resident().unwrap().data()
+}
+
+#[test]
+fn payloads_come_back_through_a_cache_a_tenth_of_them() {
+    let dir = Dir::new("cache");
+    let store = ChunkStore::open(&dir.0, 100 * 1000).unwrap();
+    let chunks: Vec<Arc<Chunk>> = (0..1000)
+        .map(|k| store.store(data(k, 1000)).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c.is_stored() && c.payload().is_empty()));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for _ in 0..3000 {
+        let k = rng.random_range(0..1000u64);
+        let back = read_back(&chunks[k as usize]);
+        assert_eq!(back, data(k, 1000), "chunk {k}");
+        assert!(store.stats().cache_bytes <= 100 * 1000);
+    }
+    let stats = store.stats();
+    assert_eq!(stats.chunks, 1000);
+    assert!(stats.misses > 2000, "{stats:?}");
+    assert!(stats.hits > 0, "{stats:?}");
+    assert_eq!(stats.errors, 0);
+}
+
+#[test]
+fn small_payloads_stay_in_memory() {
+    let dir = Dir::new("small");
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    let small = store.store(data(1, 40)).unwrap();
+    assert!(!small.is_stored());
+    assert_eq!(small.data(), data(1, 40));
+    assert_eq!(store.stats().chunks, 0);
+}
+
+#[test]
+fn dropped_chunks_give_their_space_back() {
+    let dir = Dir::new("space");
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    let mut live = VecDeque::new();
+    // FIFO churn: 64 MiB segments fill and die.
+    for k in 0..2000u64 {
+        live.push_back(store.store(data(k, 100_000)).unwrap());
+        if live.len() > 100 {
+            live.pop_front();
+        }
+    }
+    store.maintain();
+    let stats = store.stats();
+    assert_eq!(stats.chunks, 100);
+    assert!(
+        stats.disk_bytes < 3 * SEGMENT_BYTES + 10_000_000,
+        "{stats:?}"
+    );
+    drop(live);
+    store.maintain();
+    assert_eq!(store.stats().chunks, 0);
+}
+
+#[test]
+fn a_key_stored_twice_stays_until_both_are_gone() {
+    let dir = Dir::new("twice");
+    let store = ChunkStore::open(&dir.0, 0).unwrap();
+    let first = store.store(data(5, 500)).unwrap();
+    let second = store.store(data(5, 500)).unwrap();
+    drop(first);
+    store.maintain();
+    assert_eq!(read_back(&second), data(5, 500));
+    drop(second);
+    store.maintain();
+    assert_eq!(store.stats().chunks, 0);
+}
+
+#[test]
+fn a_flipped_byte_is_an_error_naming_the_store_not_data() {
+    let dir = Dir::new("flip");
+    let store = ChunkStore::open(&dir.0, 0).unwrap();
+    let chunk = store.store(data(9, 4000)).unwrap();
+    let segment = fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .unwrap();
+    let mut bytes = fs::read(&segment).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x40;
+    fs::write(&segment, bytes).unwrap();
+    let err = chunk.resident().unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    let message = err.to_string();
+    assert!(message.contains(&dir.0.display().to_string()), "{message}");
+    assert!(message.contains("chunk 9"), "{message}");
+    assert_eq!(store.stats().errors, 1);
+}
+
+#[test]
+fn a_second_store_on_a_directory_is_refused() {
+    let dir = Dir::new("twice-open");
+    let _store = ChunkStore::open(&dir.0, 0).unwrap();
+    let err = ChunkStore::open(&dir.0, 0).unwrap_err();
+    assert!(err.to_string().contains("held by another server"), "{err}");
+}
+
+#[test]
+fn an_item_reads_its_stored_chunks_back() {
+    use reverb_proto::{flat_trajectory, FlatTrajectory};
+    let dir = Dir::new("item");
+    let store = ChunkStore::open(&dir.0, 0).unwrap();
+    let chunks = vec![
+        store.store(data(20, 3000)).unwrap(),
+        store.store(data(21, 10)).unwrap(),
+    ];
+    let trajectory = FlatTrajectory {
+        columns: [20u64, 21]
+            .iter()
+            .map(|&k| flat_trajectory::Column {
+                chunk_slices: vec![flat_trajectory::ChunkSlice {
+                    chunk_key: k,
+                    offset: 0,
+                    length: 1,
+                    index: 0,
+                }],
+                squeeze: false,
+            })
+            .collect(),
+    };
+    let item = crate::ItemData::new(1, &trajectory, chunks).unwrap();
+    let resident = item.resident().unwrap().expect("one chunk is stored");
+    assert!(resident.chunks().iter().all(|c| !c.is_stored()));
+    assert_eq!(resident.chunks()[0].payload(), &data(20, 3000).data[..]);
+    assert_eq!(resident.chunks()[1].payload(), &data(21, 10).data[..]);
+    assert!(resident.resident().unwrap().is_none());
+    assert_eq!(resident.to_proto("t", 1.0, 0), item.to_proto("t", 1.0, 0));
+}
