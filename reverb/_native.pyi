@@ -119,6 +119,7 @@ class Server:
         tls_client_ca: Optional[str] = None,
         storage_dir: Optional[str] = None,
         cache_bytes: int = 1073741824,
+        sync_interval: float = 1.0,
     ) -> Server: ...
     @property
     def port(self) -> int: ...

@@ -17,8 +17,9 @@ Python >= 3.11, by file extension), which also configures checkpoints:
       "fallback_checkpoint_path": null,           # optional
       "keep_latest": 1,                           # optional
       "checkpoint_on_exit": false,                # optional: save when stopped by a signal
-      "storage": {"directory": "/var/lib/reverb/chunks",   # optional: chunk data on disk
-                  "cache_bytes": 4294967296},              #   behind a cache this big
+      "storage": {"directory": "/var/lib/reverb/data",     # optional: tables on disk
+                  "cache_bytes": 4294967296,               #   behind a cache this big,
+                  "sync_interval": 1.0},                   #   journal synced this often
       "tables": [
         {"name": "replay", "sampler": {"prioritized": 0.6}, "remover": "fifo",
          "max_size": 1000000, "max_times_sampled": 0,
@@ -200,13 +201,14 @@ def _storage(spec: Any) -> Optional[reverb.DiskStorage]:
             f'"storage" must be a directory or {{"directory": ..., "cache_bytes": ...}}, '
             f"got {spec!r}"
         )
-    unknown = sorted(set(spec) - {"directory", "cache_bytes"})
+    unknown = sorted(set(spec) - {"directory", "cache_bytes", "sync_interval"})
     if unknown:
         raise ValueError(f'"storage" has unknown keys {unknown}')
     try:
         return reverb.DiskStorage(
             spec["directory"],
             cache_bytes=int(spec.get("cache_bytes", reverb.storage.DEFAULT_CACHE_BYTES)),
+            sync_interval=float(spec.get("sync_interval", 1.0)),
         )
     except TypeError as e:
         raise ValueError(f'"storage": {e}') from e

@@ -1,15 +1,18 @@
-"""Where a server keeps its chunks' data (not in the reference): in memory (the default) or on
-disk behind a cache bounded in bytes, for tables larger than memory.
+"""Where a server keeps its tables (not in the reference): in memory (the default) or on disk,
+chunk data behind a cache bounded in bytes (tables larger than memory) and every change
+journaled (tables that survive a crash).
 
     server = reverb.Server(tables, port=8000,
-                           storage=reverb.DiskStorage("/var/lib/reverb/chunks",
+                           storage=reverb.DiskStorage("/var/lib/reverb/data",
                                                       cache_bytes=4 << 30))
 
 With `DiskStorage`, each chunk's payload is written to a log of segment files in
 `directory` when it arrives and read back through the cache when sampled; the items
-(keys, priorities, selector state) and small payloads stay in memory. One server holds a
-directory at a time. What the directory held before the server started is dropped: items are
-not yet kept across restarts (restore them from a checkpoint).
+(keys, priorities, selector state) and small payloads stay in memory, and every change of
+the tables (inserts, priority updates, deletes) goes to a journal in the directory, synced
+every `sync_interval` seconds. A server started on the directory again (after a stop or a
+crash) serves what it held: every item whose insert was confirmed more than `sync_interval`
+before, with its data and priority. One server holds a directory at a time.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ DEFAULT_CACHE_BYTES = 1 << 30
 @dataclasses.dataclass(frozen=True)
 class DiskStorage:
     """Chunk payloads on disk under `directory` (created if missing), read back through a
-    cache of at most `cache_bytes` payload bytes."""
+    cache of at most `cache_bytes` payload bytes; the tables' changes journaled there, synced
+    every `sync_interval` seconds."""
 
     directory: PathLike
     cache_bytes: int = DEFAULT_CACHE_BYTES
+    sync_interval: float = 1.0
 
     def __post_init__(self) -> None:
         if not os.fspath(self.directory):
@@ -39,6 +44,10 @@ class DiskStorage:
             raise TypeError(f"cache_bytes must be an int, got {self.cache_bytes!r}")
         if self.cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+        if not (isinstance(self.sync_interval, (int, float)) and 0 < self.sync_interval < 1e9):
+            raise ValueError(
+                f"sync_interval must be a positive number of seconds, got {self.sync_interval!r}"
+            )
 
 
 def disk_storage(storage: Union[None, PathLike, DiskStorage]) -> Union[None, DiskStorage]:

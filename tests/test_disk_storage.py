@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import gc
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from _metrics import scrape
 
 import reverb
-from tests._metrics import scrape
 
 FRAME = (84, 84)
 T = 10.0
@@ -268,3 +270,128 @@ def test_the_standalone_server_takes_a_storage_config(tmp_path) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and '"storage" must be' in done.stderr, done.stderr
+
+
+def test_a_stopped_server_serves_everything_again_on_its_directory(tmp_path) -> None:
+    storage = reverb.DiskStorage(tmp_path / "data", cache_bytes=64 << 10)
+    first = tables()
+    with reverb.Server(first, port=0, storage=storage) as server:
+        write(server.localhost_client(), range(120))
+        before = first[0].info
+    # New tables, then the old ones (still alive) in another server.
+    expected_queue = list(range(120))
+    for again in (tables(), first):
+        with reverb.Server(again, port=0, storage=storage) as server:
+            client = server.localhost_client()
+            info = again[0].info
+            assert info.current_size == 120
+            assert info.rate_limiter_info.insert_stats.completed == 120
+            assert info.num_episodes == before.num_episodes
+            for s in client.sample("uniform", 200, emit_timesteps=False, timeout=T):
+                check(s)
+            n = len(expected_queue)
+            seen = [check(s) for s in client.sample("queue", n, emit_timesteps=False, timeout=T)]
+            assert sorted(seen) == expected_queue
+            # Sampled once, the queue's items were deleted: the next server has only these.
+            write(client, range(200, 210), names=("queue",))
+            expected_queue = list(range(200, 210))
+
+
+def test_a_directory_with_tables_the_server_lacks_is_refused(tmp_path) -> None:
+    storage = reverb.DiskStorage(tmp_path / "data")
+    with reverb.Server(tables(), port=0, storage=storage) as server:
+        write(server.localhost_client(), range(3))
+    with pytest.raises(ValueError, match=r"holds tables \["):
+        reverb.Server(tables()[:1], port=0, storage=storage)
+
+
+SERVE = """
+import sys, time
+import reverb
+table = reverb.Table("all", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 1_000_000,
+                     reverb.rate_limiters.MinSize(1), max_times_sampled=1)
+server = reverb.Server([table], port=0,
+                       storage=reverb.DiskStorage(sys.argv[1], cache_bytes=1 << 20,
+                                                  sync_interval=float(sys.argv[2])))
+print(server.port, flush=True)
+server.wait()
+"""
+
+
+def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path) -> None:
+    """Three times: a server process on the directory, a writer sending frames (priority =
+    step) and recording when each was confirmed, kill -9 mid-write. Then every item confirmed
+    more than the sync interval before the kill is served, whole, with its priority (and
+    deleted once read: the next round starts empty)."""
+    directory = str(tmp_path / "data")
+    sync = 0.2
+    for cycle in range(3):
+        confirmed = []  # (step, when confirmed)
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVE, directory, str(sync)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            port = int(server.stdout.readline())
+            client = reverb.Client(f"localhost:{port}")
+            stop = threading.Event()
+
+            def actor(first: int, client=client, stop=stop, confirmed=confirmed) -> None:
+                # (Closed, not flushed, at the end: the server is dead by then.)
+                writer = client.trajectory_writer(num_keep_alive_refs=1)
+                try:
+                    step = first
+                    while not stop.is_set():
+                        writer.append({"frame": frame(step), "step": np.int64(step)})
+                        writer.create_item(
+                            "all",
+                            float(step + 1),
+                            {
+                                "frame": writer.history["frame"][-1],
+                                "step": writer.history["step"][-1],
+                            },
+                        )
+                        if step % 5 == 4:
+                            writer.flush(timeout_ms=2000)
+                            now = time.monotonic()
+                            confirmed.extend((s, now) for s in range(step - 4, step + 1))
+                        step += 1
+                except reverb.ReverbError:
+                    pass  # the server was killed
+                finally:
+                    writer.close()
+
+            thread = threading.Thread(target=actor, args=(cycle * 100_000,))
+            thread.start()
+            time.sleep(1.0)
+            server.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            stop.set()
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+        finally:
+            server.kill()
+            server.wait(timeout=T)
+            server.stdout.close()
+        must_have = {s for s, when in confirmed if when < killed - sync - 0.1}
+        assert len(must_have) > 20, len(must_have)
+        table = reverb.Table(
+            "all",
+            reverb.selectors.Fifo(),
+            reverb.selectors.Fifo(),
+            1_000_000,
+            reverb.rate_limiters.MinSize(1),
+            max_times_sampled=1,
+        )
+        with reverb.Server([table], port=0, storage=reverb.DiskStorage(directory)) as check_server:
+            size = table.info.current_size
+            got = set()
+            for s in check_server.localhost_client().sample(
+                "all", size, emit_timesteps=False, timeout=T
+            ):
+                step = check(s)
+                assert s.info.priority == step + 1
+                got.add(step)
+            assert must_have <= got, sorted(must_have - got)[:10]
+            assert min(got) >= cycle * 100_000, "earlier rounds' items were deleted"

@@ -108,7 +108,7 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
             for chunk in item.chunks() {
                 if written.insert(chunk.key()) {
                     // (A payload stored on disk is read back: checkpoints hold their data.)
-                    let chunk = chunk.resident()?;
+                    let chunk = chunk.read_once()?;
                     chunk_parts(&chunk.data(), &mut buf);
                     record_parts(out, CHUNK, &[&buf, chunk.payload()])?;
                     n_chunks += 1;

@@ -115,12 +115,7 @@ impl Chunk {
         HELD.0.fetch_add(1, Ordering::Relaxed);
         HELD.1.fetch_add(payload.held().len(), Ordering::Relaxed);
         let range = data.sequence_range.unwrap_or_default();
-        let flags = if data.sequence_range.is_some() {
-            HAS_RANGE
-        } else {
-            0
-        } | if range.sparse { SPARSE } else { 0 }
-            | if data.delta_encoded { DELTA_ENCODED } else { 0 };
+        let flags = chunk_flags(&data);
         Self {
             key: data.chunk_key,
             episode_id: range.episode_id,
@@ -157,6 +152,36 @@ impl Chunk {
         Self { payload, ..*self }
     }
 
+    /// The chunk `key` whose other fields are `header` (see [`Chunk::header`]), with its
+    /// payload in memory or (`Err(len)`) in `store`. None when the header is not one.
+    pub(crate) fn from_header(
+        key: u64,
+        header: &[u8; STORED_HEADER],
+        payload: Result<&[u8], (Arc<ChunkStore>, usize)>,
+    ) -> Option<Self> {
+        if header[0] != 1 {
+            return None;
+        }
+        let flags = header[29];
+        let data = ChunkData {
+            chunk_key: key,
+            sequence_range: (flags & HAS_RANGE != 0).then(|| SequenceRange {
+                episode_id: u64::from_le_bytes(header[1..9].try_into().expect("8 bytes")),
+                start: i32::from_le_bytes(header[9..13].try_into().expect("4 bytes")),
+                end: i32::from_le_bytes(header[13..17].try_into().expect("4 bytes")),
+                sparse: flags & SPARSE != 0,
+            }),
+            data_uncompressed_size: i64::from_le_bytes(header[17..25].try_into().expect("8")),
+            data_tensors_len: i32::from_le_bytes(header[25..29].try_into().expect("4 bytes")),
+            delta_encoded: flags & DELTA_ENCODED != 0,
+            ..Default::default()
+        };
+        Some(match payload {
+            Ok(bytes) => Self::with_payload(data, Payload::new(bytes)),
+            Err((store, len)) => Self::with_payload(data, Payload::Stored(store, len)),
+        })
+    }
+
     /// Whether its payload stays in memory when a chunk store holds chunks: small ones do
     /// (in the chunk's own record, they cost no memory of their own).
     pub(crate) fn kept_in_memory(data: &ChunkData) -> bool {
@@ -167,7 +192,16 @@ impl Chunk {
     /// its store's cache. Fails when the store cannot read it back whole.
     pub fn resident(self: &Arc<Self>) -> std::io::Result<Arc<Chunk>> {
         match &self.payload {
-            Payload::Stored(store, _) => store.load(self),
+            Payload::Stored(store, _) => store.load(self, true),
+            _ => Ok(self.clone()),
+        }
+    }
+
+    /// [`Chunk::resident`] without keeping what it reads in the cache (a checkpoint reads
+    /// every chunk once: it must not push out what sampling reads).
+    pub fn read_once(self: &Arc<Self>) -> std::io::Result<Arc<Chunk>> {
+        match &self.payload {
+            Payload::Stored(store, _) => store.load(self, false),
             _ => Ok(self.clone()),
         }
     }
@@ -188,6 +222,21 @@ impl Chunk {
         out[17..25].copy_from_slice(&self.uncompressed_size.to_le_bytes());
         out[25..29].copy_from_slice(&self.tensors_len.to_le_bytes());
         out[29] = self.flags;
+        out
+    }
+
+    /// [`Chunk::header`] of the chunk `data` makes.
+    pub(crate) fn header_of(data: &ChunkData) -> [u8; STORED_HEADER] {
+        let range = data.sequence_range.unwrap_or_default();
+        let flags = chunk_flags(data);
+        let mut out = [0u8; STORED_HEADER];
+        out[0] = 1;
+        out[1..9].copy_from_slice(&range.episode_id.to_le_bytes());
+        out[9..13].copy_from_slice(&range.start.to_le_bytes());
+        out[13..17].copy_from_slice(&range.end.to_le_bytes());
+        out[17..25].copy_from_slice(&data.data_uncompressed_size.to_le_bytes());
+        out[25..29].copy_from_slice(&data.data_tensors_len.to_le_bytes());
+        out[29] = flags;
         out
     }
 
@@ -251,6 +300,21 @@ impl Drop for Chunk {
             store.forget(self.key);
         }
     }
+}
+
+/// The flags of the chunk `data` makes.
+fn chunk_flags(data: &ChunkData) -> u8 {
+    let mut flags = 0;
+    if let Some(range) = &data.sequence_range {
+        flags |= HAS_RANGE;
+        if range.sparse {
+            flags |= SPARSE;
+        }
+    }
+    if data.delta_encoded {
+        flags |= DELTA_ENCODED;
+    }
+    flags
 }
 
 /// Bytes of [`Chunk::header`].

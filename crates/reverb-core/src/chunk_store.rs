@@ -16,7 +16,7 @@ use reverb_proto::{ChunkData, KeyHashMap};
 use std::collections::VecDeque;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,12 +27,14 @@ const SEGMENT_BYTES: u64 = 64 << 20;
 /// `Arc<ChunkStore>`: every stored chunk holds it.
 pub struct ChunkStore {
     dir: PathBuf,
-    log: RwLock<Logged>,
+    /// None once closed.
+    log: RwLock<Option<Logged>>,
     cache: Mutex<Cache>,
     /// Keys of chunks dropped since the log last heard of it (applied under the log's lock
     /// by the next write or [`ChunkStore::maintain`]: a chunk is often dropped under a
     /// table's lock, which must not wait for the disk).
     forgotten: Mutex<Vec<u64>>,
+    closed: AtomicBool,
     counters: Counters,
 }
 
@@ -76,22 +78,21 @@ pub struct StoreStats {
 }
 
 impl ChunkStore {
-    /// Opens the store in `dir` (created if missing) with a cache of `cache_bytes`. Fails
-    /// when another server holds the directory. What the directory held from an earlier run
-    /// is dropped: items are not kept across restarts yet, so no chunk is referenced.
+    /// Opens the store in `dir` (created if missing) with a cache of `cache_bytes`, holding
+    /// what the directory held (see [`ChunkStore::recovered`], [`ChunkStore::retain`]). Fails
+    /// when another server holds the directory.
     pub fn open(dir: &Path, cache_bytes: usize) -> io::Result<Arc<Self>> {
-        let (mut log, _found): (SegmentLog, Recovered) = SegmentLog::open(dir, SEGMENT_BYTES)
+        let (log, _found): (SegmentLog, Recovered) = SegmentLog::open(dir, SEGMENT_BYTES)
             .map_err(|e| context(dir, "could not be opened", e))?;
-        log.retain(|_| false)
-            .map_err(|e| context(dir, "could not be cleared", e))?;
         Ok(Arc::new(Self {
             dir: dir.to_path_buf(),
-            log: RwLock::new(Logged {
+            log: RwLock::new(Some(Logged {
                 log,
                 again: KeyHashMap::default(),
-            }),
+            })),
             cache: Mutex::new(Cache::new(cache_bytes)),
             forgotten: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
             counters: Counters::default(),
         }))
     }
@@ -103,31 +104,110 @@ impl ChunkStore {
 
     /// Stores a received chunk: its payload written to disk (and kept in the cache), unless
     /// it is small enough to stay in memory. On an error (a full disk) nothing of it stays.
+    /// A key stored already must come with the same data (else InvalidInput): chunk keys
+    /// are the writers', and one writer's mistake must not change another's items.
     pub fn store(self: &Arc<Self>, data: ChunkData) -> io::Result<Arc<Chunk>> {
         if Chunk::kept_in_memory(&data) {
             return Ok(Arc::new(Chunk::new(data)));
         }
         let key = data.chunk_key;
-        let resident = Arc::new(Chunk::new(data.clone()));
+        let size = data.data.len();
+        let mut record = Vec::with_capacity(STORED_HEADER + size);
+        record.extend_from_slice(&Chunk::header_of(&data));
+        record.extend_from_slice(&data.data);
         {
-            let mut record = Vec::with_capacity(STORED_HEADER + data.data.len());
-            record.extend_from_slice(&resident.header());
-            record.extend_from_slice(&data.data);
-            let mut logged = self.log.write();
-            self.apply_forgotten(&mut logged);
+            let mut guard = self.log.write();
+            let logged = guard.as_mut().ok_or_else(|| self.closed())?;
             if logged.log.contains(key) {
+                let same = logged
+                    .log
+                    .holds(key, &record)
+                    .map_err(|e| context(&self.dir, &format!("could not read chunk {key}"), e))?;
+                if !same {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "Chunk {key} is stored already with other data: chunk keys must \
+                             be unique"
+                        ),
+                    ));
+                }
                 *logged.again.entry(key).or_default() += 1;
             } else if let Err(e) = logged.log.put(key, &record) {
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 return Err(context(&self.dir, "could not store a chunk", e));
             }
         }
-        self.cache.lock().insert(key, resident);
-        Ok(Arc::new(Chunk::stored(data, self.clone())))
+        // (Made only once stored: dropping it forgets the key.)
+        let stored = Arc::new(Chunk::stored(data.clone(), self.clone()));
+        if size <= self.cache.lock().limit {
+            self.cache.lock().insert(key, Arc::new(Chunk::new(data)));
+        }
+        Ok(stored)
     }
 
-    /// `chunk` (stored here) with its payload in memory, from the cache or the disk.
-    pub(crate) fn load(&self, chunk: &Chunk) -> io::Result<Arc<Chunk>> {
+    /// Chunk `key` as the journal recorded it (its fields `header`, its payload if kept in
+    /// memory), after a restart: None when its payload should be here and is not.
+    pub(crate) fn recovered(
+        self: &Arc<Self>,
+        key: u64,
+        header: &[u8; STORED_HEADER],
+        payload: Option<&[u8]>,
+    ) -> Option<Arc<Chunk>> {
+        let payload = match payload {
+            Some(bytes) => Ok(bytes),
+            None => {
+                let len = self.log.read().as_ref()?.log.payload_len(key)? as usize;
+                Err((self.clone(), len.checked_sub(STORED_HEADER)?))
+            }
+        };
+        Chunk::from_header(key, header, payload).map(Arc::new)
+    }
+
+    /// Keeps only the payloads `keep` says yes to (after a restart: those the recovered
+    /// items reference).
+    pub fn retain(&self, keep: impl FnMut(u64) -> bool) -> io::Result<()> {
+        let mut guard = self.log.write();
+        let logged = guard.as_mut().ok_or_else(|| self.closed())?;
+        self.apply_forgotten(logged);
+        logged
+            .log
+            .retain(keep)
+            .map_err(|e| context(&self.dir, "could not delete unreferenced chunks", e))
+    }
+
+    /// Makes every payload stored so far durable.
+    pub fn sync(&self) -> io::Result<()> {
+        match self.log.read().as_ref() {
+            Some(logged) => logged
+                .log
+                .sync()
+                .map_err(|e| context(&self.dir, "could not be synced", e)),
+            None => Err(self.closed()),
+        }
+    }
+
+    /// Closes the store (its server stopped): payloads stay on disk for the next server on
+    /// the directory, which is released. Chunks still held elsewhere can no longer be read,
+    /// and dropping them forgets nothing.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.forgotten.lock().clear();
+        *self.log.write() = None;
+        let mut cache = self.cache.lock();
+        *cache = Cache::new(cache.limit);
+    }
+
+    fn closed(&self) -> io::Error {
+        io::Error::other(format!(
+            "The chunk store in {} is closed (its server stopped)",
+            self.dir.display()
+        ))
+    }
+
+    /// `chunk` (stored here) with its payload in memory, from the cache or the disk (kept
+    /// in the cache if `cache`).
+    pub(crate) fn load(&self, chunk: &Chunk, cache: bool) -> io::Result<Arc<Chunk>> {
         let key = chunk.key();
         if let Some(hit) = self.cache.lock().get(key) {
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -135,7 +215,10 @@ impl ChunkStore {
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let read = self.log.read().log.get(key);
+        let read = match self.log.read().as_ref() {
+            Some(logged) => logged.log.get(key),
+            None => Err(self.closed()),
+        };
         self.counters
             .read_nanos
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -161,14 +244,20 @@ impl ChunkStore {
         }
         record.drain(..STORED_HEADER);
         let resident = Arc::new(chunk.with_bytes(record));
-        self.cache.lock().insert(key, resident.clone());
+        if cache {
+            self.cache.lock().insert(key, resident.clone());
+        }
         Ok(resident)
     }
 
     /// Called as a stored chunk is dropped: its payload is forgotten (see `forgotten`).
     pub(crate) fn forget(&self, key: u64) {
         self.cache.lock().remove(key);
-        self.forgotten.lock().push(key);
+        // (After closing, what a dropped chunk held stays for the next server, whose journal
+        // says what is referenced.)
+        if !self.closed.load(Ordering::Relaxed) {
+            self.forgotten.lock().push(key);
+        }
     }
 
     fn apply_forgotten(&self, logged: &mut Logged) {
@@ -192,7 +281,9 @@ impl ChunkStore {
     /// as the log reclaims it). A server calls it now and then.
     pub fn maintain(&self) {
         if !self.forgotten.lock().is_empty() {
-            self.apply_forgotten(&mut self.log.write());
+            if let Some(logged) = self.log.write().as_mut() {
+                self.apply_forgotten(logged);
+            }
         }
     }
 
@@ -202,7 +293,10 @@ impl ChunkStore {
             let cache = self.cache.lock();
             (cache.bytes, cache.limit)
         };
-        let logged = self.log.read();
+        let guard = self.log.read();
+        let Some(logged) = guard.as_ref() else {
+            return StoreStats::default();
+        };
         let (disk_bytes, live_bytes) = logged.log.bytes();
         StoreStats {
             chunks: logged.log.len(),
@@ -245,11 +339,15 @@ pub fn is_full(e: &io::Error) -> bool {
 /// Resident copies of stored chunks, bounded by their payload bytes; evicts by CLOCK (a
 /// chunk read since the hand last passed gets another round).
 struct Cache {
-    map: KeyHashMap<(Arc<Chunk>, bool)>,
-    /// Keys in the order the hand visits them (some since removed from `map`).
+    /// Every key in `ring`, once: with its chunk and whether it was read since the hand
+    /// passed, or removed (`None`) and waiting for the hand to pass.
+    map: KeyHashMap<(Option<Arc<Chunk>>, bool)>,
+    /// Keys in the order the hand visits them.
     ring: VecDeque<u64>,
     bytes: usize,
     limit: usize,
+    /// Removed keys still in the ring.
+    removed: usize,
 }
 
 impl Cache {
@@ -259,33 +357,49 @@ impl Cache {
             ring: VecDeque::new(),
             bytes: 0,
             limit,
+            removed: 0,
         }
     }
 
     fn get(&mut self, key: u64) -> Option<Arc<Chunk>> {
         let (chunk, used) = self.map.get_mut(&key)?;
+        let chunk = chunk.clone()?;
         *used = true;
-        Some(chunk.clone())
+        Some(chunk)
     }
 
     fn insert(&mut self, key: u64, chunk: Arc<Chunk>) {
         let size = chunk.byte_size();
-        if size > self.limit || self.map.contains_key(&key) {
+        if size > self.limit || self.map.get(&key).is_some_and(|(c, _)| c.is_some()) {
             return;
         }
         while self.bytes + size > self.limit && self.evict_one() {}
         self.bytes += size;
-        self.map.insert(key, (chunk, false));
-        self.ring.push_back(key);
-        if self.ring.len() > 2 * self.map.len() + 64 {
-            let map = &self.map;
-            self.ring.retain(|k| map.contains_key(k));
+        match self.map.get_mut(&key) {
+            // (Still in the ring: it takes its place there again.)
+            Some(slot) => {
+                *slot = (Some(chunk), false);
+                self.removed -= 1;
+            }
+            None => {
+                self.map.insert(key, (Some(chunk), false));
+                self.ring.push_back(key);
+            }
         }
     }
 
     fn remove(&mut self, key: u64) {
-        if let Some((chunk, _)) = self.map.remove(&key) {
-            self.bytes -= chunk.byte_size();
+        if let Some((slot @ Some(_), _)) = self.map.get_mut(&key) {
+            self.bytes -= slot.take().expect("matched").byte_size();
+            self.removed += 1;
+            // Removed keys cost a ring place each until the hand passes: when they are most
+            // of the ring (a cache that never fills), they are swept at once.
+            if self.removed > 64 && self.removed * 2 > self.map.len() {
+                self.map.retain(|_, (c, _)| c.is_some());
+                let map = &self.map;
+                self.ring.retain(|k| map.contains_key(k));
+                self.removed = 0;
+            }
         }
     }
 
@@ -294,12 +408,17 @@ impl Cache {
         while let Some(key) = self.ring.pop_front() {
             match self.map.get_mut(&key) {
                 None => {}
-                Some((_, used)) if *used => {
+                Some((None, _)) => {
+                    self.map.remove(&key);
+                    self.removed -= 1;
+                }
+                Some((Some(_), used)) if *used => {
                     *used = false;
                     self.ring.push_back(key);
                 }
-                Some(_) => {
-                    self.remove(key);
+                Some((Some(chunk), _)) => {
+                    self.bytes -= chunk.byte_size();
+                    self.map.remove(&key);
                     return true;
                 }
             }

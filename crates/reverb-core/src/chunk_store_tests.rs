@@ -186,3 +186,54 @@ fn an_item_reads_its_stored_chunks_back() {
     assert!(resident.resident().unwrap().is_none());
     assert_eq!(resident.to_proto("t", 1.0, 0), item.to_proto("t", 1.0, 0));
 }
+
+#[test]
+fn a_key_stored_again_with_other_data_is_refused_and_the_first_kept() {
+    let dir = Dir::new("collide");
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    let first = store.store(data(5, 500)).unwrap();
+    let mut other = data(5, 500);
+    other.data = vec![1u8; 500].into();
+    let err = store.store(other).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    assert!(
+        err.to_string().contains("Chunk 5 is stored already"),
+        "{err}"
+    );
+    store.maintain();
+    assert_eq!(read_back(&first), data(5, 500));
+}
+
+#[test]
+fn the_cache_ring_stays_bounded_when_one_key_comes_and_goes() {
+    let dir = Dir::new("ring");
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    let chunk = store.store(data(1, 500)).unwrap();
+    for _ in 0..10_000 {
+        store.cache.lock().remove(1);
+        read_back(&chunk);
+    }
+    let cache = store.cache.lock();
+    assert!(cache.ring.len() <= 2, "{}", cache.ring.len());
+    assert_eq!(cache.bytes, 500);
+}
+
+#[test]
+fn a_closed_store_releases_its_directory_and_keeps_its_data() {
+    let dir = Dir::new("close");
+    let store = ChunkStore::open(&dir.0, 0).unwrap();
+    let chunk = store.store(data(3, 5000)).unwrap();
+    store.close();
+    assert!(chunk
+        .resident()
+        .unwrap_err()
+        .to_string()
+        .contains("is closed"));
+    drop(chunk);
+    let again = ChunkStore::open(&dir.0, 0).unwrap();
+    assert_eq!(
+        again.stats().chunks,
+        1,
+        "dropping after closing forgets nothing"
+    );
+}

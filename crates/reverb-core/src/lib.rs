@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod chunk;
 pub mod chunk_store;
 pub mod error;
+pub mod journal;
 pub mod keymap;
 pub mod rate_limiter;
 pub mod segment_log;
@@ -15,6 +16,7 @@ pub mod table;
 pub use chunk::{Chunk, ItemData, RowRef, RunShape, Trajectory};
 pub use chunk_store::ChunkStore;
 pub use error::{CoreError, Result};
+pub use journal::Journal;
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};
 pub use table::{

@@ -384,6 +384,28 @@ impl SegmentLog {
         self.unlink_if_dead(id)
     }
 
+    /// Whether chunk `key` is held with exactly `payload` (its length and checksum, read
+    /// from its record's header, agree).
+    pub fn holds(&self, key: u64, payload: &[u8]) -> io::Result<bool> {
+        let Some(&place) = self.index.get(&key) else {
+            return Ok(false);
+        };
+        if place.len as usize != payload.len() {
+            return Ok(false);
+        }
+        let mut header = [0u8; HEADER as usize];
+        self.segments[&place.segment]
+            .file
+            .read_exact_at(&mut header, place.at)?;
+        let crc = u32::from_le_bytes(header[16..20].try_into().expect("4 bytes"));
+        Ok(crc == record_crc(key, payload))
+    }
+
+    /// The length of chunk `key`'s payload, if it is held.
+    pub fn payload_len(&self, key: u64) -> Option<u32> {
+        self.index.get(&key).map(|p| p.len)
+    }
+
     /// Whether chunk `key` is held.
     pub fn contains(&self, key: u64) -> bool {
         self.index.contains_key(&key)

@@ -3,6 +3,7 @@
 //! (the gRPC service) wait on [`Table::changed`], which fires after every state change.
 
 use crate::chunk::ItemData;
+use crate::journal::TableJournal;
 use crate::keymap::KeyMap;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::selectors::{prioritized_weight, Place, Selector, SelectorKind};
@@ -152,6 +153,8 @@ struct State {
     num_unique_samples: i64,
     next_seq: u64,
     rng: StdRng,
+    /// Where its changes are logged (a disk-backed server's tables).
+    journal: Option<TableJournal>,
 }
 
 /// A replay table. Share it as `Arc<Table>`.
@@ -252,6 +255,7 @@ impl Table {
             num_unique_samples: 0,
             next_seq: 0,
             rng,
+            journal: None,
         };
         Ok(Self {
             name: config.name.as_str().into(),
@@ -489,6 +493,9 @@ impl Table {
                 entry.priority = priority;
                 places.0.push((entry.place(0), priority));
                 places.1.push((entry.place(1), priority));
+                if let Some(journal) = &st.journal {
+                    journal.priority(key, priority);
+                }
             }
         }
         st.sampler.update_many(&places.0)?;
@@ -508,8 +515,33 @@ impl Table {
         st.episode_refs.clear();
         st.num_deleted_episodes = 0;
         st.num_unique_samples = 0;
+        if let Some(journal) = &mut st.journal {
+            journal.reset();
+        }
         drop(st);
         self.changed.notify_waiters();
+    }
+
+    /// Logs every later change of the table to `journal` (a disk-backed server's; None
+    /// stops logging).
+    pub(crate) fn set_journal(&self, journal: Option<TableJournal>) {
+        self.state.lock().journal = journal;
+    }
+
+    /// Logs the counters to the table's journal if it has one and they changed.
+    pub(crate) fn log_counters(&self) {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if let Some(journal) = &mut st.journal {
+            let (inserts, samples, deletes) = st.limiter.counters();
+            journal.counters([
+                inserts,
+                samples,
+                deletes,
+                st.num_deleted_episodes,
+                st.num_unique_samples,
+            ]);
+        }
     }
 
     /// The `TableInfo` reported by `ServerInfo`.
@@ -626,6 +658,9 @@ impl State {
             self.sampler.update(entry.place(0), priority)?;
             self.remover.update(entry.place(1), priority)?;
             entry.priority = priority;
+            if let Some(journal) = &self.journal {
+                journal.priority(item.key, priority);
+            }
             return Ok(InsertOutcome::Updated);
         }
         if !self.limiter.can_insert(1) {
@@ -633,7 +668,11 @@ impl State {
         }
         // As the reference: the time the table stored it, whatever the writer sent.
         item.set_inserted_at(at);
+        let key = item.key;
         self.add_item(item, priority, 0)?;
+        if let Some(journal) = &self.journal {
+            journal.inserted(&self.items.get(&key).expect("just added").data, priority);
+        }
         self.limiter.insert();
         if self.items.len() as i64 > config.max_size {
             if let Some((victim, _)) = self.remover.sample(&mut self.rng) {
@@ -729,6 +768,9 @@ impl State {
         let moved = self.remover.delete(entry.place(1));
         debug_assert!(moved.is_none(), "a remover keeps its own slots");
         self.limiter.delete();
+        if let Some(journal) = &self.journal {
+            journal.deleted(key);
+        }
         for episode in episodes(&entry.data) {
             if let Some(refs) = self.episode_refs.get_mut(&episode) {
                 *refs -= 1;

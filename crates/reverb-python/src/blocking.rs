@@ -236,7 +236,7 @@ pub(crate) fn wait_locked<W: Send>(
         None => {
             let why = match retrying(&lock_with_gil(py, lock)) {
                 Some(e) => format!(
-                    "; the insert stream is retrying after the server's answer {:?}: {}",
+                    "; the insert stream is retrying after {:?}: {}",
                     e.code, e.message
                 ),
                 None => String::new(),

@@ -7,8 +7,8 @@ use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use reverb_core::{ChunkStore, CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
-use reverb_server::{Checkpointer, Server, ServerOptions, ServerTls};
+use reverb_core::{CoreError, RateLimiterConfig, SelectorKind, Table, TableConfig};
+use reverb_server::{Checkpointer, Server, ServerOptions, ServerTls, StorageOptions};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -162,7 +162,7 @@ impl PyServer {
     /// the certificate `tls_cert` and key `tls_key` (PEM files; with `tls_client_ca`, only to
     /// clients presenting a certificate it signed), by default as `REVERB_TLS_*` say. With
     /// `storage_dir`, chunk payloads are kept on disk there behind a cache of `cache_bytes`.
-    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None, tls_cert=None, tls_key=None, tls_client_ca=None, storage_dir=None, cache_bytes=1073741824))]
+    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None, tls_cert=None, tls_key=None, tls_client_ca=None, storage_dir=None, cache_bytes=1073741824, sync_interval=1.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -180,6 +180,7 @@ impl PyServer {
         tls_client_ca: Option<String>,
         storage_dir: Option<std::path::PathBuf>,
         cache_bytes: usize,
+        sync_interval: f64,
     ) -> PyResult<Self> {
         let given = |p: Option<String>| p.filter(|p| !p.is_empty());
         let (cert, key, ca) = (given(tls_cert), given(tls_key), given(tls_client_ca));
@@ -206,13 +207,16 @@ impl PyServer {
                 keep_latest,
             ))
         });
-        let storage = match storage_dir {
-            None => None,
-            Some(dir) => Some(
-                py.detach(|| ChunkStore::open(&dir, cache_bytes))
-                    .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?,
-            ),
-        };
+        if !(sync_interval.is_finite() && sync_interval > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "sync_interval must be a positive number of seconds, got {sync_interval}"
+            )));
+        }
+        let storage = storage_dir.map(|dir| StorageOptions {
+            dir,
+            cache_bytes,
+            sync_interval: Duration::from_secs_f64(sync_interval),
+        });
         let defaults = ServerOptions::default();
         let options = ServerOptions {
             storage,

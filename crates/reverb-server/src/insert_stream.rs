@@ -84,8 +84,9 @@ impl Inserter {
                 "InsertStreamRequest must contain at least one chunk or item",
             ));
         }
-        // Every chunk is checked before any is kept, and every item before any is inserted: a
-        // rejected request inserts nothing (and ends the stream, with the chunks it kept).
+        // Every item is checked before any is inserted: a rejected request inserts nothing
+        // (and ends the stream, with the chunks it kept; a disk-backed server wrote the
+        // request's chunks as they were checked, and forgets them with the stream).
         let mut received = Vec::with_capacity(request.chunks.len());
         for data in request.chunks {
             received.push(check_chunk(tables, data)?);

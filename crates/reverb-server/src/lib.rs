@@ -27,7 +27,7 @@ mod transport;
 pub use alloc::HugePageAlloc;
 pub use auth::AUTHORIZATION;
 pub use checkpointer::Checkpointer;
-pub use server::{Server, ServerOptions, StartError};
+pub use server::{Server, ServerOptions, StartError, StorageOptions};
 pub use service::ReverbServiceImpl;
 pub use status::RATE_LIMITER_TIMEOUT;
 pub use tables::Tables;

@@ -8,7 +8,7 @@ use crate::tls::ServerTls;
 use crate::transport::inproc::{InProcServer, Stopped};
 use crate::ReverbServiceImpl;
 use futures::StreamExt;
-use reverb_core::{ChunkStore, Table};
+use reverb_core::{ChunkStore, Journal, Table};
 use reverb_proto::reverb_service_server::ReverbServiceServer;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::{Arc, Condvar, Mutex};
@@ -46,9 +46,22 @@ pub struct ServerOptions {
     pub metrics_port: Option<u16>,
     /// Writes one line per table to stderr this often.
     pub log_stats_every: Option<Duration>,
-    /// Keeps chunk payloads on disk in this store (see `reverb_core::chunk_store`) instead
-    /// of in memory.
-    pub storage: Option<Arc<ChunkStore>>,
+    /// Keeps chunk payloads and a journal of the tables on disk (see [`StorageOptions`]).
+    pub storage: Option<StorageOptions>,
+}
+
+/// Where and how a server keeps its tables on disk: chunk payloads in a log behind a cache of
+/// `cache_bytes` (`reverb_core::chunk_store`), every change of the tables in a journal synced
+/// every `sync_interval` (`reverb_core::journal`). A server starting on a directory that has
+/// a journal serves what it held (and loads no checkpoint).
+#[derive(Debug, Clone)]
+pub struct StorageOptions {
+    /// The directory (created if missing; one server at a time).
+    pub dir: std::path::PathBuf,
+    /// The bound of the payload cache, in bytes.
+    pub cache_bytes: usize,
+    /// How often the journal is synced: a change older than this survives a crash.
+    pub sync_interval: Duration,
 }
 
 impl Default for ServerOptions {
@@ -104,6 +117,8 @@ pub struct Server {
     stop_inproc: tokio::sync::watch::Sender<bool>,
     finished: Arc<(Mutex<bool>, Condvar)>,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    /// The chunk store and journal of a server keeping its tables on disk.
+    storage: Mutex<Option<(Arc<ChunkStore>, Arc<Journal>)>>,
 }
 
 fn bind(host: Option<&str>, port: u16) -> std::io::Result<TcpListener> {
@@ -117,20 +132,87 @@ fn bind(host: Option<&str>, port: u16) -> std::io::Result<TcpListener> {
     }
 }
 
+/// Opens the storage directory and restores the tables from its journal: the store, the
+/// journal (not yet attached), and whether the directory had a journal.
+fn open_storage(
+    options: &StorageOptions,
+    tables: &[Arc<Table>],
+) -> Result<(Arc<ChunkStore>, Arc<Journal>, bool), StartError> {
+    let store = ChunkStore::open(&options.dir, options.cache_bytes)
+        .map_err(|e| StartError::Io(e.to_string()))?;
+    let (journal, mut recovery) = Journal::open(&options.dir, store.clone(), options.sync_interval)
+        .map_err(|e| {
+            StartError::Io(format!(
+                "Could not read the journal in {}: {e}",
+                options.dir.display()
+            ))
+        })?;
+    let unknown: Vec<&String> = recovery
+        .tables
+        .keys()
+        .filter(|name| !tables.iter().any(|t| t.name() == name.as_str()))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(StartError::InvalidConfig(format!(
+            "The storage directory {} holds tables {unknown:?} this server is not configured \
+             with; configure them (or use another directory)",
+            options.dir.display()
+        )));
+    }
+    for table in tables {
+        if let Some(snapshot) = recovery.tables.remove(table.name()) {
+            table.restore(snapshot).map_err(|e| {
+                StartError::InvalidConfig(format!(
+                    "Could not restore table '{}' from {}: {e}",
+                    table.name(),
+                    options.dir.display()
+                ))
+            })?;
+        }
+    }
+    if recovery.dropped_items > 0 || recovery.torn_bytes > 0 {
+        eprintln!(
+            "reverb server: {}: {} items left out (their data did not reach the disk whole), \
+             {} bytes of an unfinished write cut off the journal",
+            options.dir.display(),
+            recovery.dropped_items,
+            recovery.torn_bytes
+        );
+    }
+    Ok((store, journal, recovery.found))
+}
+
 impl Server {
     /// Starts serving `tables`.
     pub fn start(tables: Vec<Arc<Table>>, options: ServerOptions) -> Result<Self, StartError> {
         let mut service =
             ReverbServiceImpl::new(tables.clone()).map_err(StartError::InvalidConfig)?;
-        if let Some(store) = &options.storage {
-            service = service.with_storage(store.clone());
+        let storage = match &options.storage {
+            None => None,
+            Some(o) => Some(open_storage(o, &tables)?),
+        };
+        if let Some((store, journal, _)) = &storage {
+            service = service.with_storage(store.clone(), journal.clone());
         }
+        let recovered = storage.as_ref().is_some_and(|s| s.2);
         if let Some(checkpointer) = &options.checkpointer {
-            checkpointer
-                .load_latest(&tables, options.storage.as_ref())
-                .map_err(StartError::Checkpoint)?;
+            // (A directory's journal is newer than any checkpoint.)
+            if !recovered {
+                checkpointer
+                    .load_latest(&tables, storage.as_ref().map(|s| &s.0))
+                    .map_err(StartError::Checkpoint)?;
+            }
             service = service.with_checkpointer(checkpointer.clone());
         }
+        if let Some((_, journal, _)) = &storage {
+            journal.attach(&tables).map_err(|e| {
+                StartError::Io(format!(
+                    "Could not start the journal in {}: {e}",
+                    options.storage.as_ref().expect("set").dir.display()
+                ))
+            })?;
+        }
+        let storage = storage.map(|(store, journal, _)| (store, journal));
         if let Some(token) = &options.auth_token {
             if http::HeaderValue::try_from(format!("Bearer {token}")).is_err() {
                 return Err(StartError::InvalidConfig(
@@ -245,7 +327,7 @@ impl Server {
                 }
             });
         }
-        if let Some(store) = options.storage.clone() {
+        if let Some((store, _)) = storage.clone() {
             // Dropped chunks' payloads are forgotten by the next write, or here (their space
             // then comes back without waiting for one).
             runtime.spawn(async move {
@@ -276,6 +358,7 @@ impl Server {
             stop_inproc,
             finished,
             runtime: Mutex::new(Some(runtime)),
+            storage: Mutex::new(storage),
         })
     }
 
@@ -318,6 +401,11 @@ impl Server {
             // moment, then drop every remaining task.
             self.wait(Duration::from_millis(50));
             runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+        // The last changes reach the journal; the directory is released for the next server.
+        if let Some((store, journal)) = self.storage.lock().unwrap().take() {
+            journal.close();
+            store.close();
         }
         let (lock, cvar) = &*self.finished;
         *lock.lock().unwrap() = true;

@@ -8,7 +8,7 @@ use crate::status::from_core;
 use crate::tables::Tables;
 use crate::{insert_stream, sample_stream};
 use futures::Stream;
-use reverb_core::{ChunkStore, Table};
+use reverb_core::{ChunkStore, Journal, Table};
 use reverb_proto::reverb_service_server::ReverbService;
 use reverb_proto::*;
 use std::future::Future;
@@ -109,9 +109,9 @@ impl ReverbServiceImpl {
         self
     }
 
-    /// Keeps the tables' chunk payloads in `store` (on disk).
-    pub fn with_storage(mut self, store: Arc<ChunkStore>) -> Self {
-        self.tables = self.tables.with_storage(store);
+    /// Keeps the tables' chunk payloads in `store` and their changes in `journal` (on disk).
+    pub fn with_storage(mut self, store: Arc<ChunkStore>, journal: Arc<Journal>) -> Self {
+        self.tables = self.tables.with_storage(store, journal);
         self
     }
 

@@ -35,10 +35,13 @@ pub(crate) fn from_core(e: CoreError) -> Status {
 }
 
 /// Maps a chunk store's error (which names its directory) to its gRPC status: a full disk is
-/// RESOURCE_EXHAUSTED, a payload that fails its checksum DATA_LOSS, anything else INTERNAL.
+/// RESOURCE_EXHAUSTED, a chunk the store refuses INVALID_ARGUMENT, a payload that fails its
+/// checksum DATA_LOSS, anything else INTERNAL.
 pub(crate) fn from_storage(e: std::io::Error) -> Status {
     if reverb_core::chunk_store::is_full(&e) {
         Status::resource_exhausted(e.to_string())
+    } else if e.kind() == std::io::ErrorKind::InvalidInput {
+        Status::invalid_argument(e.to_string())
     } else if e.kind() == std::io::ErrorKind::InvalidData {
         Status::data_loss(e.to_string())
     } else {

@@ -1,7 +1,7 @@
 //! `Tables`: the fixed set of tables a server serves, by name, and where their chunks'
 //! payloads are kept (memory, or a [`ChunkStore`] on disk).
 
-use reverb_core::{Chunk, ChunkStore, SampledItem, Table};
+use reverb_core::{Chunk, ChunkStore, Journal, SampledItem, Table};
 use reverb_proto::ChunkData;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,7 +9,14 @@ use tonic::Status;
 
 /// A server's tables by name. Cheap to clone (shared).
 #[derive(Clone)]
-pub struct Tables(Arc<BTreeMap<String, Arc<Table>>>, Option<Arc<ChunkStore>>);
+pub struct Tables(Arc<BTreeMap<String, Arc<Table>>>, Option<Storage>);
+
+/// Where a disk-backed server's tables keep their chunks' payloads and their changes.
+#[derive(Clone)]
+struct Storage {
+    chunks: Arc<ChunkStore>,
+    journal: Arc<Journal>,
+}
 
 impl Tables {
     /// The tables; names must be unique, and there must be at least one.
@@ -29,15 +36,16 @@ impl Tables {
         Ok(Self(Arc::new(map), None))
     }
 
-    /// The same tables with their chunks' payloads stored in `store`.
-    pub fn with_storage(mut self, store: Arc<ChunkStore>) -> Self {
-        self.1 = Some(store);
+    /// The same tables with their chunks' payloads stored in `chunks`, their changes logged
+    /// in `journal`.
+    pub fn with_storage(mut self, chunks: Arc<ChunkStore>, journal: Arc<Journal>) -> Self {
+        self.1 = Some(Storage { chunks, journal });
         self
     }
 
     /// Where chunk payloads are stored on disk, if they are.
     pub fn storage(&self) -> Option<&Arc<ChunkStore>> {
-        self.1.as_ref()
+        self.1.as_ref().map(|s| &s.chunks)
     }
 
     /// A received chunk as the tables keep it: in memory, or its payload written to the
@@ -45,45 +53,80 @@ impl Tables {
     pub fn keep_chunk(&self, data: ChunkData) -> Result<Arc<Chunk>, Status> {
         match &self.1 {
             None => Ok(Arc::new(Chunk::new(data))),
-            Some(store) => store.store(data).map_err(crate::status::from_storage),
+            Some(storage) => {
+                // (While the journal cannot be written, nothing more is taken in.)
+                storage
+                    .journal
+                    .check()
+                    .map_err(crate::status::from_storage)?;
+                storage
+                    .chunks
+                    .store(data)
+                    .map_err(crate::status::from_storage)
+            }
         }
     }
 
     /// `batch` (sampled from `table`) with every item's chunks in memory: a server storing
     /// chunks on disk reads them back here, outside the table's lock. An item whose chunk
     /// cannot be read back whole (it fails its checksum, or is missing) is deleted from the
-    /// table and the call fails with DATA_LOSS naming it and the store: it is never served.
+    /// table, reported and left out of the batch: it is never served. A batch left empty so
+    /// fails with DATA_LOSS naming the item and the store.
     pub fn resident(
         &self,
         table: &Table,
-        mut batch: Vec<SampledItem>,
+        batch: Vec<SampledItem>,
     ) -> Result<Vec<SampledItem>, Status> {
-        if self.1.is_none() {
+        if self.1.is_none()
+            || !batch
+                .iter()
+                .any(|s| s.item.chunks().iter().any(|c| c.is_stored()))
+        {
             return Ok(batch);
         }
-        for sample in &mut batch {
-            match sample.item.resident() {
-                Ok(None) => {}
-                Ok(Some(item)) => sample.item = Arc::new(item),
-                Err(e) => {
-                    let key = sample.item.key;
-                    let lost = matches!(
-                        e.kind(),
-                        std::io::ErrorKind::InvalidData | std::io::ErrorKind::NotFound
-                    );
-                    if !lost {
-                        return Err(crate::status::from_storage(e));
+        let load = move || {
+            let mut served = Vec::with_capacity(batch.len());
+            let mut lost = None;
+            for mut sample in batch {
+                match sample.item.resident() {
+                    Ok(None) => served.push(sample),
+                    Ok(Some(item)) => {
+                        sample.item = Arc::new(item);
+                        served.push(sample);
                     }
-                    // (A key that is gone already is ignored.)
-                    let _ = table.mutate_items(&[], &[key]);
-                    return Err(Status::data_loss(format!(
-                        "Item {key} of table {} could not be read back and was deleted: {e}",
-                        crate::status::echo(table.name())
-                    )));
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::InvalidData | std::io::ErrorKind::NotFound
+                        ) =>
+                    {
+                        let key = sample.item.key;
+                        // (A key that is gone already is ignored.)
+                        let _ = table.mutate_items(&[], &[key]);
+                        let message = format!(
+                            "Item {key} of table {} could not be read back and was deleted: {e}",
+                            crate::status::echo(table.name())
+                        );
+                        eprintln!("reverb server: {message}");
+                        lost.get_or_insert(message);
+                    }
+                    Err(e) => return Err(crate::status::from_storage(e)),
                 }
             }
+            match lost {
+                Some(message) if served.is_empty() => Err(Status::data_loss(message)),
+                _ => Ok(served),
+            }
+        };
+        // Reading from disk blocks: a worker of a multi-threaded runtime hands its other
+        // tasks over first.
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi {
+            tokio::task::block_in_place(load)
+        } else {
+            load()
         }
-        Ok(batch)
     }
 
     /// The table called `name`, or NOT_FOUND listing the tables that exist.

@@ -226,7 +226,6 @@ pub(crate) async fn run(
             // The connection worked for a while: the reconnect window starts afresh.
             failing_since = None;
             backoff = Duration::from_millis(1);
-            shared.update(|p| p.retrying = None);
         }
         match result {
             Ok(()) => return,
@@ -456,7 +455,10 @@ fn confirm(shared: &Shared, unconfirmed: &mut VecDeque<Outgoing>, keys: Vec<u64>
             n += 1;
         }
     }
-    shared.update(|p| p.confirmed += n);
+    shared.update(|p| {
+        p.confirmed += n;
+        p.retrying = None;
+    });
 }
 
 /// Builds one request: chunks not yet on the server, the items, and what to keep.
@@ -500,7 +502,10 @@ mod tests {
                 let shared = shared.clone();
                 std::thread::spawn(move || {
                     std::thread::sleep(delay);
-                    shared.update(|p| p.confirmed += 1);
+                    shared.update(|p| {
+                        p.confirmed += 1;
+                        p.retrying = None;
+                    });
                 })
             };
             let start = Instant::now();

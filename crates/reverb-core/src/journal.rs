@@ -1,0 +1,749 @@
+//! The log of a disk-backed server's table changes: what makes its tables survive a crash
+//! (issue 43). Every change a table makes (an item inserted, its priority updated, an item
+//! deleted, the table reset) is appended, under the table's lock and so in its order, to a
+//! buffer that a background thread writes to the journal file and syncs every
+//! `sync_interval`, after syncing the chunk store (an item's record names chunks whose
+//! payloads must be on disk first). The rate limiter's counters are logged at each sync when
+//! they changed. An inserted item's record carries its chunks' fields, and the payloads kept
+//! in memory (small ones: see [`ChunkStore`]); the others are in the chunk store.
+//!
+//! Opening replays the newest journal file (a record cut short at its end, a write a crash
+//! interrupted, ends it) into table snapshots: items in insertion order with their priorities,
+//! the counters. [`Journal::attach`] then starts a new file with the tables' contents as its
+//! first records (so a journal holds one snapshot and the changes since), and the old one is
+//! deleted. Replaying a change on a state that already has it changes nothing (an insert of
+//! a held key updates its priority, a delete of a missing key is ignored), which is what lets
+//! a new file start while the tables change.
+//!
+//! Record: `[len u32][crc32 u32][body]`, body `[kind u8][table u16][fields]`.
+
+use crate::chunk::STORED_HEADER;
+use crate::chunk_store::ChunkStore;
+use crate::{Chunk, ItemData, Table, TableSnapshot};
+use parking_lot::{Condvar, Mutex};
+use prost::Message;
+use reverb_proto::{KeyHashMap, PrioritizedItem};
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+const TABLES: u8 = 1;
+const INSERT: u8 = 2;
+const PRIORITY: u8 = 3;
+const DELETE: u8 = 4;
+const RESET: u8 = 5;
+const COUNTERS: u8 = 6;
+
+/// Buffered bytes past which the writer thread is woken before the interval ends.
+const WAKE_BYTES: usize = 8 << 20;
+/// Bytes of a journal file below which it is never started afresh.
+const REWRITE_BYTES: u64 = 64 << 20;
+
+/// A table's counters as logged: rate limiter (inserts, samples, deletes), deleted episodes,
+/// unique samples.
+pub(crate) type Counters = [i64; 5];
+
+fn journal_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("journal-{generation:016x}.log"))
+}
+
+/// What opening a journal found.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// The tables' contents by name, as of the last change that reached the disk.
+    pub tables: BTreeMap<String, TableSnapshot>,
+    /// Whether there was a journal at all (a new directory has none).
+    pub found: bool,
+    /// Bytes cut off the end of the journal (a write a crash interrupted).
+    pub torn_bytes: u64,
+    /// Items left out because a chunk they reference was not in the chunk store (lost
+    /// or corrupt), and the first such chunk's key.
+    pub dropped_items: usize,
+}
+
+/// The journal of one storage directory (see the module's documentation).
+pub struct Journal {
+    dir: PathBuf,
+    store: Arc<ChunkStore>,
+    sync_interval: Duration,
+    pending: Mutex<Pending>,
+    wake: Condvar,
+    /// The tables attached, by their index in the current file.
+    tables: Mutex<Vec<Weak<Table>>>,
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// [`REWRITE_BYTES`] (smaller in tests).
+    rewrite_bytes: AtomicU64,
+    /// Held while a new file is written (one at a time).
+    rewriting: Mutex<()>,
+}
+
+struct Pending {
+    buf: Vec<u8>,
+    file: Option<File>,
+    generation: u64,
+    /// Why the last write failed (the disk is full, say), until one succeeds.
+    failed: Option<(io::ErrorKind, String)>,
+    /// Bytes of the current file, and of the snapshot it began with.
+    file_bytes: u64,
+    snapshot_bytes: u64,
+    /// While a new file is being written: the changes synced meanwhile, for it too.
+    carry: Option<Vec<u8>>,
+    /// When the last sync ended.
+    synced: std::time::Instant,
+}
+
+/// A table's end of the journal (held in its state, used under its lock).
+pub(crate) struct TableJournal {
+    journal: Arc<Journal>,
+    index: u16,
+    /// The counters last logged.
+    logged: Counters,
+}
+
+impl std::fmt::Debug for TableJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TableJournal({})", self.index)
+    }
+}
+
+impl TableJournal {
+    fn record(&self, kind: u8, fields: impl FnOnce(&mut Vec<u8>)) {
+        self.journal.append(kind, self.index, fields);
+    }
+
+    /// A new item was stored.
+    pub(crate) fn inserted(&self, item: &ItemData, priority: f64) {
+        self.record(INSERT, |out| encode_insert(out, item, priority));
+    }
+
+    /// An item's priority changed.
+    pub(crate) fn priority(&self, key: u64, priority: f64) {
+        self.record(PRIORITY, |out| {
+            out.extend_from_slice(&key.to_le_bytes());
+            out.extend_from_slice(&priority.to_le_bytes());
+        });
+    }
+
+    /// An item was deleted.
+    pub(crate) fn deleted(&self, key: u64) {
+        self.record(DELETE, |out| out.extend_from_slice(&key.to_le_bytes()));
+    }
+
+    /// Every item was deleted and the counters zeroed.
+    pub(crate) fn reset(&mut self) {
+        self.record(RESET, |_| {});
+        self.logged = [0; 5];
+    }
+
+    /// Logs the counters when they changed since last logged.
+    pub(crate) fn counters(&mut self, counters: Counters) {
+        if counters != self.logged {
+            self.logged = counters;
+            self.record(COUNTERS, |out| {
+                counters
+                    .iter()
+                    .for_each(|c| out.extend_from_slice(&c.to_le_bytes()))
+            });
+        }
+    }
+}
+
+fn encode_insert(out: &mut Vec<u8>, item: &ItemData, priority: f64) {
+    out.extend_from_slice(&priority.to_le_bytes());
+    let proto = item.to_proto("", priority, 0);
+    out.extend_from_slice(&(proto.encoded_len() as u32).to_le_bytes());
+    proto.encode(out).expect("a Vec has room");
+    out.extend_from_slice(&(item.chunks().len() as u32).to_le_bytes());
+    for chunk in item.chunks() {
+        out.extend_from_slice(&chunk.key().to_le_bytes());
+        out.extend_from_slice(&chunk.header());
+        if chunk.is_stored() {
+            out.push(0);
+        } else {
+            out.push(1);
+            out.extend_from_slice(&(chunk.payload().len() as u32).to_le_bytes());
+            out.extend_from_slice(chunk.payload());
+        }
+    }
+}
+
+impl Journal {
+    /// Opens the journal in `dir` (the chunk store's directory, which `store` holds locked)
+    /// and replays it. Chunks the replayed items do not reference are deleted from `store`.
+    pub fn open(
+        dir: &Path,
+        store: Arc<ChunkStore>,
+        sync_interval: Duration,
+    ) -> io::Result<(Arc<Self>, Recovery)> {
+        let mut generations: Vec<u64> = fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                u64::from_str_radix(name.strip_prefix("journal-")?.strip_suffix(".log")?, 16).ok()
+            })
+            .collect();
+        generations.sort_unstable();
+        let mut recovery = Recovery::default();
+        if let Some(&newest) = generations.last() {
+            recovery.found = true;
+            replay(&journal_path(dir, newest), &store, &mut recovery)?;
+        }
+        let referenced: std::collections::HashSet<u64> = recovery
+            .tables
+            .values()
+            .flat_map(|t| t.items.iter())
+            .flat_map(|(item, _, _)| item.chunks().iter().map(|c| c.key()))
+            .collect();
+        store.retain(|key| referenced.contains(&key))?;
+        let journal = Arc::new(Self {
+            dir: dir.to_path_buf(),
+            store,
+            sync_interval,
+            pending: Mutex::new(Pending {
+                buf: Vec::new(),
+                file: None,
+                generation: generations.last().map_or(0, |g| g + 1),
+                failed: None,
+                file_bytes: 0,
+                snapshot_bytes: 0,
+                carry: None,
+                synced: std::time::Instant::now(),
+            }),
+            wake: Condvar::new(),
+            tables: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+            rewrite_bytes: AtomicU64::new(REWRITE_BYTES),
+            rewriting: Mutex::new(()),
+        });
+        Ok((journal, recovery))
+    }
+
+    /// Starts a new journal file holding `tables`' contents (the recovered or restored ones),
+    /// deletes the older files, then logs every change of the tables, synced by a thread of
+    /// its own every `sync_interval` (stopped by [`Journal::close`]).
+    pub fn attach(self: &Arc<Self>, tables: &[Arc<Table>]) -> io::Result<()> {
+        if tables.len() > usize::from(u16::MAX) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a journal holds at most 65535 tables",
+            ));
+        }
+        let (tmp, file, written, counters) = self.write_snapshot(tables, false)?;
+        self.publish(tmp, file, written, Vec::new())?;
+        *self.tables.lock() = tables.iter().map(Arc::downgrade).collect();
+        for (index, (table, logged)) in tables.iter().zip(counters).enumerate() {
+            table.set_journal(Some(TableJournal {
+                journal: self.clone(),
+                index: index as u16,
+                logged,
+            }));
+        }
+        let journal = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("reverb-journal".into())
+            .spawn(move || journal.run())?;
+        *self.thread.lock() = Some(thread);
+        Ok(())
+    }
+
+    /// Writes the next generation's file (as a temporary file): the table list, then each
+    /// table's items and counters. With `syncing`, the changes made meanwhile keep being
+    /// synced (to the current file) as it goes. Returns the temporary path, the file, its
+    /// bytes and the counters written.
+    fn write_snapshot(
+        &self,
+        tables: &[Arc<Table>],
+        syncing: bool,
+    ) -> io::Result<(PathBuf, File, u64, Vec<Counters>)> {
+        let generation = self.pending.lock().generation;
+        let tmp = self.dir.join(format!("journal-{generation:016x}.tmp"));
+        let mut out = Counted(
+            io::BufWriter::with_capacity(8 << 20, File::create(&tmp)?),
+            0,
+        );
+        let mut body = Vec::new();
+        let mut names = Vec::new();
+        names.extend_from_slice(&(tables.len() as u16).to_le_bytes());
+        for t in tables {
+            names.extend_from_slice(&(t.name().len() as u16).to_le_bytes());
+            names.extend_from_slice(t.name().as_bytes());
+        }
+        write_record(&mut out, TABLES, 0, &names, &mut body)?;
+        let mut all = Vec::with_capacity(tables.len());
+        let mut fields = Vec::new();
+        for (index, table) in tables.iter().enumerate() {
+            let index = index as u16;
+            let snapshot = table.snapshot();
+            for (n, (item, priority, _)) in snapshot.items.iter().enumerate() {
+                fields.clear();
+                encode_insert(&mut fields, item, *priority);
+                write_record(&mut out, INSERT, index, &fields, &mut body)?;
+                if syncing && n % 65536 == 65535 && self.due() {
+                    self.sync();
+                }
+            }
+            let counters = snapshot_counters(&snapshot);
+            fields.clear();
+            counters
+                .iter()
+                .for_each(|c| fields.extend_from_slice(&c.to_le_bytes()));
+            write_record(&mut out, COUNTERS, index, &fields, &mut body)?;
+            all.push(counters);
+        }
+        let written = out.1;
+        let file = out.0.into_inner().map_err(|e| e.into_error())?;
+        Ok((tmp, file, written, all))
+    }
+
+    /// Makes the temporary file `tmp` (`written` bytes, then `carry`: the changes synced
+    /// since it was begun) the journal, then deletes the older files.
+    fn publish(
+        &self,
+        tmp: PathBuf,
+        mut file: File,
+        written: u64,
+        carry: Vec<u8>,
+    ) -> io::Result<()> {
+        file.write_all(&carry)?;
+        self.store.sync()?;
+        file.sync_all()?;
+        let mut pending = self.pending.lock();
+        let path = journal_path(&self.dir, pending.generation);
+        fs::rename(&tmp, &path)?;
+        File::open(&self.dir)?.sync_all()?;
+        pending.file = Some(OpenOptions::new().append(true).open(&path)?);
+        pending.generation += 1;
+        pending.snapshot_bytes = written;
+        pending.file_bytes = written + carry.len() as u64;
+        pending.carry = None;
+        drop(pending);
+        for entry in fs::read_dir(&self.dir)?.filter_map(|e| e.ok()) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("journal-") && entry.path() != path {
+                fs::remove_file(entry.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the interval since the last sync has passed.
+    fn due(&self) -> bool {
+        self.pending.lock().synced.elapsed() >= self.sync_interval
+    }
+
+    /// Starts the journal afresh when it has grown to more than twice its snapshot (and
+    /// [`REWRITE_BYTES`]): a new file holding the tables' contents, then the changes since.
+    fn rewrite_if_grown(&self) -> io::Result<()> {
+        let Some(_one) = self.rewriting.try_lock() else {
+            return Ok(());
+        };
+        {
+            let mut pending = self.pending.lock();
+            let grown = pending.file_bytes > self.rewrite_bytes.load(Ordering::Relaxed)
+                && pending.file_bytes > 2 * pending.snapshot_bytes;
+            if !grown || pending.file.is_none() {
+                return Ok(());
+            }
+            pending.carry = Some(Vec::new());
+        }
+        let tables: Vec<Arc<Table>> = self
+            .tables
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let result = self
+            .write_snapshot(&tables, true)
+            .and_then(|(tmp, file, written, _)| {
+                // (What was synced meanwhile went to the old file and to `carry`; what is still
+                // buffered goes to the new file at the next sync.)
+                self.sync();
+                let carry = self.pending.lock().carry.take().unwrap_or_default();
+                self.publish(tmp, file, written, carry)
+            });
+        self.pending.lock().carry = None;
+        result
+    }
+
+    fn append(&self, kind: u8, table: u16, fields: impl FnOnce(&mut Vec<u8>)) {
+        let mut pending = self.pending.lock();
+        let buf = &mut pending.buf;
+        let start = buf.len();
+        buf.extend_from_slice(&[0u8; 8]);
+        buf.push(kind);
+        buf.extend_from_slice(&table.to_le_bytes());
+        fields(buf);
+        let body = &buf[start + 8..];
+        let (len, crc) = (body.len() as u32, crc32fast::hash(body));
+        buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        if buf.len() >= WAKE_BYTES && start < WAKE_BYTES {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The writer thread: every `sync_interval` (sooner when much is buffered), logs changed
+    /// counters, syncs the chunk store, then writes and syncs what was buffered.
+    fn run(self: Arc<Self>) {
+        loop {
+            {
+                let mut pending = self.pending.lock();
+                // (Checked under the lock `close` notifies under: no wake-up is missed.)
+                if !self.stop.load(Ordering::Relaxed) && pending.buf.len() < WAKE_BYTES {
+                    self.wake.wait_for(&mut pending, self.sync_interval);
+                }
+            }
+            self.sync();
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Err(e) = self.rewrite_if_grown() {
+                eprintln!(
+                    "reverb server: the journal in {} could not be started afresh (it goes on \
+                     growing): {e}",
+                    self.dir.display()
+                );
+            }
+        }
+    }
+
+    /// Makes every change so far durable (see [`Journal::run`]); a failure is kept (see
+    /// [`Journal::check`]) and the changes are tried again next time.
+    pub fn sync(&self) {
+        let tables: Vec<Arc<Table>> = self
+            .tables
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for table in &tables {
+            table.log_counters();
+        }
+        let result = self.store.sync();
+        let mut pending = self.pending.lock();
+        if pending.buf.is_empty() && result.is_ok() {
+            pending.synced = std::time::Instant::now();
+            return;
+        }
+        let buf = std::mem::take(&mut pending.buf);
+        let written = result.and_then(|()| match pending.file.as_mut() {
+            Some(file) => file.write_all(&buf).and_then(|()| file.sync_data()),
+            None => Ok(()),
+        });
+        pending.synced = std::time::Instant::now();
+        match written {
+            Ok(()) => {
+                pending.failed = None;
+                pending.file_bytes += buf.len() as u64;
+                if let Some(carry) = pending.carry.as_mut() {
+                    carry.extend_from_slice(&buf);
+                }
+            }
+            Err(e) => {
+                // (A partial write leaves a torn record, cut off when replayed; appending the
+                // whole buffer again after it is what a retry does.)
+                let mut kept = buf;
+                kept.extend_from_slice(&pending.buf);
+                pending.buf = kept;
+                pending.failed = Some((
+                    e.kind(),
+                    format!(
+                        "The journal in {} could not be written: {e}",
+                        self.dir.display()
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// Fails (with the error's kind: a full disk is RESOURCE_EXHAUSTED to a client) while the
+    /// journal cannot be written.
+    pub fn check(&self) -> io::Result<()> {
+        match &self.pending.lock().failed {
+            None => Ok(()),
+            Some((kind, message)) => Err(io::Error::new(*kind, message.clone())),
+        }
+    }
+
+    /// Stops logging (the server is stopping): the tables are detached, and the writer
+    /// thread makes a last sync and ends.
+    pub fn close(&self) {
+        let tables: Vec<Arc<Table>> = self
+            .tables
+            .lock()
+            .drain(..)
+            .filter_map(|t| t.upgrade())
+            .collect();
+        for table in &tables {
+            table.log_counters();
+            table.set_journal(None);
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        {
+            let _pending = self.pending.lock();
+            self.wake.notify_all();
+        }
+        let thread = self.thread.lock().take();
+        match thread {
+            Some(thread) => {
+                let _ = thread.join();
+            }
+            None => self.sync(),
+        }
+    }
+}
+
+fn snapshot_counters(s: &TableSnapshot) -> Counters {
+    let (inserts, samples, deletes) = s.counters;
+    [
+        inserts,
+        samples,
+        deletes,
+        s.num_deleted_episodes,
+        s.num_unique_samples,
+    ]
+}
+
+/// A writer counting the bytes written.
+struct Counted<W>(W, u64);
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.0.write(buf)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+fn write_record(
+    out: &mut impl Write,
+    kind: u8,
+    table: u16,
+    fields: &[u8],
+    body: &mut Vec<u8>,
+) -> io::Result<()> {
+    body.clear();
+    body.push(kind);
+    body.extend_from_slice(&table.to_le_bytes());
+    body.extend_from_slice(fields);
+    out.write_all(&(body.len() as u32).to_le_bytes())?;
+    out.write_all(&crc32fast::hash(body).to_le_bytes())?;
+    out.write_all(body)
+}
+
+/// A table's contents as replayed.
+#[derive(Default)]
+struct Replayed {
+    /// key -> (insertion order, item, priority)
+    items: KeyHashMap<(u64, Arc<ItemData>, f64)>,
+    next: u64,
+    counters: Counters,
+    /// Items left out (counted as deleted once the counters are replayed).
+    dropped: i64,
+}
+
+fn corrupt(path: &Path, what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("The journal {} {what}", path.display()),
+    )
+}
+
+/// Reads the fields of a record's body in order.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn f64(&mut self) -> Option<f64> {
+        Some(f64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+fn replay(path: &Path, store: &Arc<ChunkStore>, recovery: &mut Recovery) -> io::Result<()> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    let size = file.metadata()?.len();
+    let mut input = io::BufReader::with_capacity(8 << 20, file.try_clone()?);
+    let mut names: Vec<String> = Vec::new();
+    let mut tables: Vec<Replayed> = Vec::new();
+    let mut chunks: KeyHashMap<Option<Arc<Chunk>>> = KeyHashMap::default();
+    let mut at = 0u64;
+    let mut head = [0u8; 8];
+    let mut body = Vec::new();
+    while at < size {
+        let whole = size - at >= 8 && input.read_exact(&mut head).is_ok();
+        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")) as u64;
+        let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+        let fits = whole && at + 8 + len <= size;
+        if fits {
+            body.resize(len as usize, 0);
+            input.read_exact(&mut body)?;
+        }
+        if !fits || crc32fast::hash(&body) != crc || body.len() < 3 {
+            // A write a crash cut short: what follows cannot be trusted to be framed.
+            recovery.torn_bytes = size - at;
+            file.set_len(at)?;
+            file.sync_all()?;
+            break;
+        }
+        at += 8 + len;
+        let kind = body[0];
+        let table = u16::from_le_bytes([body[1], body[2]]) as usize;
+        let mut fields = Fields(&body[3..]);
+        if kind == TABLES {
+            let n = fields
+                .u16()
+                .ok_or_else(|| corrupt(path, "has a bad table list"))?;
+            for _ in 0..n {
+                let len = fields
+                    .u16()
+                    .ok_or_else(|| corrupt(path, "has a bad table list"))?;
+                let name = fields
+                    .take(len as usize)
+                    .ok_or_else(|| corrupt(path, "has a bad table list"))?;
+                names.push(String::from_utf8_lossy(name).into_owned());
+                tables.push(Replayed::default());
+            }
+            continue;
+        }
+        let Some(t) = tables.get_mut(table) else {
+            return Err(corrupt(
+                path,
+                &format!("names table {table}, which it does not list"),
+            ));
+        };
+        let bad = || {
+            corrupt(
+                path,
+                &format!("has a malformed record at byte {}", at - 8 - len),
+            )
+        };
+        match kind {
+            INSERT => {
+                let priority = fields.f64().ok_or_else(bad)?;
+                let n = fields.u32().ok_or_else(bad)? as usize;
+                let proto =
+                    PrioritizedItem::decode(fields.take(n).ok_or_else(bad)?).map_err(|_| bad())?;
+                let count = fields.u32().ok_or_else(bad)?;
+                let mut item_chunks = Vec::with_capacity(count as usize);
+                let mut missing = false;
+                for _ in 0..count {
+                    let key = fields.u64().ok_or_else(bad)?;
+                    let header: [u8; STORED_HEADER] = fields
+                        .take(STORED_HEADER)
+                        .ok_or_else(bad)?
+                        .try_into()
+                        .expect("sized");
+                    let kept = fields.take(1).ok_or_else(bad)?[0] == 1;
+                    let payload = if kept {
+                        let len = fields.u32().ok_or_else(bad)? as usize;
+                        Some(fields.take(len).ok_or_else(bad)?)
+                    } else {
+                        None
+                    };
+                    let chunk = chunks
+                        .entry(key)
+                        .or_insert_with(|| store.recovered(key, &header, payload))
+                        .clone();
+                    match chunk {
+                        Some(c) => item_chunks.push(c),
+                        None => missing = true,
+                    }
+                }
+                if let Some(entry) = t.items.get_mut(&proto.key) {
+                    entry.2 = priority;
+                    continue;
+                }
+                t.counters[0] += 1;
+                if missing {
+                    // Its data did not reach the disk whole: left out.
+                    recovery.dropped_items += 1;
+                    t.dropped += 1;
+                    continue;
+                }
+                let item = ItemData::from_proto(&proto, item_chunks).map_err(|e| {
+                    corrupt(
+                        path,
+                        &format!("holds item {} that does not fit: {e}", proto.key),
+                    )
+                })?;
+                t.items
+                    .insert(proto.key, (t.next, Arc::new(item), priority));
+                t.next += 1;
+            }
+            PRIORITY => {
+                let key = fields.u64().ok_or_else(bad)?;
+                let priority = fields.f64().ok_or_else(bad)?;
+                if let Some(entry) = t.items.get_mut(&key) {
+                    entry.2 = priority;
+                }
+            }
+            DELETE => {
+                let key = fields.u64().ok_or_else(bad)?;
+                if t.items.remove(&key).is_some() {
+                    t.counters[2] += 1;
+                }
+            }
+            RESET => {
+                t.items.clear();
+                t.counters = [0; 5];
+            }
+            COUNTERS => {
+                for c in &mut t.counters {
+                    *c = fields.u64().ok_or_else(bad)? as i64;
+                }
+            }
+            _ => {
+                return Err(corrupt(
+                    path,
+                    &format!("has a record of unknown kind {kind}"),
+                ))
+            }
+        }
+    }
+    for (name, t) in names.into_iter().zip(tables) {
+        let mut items: Vec<(u64, Arc<ItemData>, f64)> = t.items.into_values().collect();
+        items.sort_unstable_by_key(|e| e.0);
+        let [inserts, samples, deletes, deleted_episodes, unique] = t.counters;
+        let deletes = deletes + t.dropped;
+        recovery.tables.insert(
+            name,
+            TableSnapshot {
+                items: items.into_iter().map(|(_, item, p)| (item, p, 0)).collect(),
+                counters: (inserts, samples, deletes),
+                num_deleted_episodes: deleted_episodes,
+                num_unique_samples: unique,
+            },
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "journal_tests.rs"]
+mod tests;

@@ -1,0 +1,272 @@
+//! The journal: tables back after a restart with their items, data, priorities and counters;
+//! a torn tail; a chunk lost from the store.
+
+use super::*;
+use crate::{InsertOutcome, RateLimiterConfig, SelectorKind, TableConfig};
+use rand::{Rng, SeedableRng};
+use reverb_proto::{flat_trajectory, ChunkData, FlatTrajectory, SequenceRange};
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Dir(std::env::temp_dir().join(format!(
+            "reverb-journal-{name}-{}-{nanos}",
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn table(name: &str, max_size: i64) -> Arc<Table> {
+    Arc::new(
+        Table::new(TableConfig {
+            name: name.into(),
+            sampler: SelectorKind::Prioritized {
+                priority_exponent: 1.0,
+            },
+            remover: SelectorKind::Fifo,
+            max_size,
+            max_times_sampled: 0,
+            rate_limiter: RateLimiterConfig {
+                samples_per_insert: 1.0,
+                min_size_to_sample: 1,
+                min_diff: f64::MIN,
+                max_diff: f64::MAX,
+            },
+            signature: None,
+        })
+        .unwrap(),
+    )
+}
+
+fn payload(key: u64, len: usize) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(key);
+    let mut out = vec![0u8; len];
+    rng.fill(&mut out[..]);
+    out
+}
+
+/// Item `key` over a large chunk (on disk) and a small one (in memory).
+fn item(store: &Arc<ChunkStore>, key: u64) -> ItemData {
+    let chunk = |k: u64, len: usize| {
+        store
+            .store(ChunkData {
+                chunk_key: k,
+                sequence_range: Some(SequenceRange {
+                    episode_id: key,
+                    start: 0,
+                    end: 0,
+                    sparse: false,
+                }),
+                data: payload(k, len).into(),
+                data_tensors_len: 1,
+                data_uncompressed_size: len as i64,
+                ..Default::default()
+            })
+            .unwrap()
+    };
+    let chunks = vec![chunk(key * 10, 3000), chunk(key * 10 + 1, 20)];
+    let trajectory = FlatTrajectory {
+        columns: chunks
+            .iter()
+            .map(|c| flat_trajectory::Column {
+                chunk_slices: vec![flat_trajectory::ChunkSlice {
+                    chunk_key: c.key(),
+                    offset: 0,
+                    length: 1,
+                    index: 0,
+                }],
+                squeeze: false,
+            })
+            .collect(),
+    };
+    ItemData::new(key, &trajectory, chunks).unwrap()
+}
+
+/// Opens the directory: store, journal, and the tables restored from it and attached.
+fn open(dir: &Path, tables: &[Arc<Table>]) -> (Arc<ChunkStore>, Arc<Journal>, Recovery) {
+    let store = ChunkStore::open(dir, 1 << 20).unwrap();
+    let (journal, mut recovery) =
+        Journal::open(dir, store.clone(), Duration::from_millis(50)).unwrap();
+    for t in tables {
+        if let Some(snapshot) = recovery.tables.remove(t.name()) {
+            t.restore(snapshot).unwrap();
+        }
+    }
+    journal.attach(tables).unwrap();
+    (store, journal, recovery)
+}
+
+/// What a table holds: (key, priority, each chunk's payload) in insertion order.
+fn contents(t: &Table) -> Vec<(u64, f64, Vec<Vec<u8>>)> {
+    t.snapshot()
+        .items
+        .iter()
+        .map(|(item, p, _)| {
+            let resident = item.resident().unwrap();
+            let item = resident.as_ref().unwrap_or(item);
+            let data = item.chunks().iter().map(|c| c.payload().to_vec()).collect();
+            (item.key, *p, data)
+        })
+        .collect()
+}
+
+#[test]
+fn tables_come_back_with_their_items_priorities_data_and_counters() {
+    let dir = Dir::new("back");
+    let (a, b) = (table("a", 5), table("b", 100));
+    let (store, journal, recovery) = open(&dir.0, &[a.clone(), b.clone()]);
+    assert!(!recovery.found);
+    for key in 1..=8 {
+        let t = if key % 2 == 0 { &a } else { &b };
+        assert!(matches!(
+            t.try_insert(item(&store, key), key as f64).unwrap(),
+            InsertOutcome::Inserted
+        ));
+    }
+    // More than a's max size: its oldest go.
+    for key in 9..=12 {
+        a.try_insert(item(&store, key), 1.0).unwrap();
+    }
+    b.mutate_items(&[(3, 30.0)], &[5]).unwrap();
+    a.try_insert(item(&store, 10), 100.0).unwrap(); // an update
+    b.try_sample(2, usize::MAX);
+    let before = (contents(&a), contents(&b), a.counters(), b.counters());
+    assert_eq!(before.0.len(), 5);
+    journal.close();
+    store.close();
+    drop((a, b, store, journal));
+
+    let (a, b) = (table("a", 5), table("b", 100));
+    let (store, journal, recovery) = open(&dir.0, &[a.clone(), b.clone()]);
+    assert!(recovery.found);
+    assert_eq!(recovery.dropped_items, 0);
+    let after = (contents(&a), contents(&b), a.counters(), b.counters());
+    assert_eq!(after, before);
+    // Changes after the restart are logged too; a second restart keeps them.
+    b.reset();
+    a.try_insert(item(&store, 20), 2.0).unwrap();
+    let before = (contents(&a), contents(&b), a.counters(), b.counters());
+    journal.close();
+    store.close();
+
+    let (a, b) = (table("a", 5), table("b", 100));
+    let (store, _journal, _) = open(&dir.0, &[a.clone(), b.clone()]);
+    assert_eq!(
+        (contents(&a), contents(&b), a.counters(), b.counters()),
+        before
+    );
+    // Only the live chunks' payloads are kept (one large chunk per item).
+    store.maintain();
+    assert_eq!(store.stats().chunks, 5);
+    let journals = fs::read_dir(&dir.0)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("journal-")
+        })
+        .count();
+    assert_eq!(journals, 1, "older journal files are deleted");
+}
+
+#[test]
+fn a_torn_tail_is_cut_off_and_what_came_before_served() {
+    let dir = Dir::new("torn");
+    let t = table("t", 100);
+    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
+    for key in 1..=3 {
+        t.try_insert(item(&store, key), 1.0).unwrap();
+    }
+    journal.sync();
+    let before = contents(&t);
+    // A crash: the writer thread keeps its handles, the directory is released, and the
+    // journal ends in half a record.
+    store.close();
+    let path = fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".log"))
+        .unwrap();
+    let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+    file.write_all(&[200, 0, 0, 0, 1, 2, 3]).unwrap();
+    drop(file);
+
+    let t = table("t", 100);
+    let (_store, _journal, recovery) = open(&dir.0, std::slice::from_ref(&t));
+    assert_eq!(recovery.torn_bytes, 7);
+    assert_eq!(contents(&t), before);
+}
+
+#[test]
+fn an_item_whose_payload_is_gone_is_left_out_and_counted() {
+    let dir = Dir::new("lost");
+    let t = table("t", 100);
+    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
+    for key in 1..=3 {
+        t.try_insert(item(&store, key), 1.0).unwrap();
+    }
+    journal.close();
+    store.close();
+    // The segments go (a disk replaced, say); small payloads were in the journal.
+    for entry in fs::read_dir(&dir.0).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            fs::remove_file(path).unwrap();
+        }
+    }
+    let t = table("t", 100);
+    let (_store, _journal, recovery) = open(&dir.0, std::slice::from_ref(&t));
+    assert_eq!(recovery.dropped_items, 3);
+    assert_eq!(t.size(), 0);
+    assert_eq!(t.counters(), (3, 0, 3));
+}
+
+#[test]
+fn the_journal_starts_afresh_under_churn_and_keeps_what_is_live() {
+    let dir = Dir::new("churn");
+    let t = table("t", 50);
+    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
+    journal.rewrite_bytes.store(64 << 10, Ordering::Relaxed);
+    let journal_bytes = || -> u64 {
+        fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("journal-"))
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    };
+    let mut most = 0;
+    for key in 1..=3000 {
+        t.try_insert(item(&store, key), key as f64).unwrap();
+        if key % 100 == 0 {
+            journal.sync();
+            journal.rewrite_if_grown().unwrap();
+            most = most.max(journal_bytes());
+        }
+    }
+    // 3000 inserts and 2950 deletes logged, ~0.6 MB: started afresh, it stays near 2x what
+    // the 50 live items take (and the bound).
+    assert!(most < 300 << 10, "{most}");
+    let before = contents(&t);
+    assert_eq!(before.len(), 50);
+    journal.close();
+    store.close();
+    let t = table("t", 50);
+    let (_store, _journal, recovery) = open(&dir.0, std::slice::from_ref(&t));
+    assert_eq!(recovery.dropped_items, 0);
+    assert_eq!(contents(&t), before);
+    assert_eq!(t.counters(), (3000, 0, 2950));
+}
