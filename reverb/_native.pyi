@@ -120,6 +120,7 @@ class Server:
         storage_dir: Optional[str] = None,
         cache_bytes: int = 1073741824,
         sync_interval: float = 1.0,
+        sync_always: bool = False,
     ) -> Server: ...
     @property
     def port(self) -> int: ...

@@ -263,7 +263,8 @@ class Server:
             tls_client_ca=_path(tls_client_ca),
             storage_dir=None if disk is None else os.fspath(disk.directory),
             cache_bytes=storage_lib.DEFAULT_CACHE_BYTES if disk is None else disk.cache_bytes,
-            sync_interval=1.0 if disk is None else float(disk.sync_interval),
+            sync_interval=1.0 if disk is None else disk.native_sync()[0],
+            sync_always=False if disk is None else disk.native_sync()[1],
         )
         self._storage = disk
         self._port = self._server.port

@@ -20,6 +20,7 @@ Python >= 3.11, by file extension), which also configures checkpoints:
       "storage": {"directory": "/var/lib/reverb/data",     # optional: tables on disk
                   "cache_bytes": 4294967296,               #   behind a cache this big,
                   "sync_interval": 1.0},                   #   journal synced this often
+                                                           #   (seconds, or "always")
       "tables": [
         {"name": "replay", "sampler": {"prioritized": 0.6}, "remover": "fifo",
          "max_size": 1000000, "max_times_sampled": 0,
@@ -208,7 +209,7 @@ def _storage(spec: Any) -> Optional[reverb.DiskStorage]:
         return reverb.DiskStorage(
             spec["directory"],
             cache_bytes=int(spec.get("cache_bytes", reverb.storage.DEFAULT_CACHE_BYTES)),
-            sync_interval=float(spec.get("sync_interval", 1.0)),
+            sync_interval=spec.get("sync_interval", 1.0),
         )
     except TypeError as e:
         raise ValueError(f'"storage": {e}') from e

@@ -12,7 +12,9 @@ With `DiskStorage`, each chunk's payload is written to a log of segment files in
 the tables (inserts, priority updates, deletes) goes to a journal in the directory, synced
 every `sync_interval` seconds. A server started on the directory again (after a stop or a
 crash) serves what it held: every item whose insert was confirmed more than `sync_interval`
-before, with its data and priority. One server holds a directory at a time.
+before, with its data and priority. With `sync_interval="always"`, inserts are confirmed only
+once on disk (one sync serves every insert waiting at once). One server holds a directory at
+a time.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ DEFAULT_CACHE_BYTES = 1 << 30
 class DiskStorage:
     """Chunk payloads on disk under `directory` (created if missing), read back through a
     cache of at most `cache_bytes` payload bytes; the tables' changes journaled there, synced
-    every `sync_interval` seconds."""
+    every `sync_interval` seconds (`"always"`: before each insert is confirmed)."""
 
     directory: PathLike
     cache_bytes: int = DEFAULT_CACHE_BYTES
-    sync_interval: float = 1.0
+    sync_interval: Union[float, str] = 1.0
 
     def __post_init__(self) -> None:
         if not os.fspath(self.directory):
@@ -44,10 +46,18 @@ class DiskStorage:
             raise TypeError(f"cache_bytes must be an int, got {self.cache_bytes!r}")
         if self.cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
-        if not (isinstance(self.sync_interval, (int, float)) and 0 < self.sync_interval < 1e9):
+        interval = self.sync_interval
+        number = isinstance(interval, (int, float)) and not isinstance(interval, bool)
+        if not (interval == "always" or (number and 0 < interval < 1e9)):
             raise ValueError(
-                f"sync_interval must be a positive number of seconds, got {self.sync_interval!r}"
+                f'sync_interval must be a positive number of seconds or "always", got {interval!r}'
             )
+
+    def native_sync(self) -> tuple:
+        """(sync_interval in seconds, sync_always) as the server takes them."""
+        if self.sync_interval == "always":
+            return 1.0, True
+        return float(self.sync_interval), False
 
 
 def disk_storage(storage: Union[None, PathLike, DiskStorage]) -> Union[None, DiskStorage]:

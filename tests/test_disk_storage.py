@@ -181,6 +181,10 @@ def test_storage_arguments_are_checked() -> None:
         reverb.Server(tables(), port=0, storage=3)
     with pytest.raises(ValueError, match="cache_bytes"):
         reverb.DiskStorage("/tmp/x", cache_bytes=-1)
+    with pytest.raises(ValueError, match="sync_interval"):
+        reverb.DiskStorage("/tmp/x", sync_interval="sometimes")
+    with pytest.raises(ValueError, match="sync_interval"):
+        reverb.DiskStorage("/tmp/x", sync_interval=0)
 
 
 @pytest.fixture
@@ -312,23 +316,25 @@ table = reverb.Table("all", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 1_
                      reverb.rate_limiters.MinSize(1), max_times_sampled=1)
 server = reverb.Server([table], port=0,
                        storage=reverb.DiskStorage(sys.argv[1], cache_bytes=1 << 20,
-                                                  sync_interval=float(sys.argv[2])))
+                                                  sync_interval=sys.argv[2] == "always" and
+                                                  "always" or float(sys.argv[2])))
 print(server.port, flush=True)
 server.wait()
 """
 
 
-def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path) -> None:
+@pytest.mark.parametrize("sync", ["0.2", "always"])
+def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path, sync) -> None:
     """Three times: a server process on the directory, a writer sending frames (priority =
     step) and recording when each was confirmed, kill -9 mid-write. Then every item confirmed
-    more than the sync interval before the kill is served, whole, with its priority (and
-    deleted once read: the next round starts empty)."""
+    more than the sync interval before the kill (syncing "always": every item confirmed) is
+    served, whole, with its priority (and deleted once read: the next round starts empty)."""
     directory = str(tmp_path / "data")
-    sync = 0.2
+    interval = 0.0 if sync == "always" else float(sync)
     for cycle in range(3):
         confirmed = []  # (step, when confirmed)
         server = subprocess.Popen(
-            [sys.executable, "-c", SERVE, directory, str(sync)],
+            [sys.executable, "-c", SERVE, directory, sync],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -364,7 +370,12 @@ def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path) -> No
 
             thread = threading.Thread(target=actor, args=(cycle * 100_000,))
             thread.start()
-            time.sleep(1.0)
+            # Killed once a few dozen items were confirmed (syncing "always" confirms more
+            # slowly), plus a while: mid-write, past the sync interval of the first ones.
+            deadline = time.monotonic() + 60
+            while len(confirmed) < 40 and time.monotonic() < deadline and thread.is_alive():
+                time.sleep(0.01)
+            time.sleep(0.5)
             server.send_signal(signal.SIGKILL)
             killed = time.monotonic()
             stop.set()
@@ -374,7 +385,8 @@ def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path) -> No
             server.kill()
             server.wait(timeout=T)
             server.stdout.close()
-        must_have = {s for s, when in confirmed if when < killed - sync - 0.1}
+        margin = 0.0 if sync == "always" else 0.1
+        must_have = {s for s, when in confirmed if when < killed - interval - margin}
         assert len(must_have) > 20, len(must_have)
         table = reverb.Table(
             "all",
@@ -387,8 +399,10 @@ def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path) -> No
         with reverb.Server([table], port=0, storage=reverb.DiskStorage(directory)) as check_server:
             size = table.info.current_size
             got = set()
+            # (One item per call: a table that deletes what it samples. The timeout bounds
+            # the whole call.)
             for s in check_server.localhost_client().sample(
-                "all", size, emit_timesteps=False, timeout=T
+                "all", size, emit_timesteps=False, timeout=120
             ):
                 step = check(s)
                 assert s.info.priority == step + 1

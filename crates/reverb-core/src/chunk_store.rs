@@ -31,8 +31,9 @@ pub struct ChunkStore {
     log: RwLock<Option<Logged>>,
     cache: Mutex<Cache>,
     /// Keys of chunks dropped since the log last heard of it (applied under the log's lock
-    /// by the next write or [`ChunkStore::maintain`]: a chunk is often dropped under a
-    /// table's lock, which must not wait for the disk).
+    /// by [`ChunkStore::maintain`], which a server calls every second: a chunk is often
+    /// dropped under a table's lock, and deleting may compact, which neither that lock nor
+    /// an insert should wait for).
     forgotten: Mutex<Vec<u64>>,
     closed: AtomicBool,
     counters: Counters,

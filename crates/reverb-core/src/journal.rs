@@ -70,8 +70,15 @@ pub struct Journal {
     dir: PathBuf,
     store: Arc<ChunkStore>,
     sync_interval: Duration,
+    /// Changes not yet written (appended to under the tables' locks: never held long).
     pending: Mutex<Pending>,
     wake: Condvar,
+    /// The file and what was written to it (held while writing and syncing).
+    file: Mutex<FileState>,
+    /// Held by a sync from taking the buffer to its end: one at a time, in order.
+    syncing: Mutex<()>,
+    /// Why the last write failed (the disk is full, say), until one succeeds.
+    failed: Mutex<Option<(io::ErrorKind, String)>>,
     /// The tables attached, by their index in the current file.
     tables: Mutex<Vec<Weak<Table>>>,
     stop: AtomicBool,
@@ -80,15 +87,22 @@ pub struct Journal {
     rewrite_bytes: AtomicU64,
     /// Held while a new file is written (one at a time).
     rewriting: Mutex<()>,
+    /// Bytes of changes durable so far (of `Pending::appended`), and its waiters.
+    synced_to: AtomicU64,
+    synced: tokio::sync::Notify,
 }
 
 struct Pending {
     buf: Vec<u8>,
+    /// Bytes of changes appended since opening.
+    appended: u64,
+}
+
+struct FileState {
     file: Option<File>,
+    /// The next file's generation.
     generation: u64,
-    /// Why the last write failed (the disk is full, say), until one succeeds.
-    failed: Option<(io::ErrorKind, String)>,
-    /// Bytes of the current file, and of the snapshot it began with.
+    /// Bytes of the current file (all whole records), and of the snapshot it began with.
     file_bytes: u64,
     snapshot_bytes: u64,
     /// While a new file is being written: the changes synced meanwhile, for it too.
@@ -206,20 +220,26 @@ impl Journal {
             sync_interval,
             pending: Mutex::new(Pending {
                 buf: Vec::new(),
+                appended: 0,
+            }),
+            wake: Condvar::new(),
+            file: Mutex::new(FileState {
                 file: None,
                 generation: generations.last().map_or(0, |g| g + 1),
-                failed: None,
                 file_bytes: 0,
                 snapshot_bytes: 0,
                 carry: None,
                 synced: std::time::Instant::now(),
             }),
-            wake: Condvar::new(),
+            syncing: Mutex::new(()),
+            failed: Mutex::new(None),
             tables: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
             rewrite_bytes: AtomicU64::new(REWRITE_BYTES),
             rewriting: Mutex::new(()),
+            synced_to: AtomicU64::new(0),
+            synced: tokio::sync::Notify::new(),
         });
         Ok((journal, recovery))
     }
@@ -261,7 +281,7 @@ impl Journal {
         tables: &[Arc<Table>],
         syncing: bool,
     ) -> io::Result<(PathBuf, File, u64, Vec<Counters>)> {
-        let generation = self.pending.lock().generation;
+        let generation = self.file.lock().generation;
         let tmp = self.dir.join(format!("journal-{generation:016x}.tmp"));
         let mut out = Counted(
             io::BufWriter::with_capacity(8 << 20, File::create(&tmp)?),
@@ -277,6 +297,11 @@ impl Journal {
         write_record(&mut out, TABLES, 0, &names, &mut body)?;
         let mut all = Vec::with_capacity(tables.len());
         let mut fields = Vec::new();
+        let sync_if_due = || {
+            if syncing && self.due() {
+                self.sync();
+            }
+        };
         for (index, table) in tables.iter().enumerate() {
             let index = index as u16;
             let snapshot = table.snapshot();
@@ -284,8 +309,8 @@ impl Journal {
                 fields.clear();
                 encode_insert(&mut fields, item, *priority);
                 write_record(&mut out, INSERT, index, &fields, &mut body)?;
-                if syncing && n % 65536 == 65535 && self.due() {
-                    self.sync();
+                if n % 1024 == 1023 {
+                    sync_if_due();
                 }
             }
             let counters = snapshot_counters(&snapshot);
@@ -295,6 +320,7 @@ impl Journal {
                 .for_each(|c| fields.extend_from_slice(&c.to_le_bytes()));
             write_record(&mut out, COUNTERS, index, &fields, &mut body)?;
             all.push(counters);
+            sync_if_due();
         }
         let written = out.1;
         let file = out.0.into_inner().map_err(|e| e.into_error())?;
@@ -302,7 +328,8 @@ impl Journal {
     }
 
     /// Makes the temporary file `tmp` (`written` bytes, then `carry`: the changes synced
-    /// since it was begun) the journal, then deletes the older files.
+    /// since it was begun) the journal, then deletes the older files. Once renamed, the new
+    /// file is the one written to, whatever fails after.
     fn publish(
         &self,
         tmp: PathBuf,
@@ -313,16 +340,18 @@ impl Journal {
         file.write_all(&carry)?;
         self.store.sync()?;
         file.sync_all()?;
-        let mut pending = self.pending.lock();
-        let path = journal_path(&self.dir, pending.generation);
-        fs::rename(&tmp, &path)?;
+        let path = {
+            let mut state = self.file.lock();
+            let path = journal_path(&self.dir, state.generation);
+            fs::rename(&tmp, &path)?;
+            state.file = Some(file);
+            state.generation += 1;
+            state.snapshot_bytes = written;
+            state.file_bytes = written + carry.len() as u64;
+            state.carry = None;
+            path
+        };
         File::open(&self.dir)?.sync_all()?;
-        pending.file = Some(OpenOptions::new().append(true).open(&path)?);
-        pending.generation += 1;
-        pending.snapshot_bytes = written;
-        pending.file_bytes = written + carry.len() as u64;
-        pending.carry = None;
-        drop(pending);
         for entry in fs::read_dir(&self.dir)?.filter_map(|e| e.ok()) {
             let name = entry.file_name();
             let name = name.to_string_lossy();
@@ -335,7 +364,7 @@ impl Journal {
 
     /// Whether the interval since the last sync has passed.
     fn due(&self) -> bool {
-        self.pending.lock().synced.elapsed() >= self.sync_interval
+        self.file.lock().synced.elapsed() >= self.sync_interval
     }
 
     /// Starts the journal afresh when it has grown to more than twice its snapshot (and
@@ -345,13 +374,13 @@ impl Journal {
             return Ok(());
         };
         {
-            let mut pending = self.pending.lock();
-            let grown = pending.file_bytes > self.rewrite_bytes.load(Ordering::Relaxed)
-                && pending.file_bytes > 2 * pending.snapshot_bytes;
-            if !grown || pending.file.is_none() {
+            let mut state = self.file.lock();
+            let grown = state.file_bytes > self.rewrite_bytes.load(Ordering::Relaxed)
+                && state.file_bytes > 2 * state.snapshot_bytes;
+            if !grown || state.file.is_none() {
                 return Ok(());
             }
-            pending.carry = Some(Vec::new());
+            state.carry = Some(Vec::new());
         }
         let tables: Vec<Arc<Table>> = self
             .tables
@@ -362,18 +391,20 @@ impl Journal {
         let result = self
             .write_snapshot(&tables, true)
             .and_then(|(tmp, file, written, _)| {
-                // (What was synced meanwhile went to the old file and to `carry`; what is still
-                // buffered goes to the new file at the next sync.)
-                self.sync();
-                let carry = self.pending.lock().carry.take().unwrap_or_default();
+                // (No sync runs between this one and the switch to the new file: the
+                // changes synced meanwhile are all in `carry`; what is still buffered goes
+                // to the new file at the next sync.)
+                let _syncs = self.sync_held();
+                let carry = self.file.lock().carry.take().unwrap_or_default();
                 self.publish(tmp, file, written, carry)
             });
-        self.pending.lock().carry = None;
+        self.file.lock().carry = None;
         result
     }
 
     fn append(&self, kind: u8, table: u16, fields: impl FnOnce(&mut Vec<u8>)) {
-        let mut pending = self.pending.lock();
+        let mut guard = self.pending.lock();
+        let pending = &mut *guard;
         let buf = &mut pending.buf;
         let start = buf.len();
         buf.extend_from_slice(&[0u8; 8]);
@@ -384,13 +415,14 @@ impl Journal {
         let (len, crc) = (body.len() as u32, crc32fast::hash(body));
         buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
         buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        pending.appended += (8 + len) as u64;
         if buf.len() >= WAKE_BYTES && start < WAKE_BYTES {
             self.wake.notify_one();
         }
     }
 
-    /// The writer thread: every `sync_interval` (sooner when much is buffered), logs changed
-    /// counters, syncs the chunk store, then writes and syncs what was buffered.
+    /// The writer thread: every `sync_interval` (sooner when much is buffered, or a caller
+    /// waits for durability), syncs; starts the file afresh when it has grown.
     fn run(self: Arc<Self>) {
         loop {
             {
@@ -414,9 +446,22 @@ impl Journal {
         }
     }
 
-    /// Makes every change so far durable (see [`Journal::run`]); a failure is kept (see
-    /// [`Journal::check`]) and the changes are tried again next time.
-    pub fn sync(&self) {
+    /// Makes every change so far durable: logs changed counters, takes what is buffered,
+    /// syncs the chunk store (an item's record must not reach the disk before its chunks'
+    /// payloads), then writes and syncs the journal. A failure is kept (see
+    /// [`Journal::check`]): the file is cut back to its last whole record and the changes
+    /// are tried again next time.
+    pub(crate) fn sync(&self) {
+        let _one = self.sync_held();
+        self.sync_now();
+    }
+
+    /// Holds off other syncs (see `syncing`).
+    fn sync_held(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.syncing.lock()
+    }
+
+    fn sync_now(&self) {
         let tables: Vec<Arc<Table>> = self
             .tables
             .lock()
@@ -426,64 +471,104 @@ impl Journal {
         for table in &tables {
             table.log_counters();
         }
+        let (buf, upto) = {
+            let mut pending = self.pending.lock();
+            (std::mem::take(&mut pending.buf), pending.appended)
+        };
         let result = self.store.sync();
-        let mut pending = self.pending.lock();
-        if pending.buf.is_empty() && result.is_ok() {
-            pending.synced = std::time::Instant::now();
-            return;
-        }
-        let buf = std::mem::take(&mut pending.buf);
-        let written = result.and_then(|()| match pending.file.as_mut() {
-            Some(file) => file.write_all(&buf).and_then(|()| file.sync_data()),
-            None => Ok(()),
+        let mut state = self.file.lock();
+        let at = state.file_bytes;
+        let written = result.and_then(|()| match state.file.as_mut() {
+            Some(file) if !buf.is_empty() => file.write_all(&buf).and_then(|()| file.sync_data()),
+            _ => Ok(()),
         });
-        pending.synced = std::time::Instant::now();
+        state.synced = std::time::Instant::now();
         match written {
             Ok(()) => {
-                pending.failed = None;
-                pending.file_bytes += buf.len() as u64;
-                if let Some(carry) = pending.carry.as_mut() {
+                state.file_bytes += buf.len() as u64;
+                if let Some(carry) = state.carry.as_mut() {
                     carry.extend_from_slice(&buf);
                 }
+                drop(state);
+                *self.failed.lock() = None;
+                self.synced_to.store(upto, Ordering::Release);
+                self.synced.notify_waiters();
             }
             Err(e) => {
-                // (A partial write leaves a torn record, cut off when replayed; appending the
-                // whole buffer again after it is what a retry does.)
+                // (A partial write would leave a torn record before the retried ones.)
+                let cut = match state.file.as_mut() {
+                    Some(file) => file.set_len(at).and_then(|()| {
+                        use std::io::Seek;
+                        file.seek(io::SeekFrom::Start(at)).map(|_| ())
+                    }),
+                    None => Ok(()),
+                };
+                drop(state);
+                let mut pending = self.pending.lock();
                 let mut kept = buf;
                 kept.extend_from_slice(&pending.buf);
                 pending.buf = kept;
-                pending.failed = Some((
-                    e.kind(),
-                    format!(
-                        "The journal in {} could not be written: {e}",
-                        self.dir.display()
-                    ),
+                drop(pending);
+                let mut message = format!(
+                    "The journal in {} could not be written: {e}",
+                    self.dir.display()
+                );
+                if let Err(cut) = cut {
+                    message.push_str(&format!(" (nor cut back: {cut})"));
+                }
+                *self.failed.lock() = Some((e.kind(), message));
+                // (Callers waiting for durability learn of it.)
+                self.synced.notify_waiters();
+            }
+        }
+    }
+
+    /// Waits until every change made so far is durable (a server syncing "always" confirms
+    /// inserts after this): the writer thread is woken at once, and one sync serves every
+    /// caller waiting by then. Fails while the journal cannot be written.
+    pub async fn durable(&self) -> io::Result<()> {
+        let target = {
+            let pending = self.pending.lock();
+            self.wake.notify_one();
+            pending.appended
+        };
+        loop {
+            let synced = self.synced.notified();
+            tokio::pin!(synced);
+            synced.as_mut().enable();
+            if self.synced_to.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            self.check()?;
+            if self.stop.load(Ordering::Relaxed) && self.thread.lock().is_none() {
+                return Err(io::Error::other(
+                    "the journal is closed (its server stopped)",
                 ));
             }
+            synced.await;
         }
     }
 
     /// Fails (with the error's kind: a full disk is RESOURCE_EXHAUSTED to a client) while the
     /// journal cannot be written.
     pub fn check(&self) -> io::Result<()> {
-        match &self.pending.lock().failed {
+        match &*self.failed.lock() {
             None => Ok(()),
             Some((kind, message)) => Err(io::Error::new(*kind, message.clone())),
         }
     }
 
     /// Stops logging (the server is stopping): the tables are detached, and the writer
-    /// thread makes a last sync and ends.
+    /// thread makes a last sync and ends (a failure of it is reported on stderr).
     pub fn close(&self) {
         let tables: Vec<Arc<Table>> = self
             .tables
             .lock()
-            .drain(..)
+            .iter()
             .filter_map(|t| t.upgrade())
             .collect();
         for table in &tables {
             table.log_counters();
-            table.set_journal(None);
         }
         self.stop.store(true, Ordering::Relaxed);
         {
@@ -496,6 +581,13 @@ impl Journal {
                 let _ = thread.join();
             }
             None => self.sync(),
+        }
+        for table in &tables {
+            table.set_journal(None);
+        }
+        self.tables.lock().clear();
+        if let Err(e) = self.check() {
+            eprintln!("reverb server: the last changes may be lost: {e}");
         }
     }
 }
@@ -544,12 +636,26 @@ fn write_record(
 /// A table's contents as replayed.
 #[derive(Default)]
 struct Replayed {
-    /// key -> (insertion order, item, priority)
-    items: KeyHashMap<(u64, Arc<ItemData>, f64)>,
+    /// key -> (insertion order, item (None: its data is gone), priority)
+    items: KeyHashMap<(u64, Option<Arc<ItemData>>, f64)>,
     next: u64,
     counters: Counters,
-    /// Items left out (counted as deleted once the counters are replayed).
-    dropped: i64,
+}
+
+/// Whether `file` holds only zero bytes from `from` to `to`.
+fn zeros_from(file: &File, from: u64, to: u64) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut at = from;
+    while at < to {
+        let n = ((to - at) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], at)?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 fn corrupt(path: &Path, what: &str) -> io::Error {
@@ -605,7 +711,20 @@ fn replay(path: &Path, store: &Arc<ChunkStore>, recovery: &mut Recovery) -> io::
             input.read_exact(&mut body)?;
         }
         if !fits || crc32fast::hash(&body) != crc || body.len() < 3 {
-            // A write a crash cut short: what follows cannot be trusted to be framed.
+            // The end of a write a crash cut short (a record running past the end, or a bad
+            // one with nothing but zeros after it: pages the crash left unwritten) is cut
+            // off. A bad record with data after it is damage, not a torn end: cutting there
+            // would lose the changes after it, so nothing is changed and opening fails.
+            let rest_is_empty = !fits || zeros_from(&file, at + 8 + len, size)?;
+            if !rest_is_empty {
+                return Err(corrupt(
+                    path,
+                    &format!(
+                        "is damaged at byte {at} (a record fails its checksum and records \
+                         follow it); move the directory away to start empty"
+                    ),
+                ));
+            }
             recovery.torn_bytes = size - at;
             file.set_len(at)?;
             file.sync_all()?;
@@ -666,10 +785,26 @@ fn replay(path: &Path, store: &Arc<ChunkStore>, recovery: &mut Recovery) -> io::
                     } else {
                         None
                     };
-                    let chunk = chunks
-                        .entry(key)
-                        .or_insert_with(|| store.recovered(key, &header, payload))
-                        .clone();
+                    // (Chunks are shared by key, as stored, when they agree with the record:
+                    // a small payload is in every record, and a writer may have reused a
+                    // key for other small data.)
+                    let known = chunks.get(&key).and_then(|c| match c {
+                        Some(c)
+                            if c.header() == header && payload.is_none_or(|p| c.payload() == p) =>
+                        {
+                            Some(Some(c.clone()))
+                        }
+                        None if payload.is_none() => Some(None),
+                        _ => None,
+                    });
+                    let chunk = match known {
+                        Some(chunk) => chunk,
+                        None => {
+                            let chunk = store.recovered(key, &header, payload);
+                            chunks.entry(key).or_insert_with(|| chunk.clone());
+                            chunk
+                        }
+                    };
                     match chunk {
                         Some(c) => item_chunks.push(c),
                         None => missing = true,
@@ -680,20 +815,22 @@ fn replay(path: &Path, store: &Arc<ChunkStore>, recovery: &mut Recovery) -> io::
                     continue;
                 }
                 t.counters[0] += 1;
-                if missing {
-                    // Its data did not reach the disk whole: left out.
-                    recovery.dropped_items += 1;
-                    t.dropped += 1;
-                    continue;
-                }
-                let item = ItemData::from_proto(&proto, item_chunks).map_err(|e| {
-                    corrupt(
-                        path,
-                        &format!("holds item {} that does not fit: {e}", proto.key),
-                    )
-                })?;
-                t.items
-                    .insert(proto.key, (t.next, Arc::new(item), priority));
+                // An item whose data is gone is kept as such: deleted later (its chunks
+                // forgotten since), it is an ordinary delete; still there at the end, it is
+                // left out.
+                let item = if missing {
+                    None
+                } else {
+                    Some(Arc::new(
+                        ItemData::from_proto(&proto, item_chunks).map_err(|e| {
+                            corrupt(
+                                path,
+                                &format!("holds item {} that does not fit: {e}", proto.key),
+                            )
+                        })?,
+                    ))
+                };
+                t.items.insert(proto.key, (t.next, item, priority));
                 t.next += 1;
             }
             PRIORITY => {
@@ -727,10 +864,18 @@ fn replay(path: &Path, store: &Arc<ChunkStore>, recovery: &mut Recovery) -> io::
         }
     }
     for (name, t) in names.into_iter().zip(tables) {
-        let mut items: Vec<(u64, Arc<ItemData>, f64)> = t.items.into_values().collect();
+        let held = t.items.len();
+        let mut items: Vec<(u64, Arc<ItemData>, f64)> = t
+            .items
+            .into_values()
+            .filter_map(|(seq, item, p)| Some((seq, item?, p)))
+            .collect();
+        // Left out: counted as deleted.
+        let dropped = held - items.len();
+        recovery.dropped_items += dropped;
         items.sort_unstable_by_key(|e| e.0);
         let [inserts, samples, deletes, deleted_episodes, unique] = t.counters;
-        let deletes = deletes + t.dropped;
+        let deletes = deletes + dropped as i64;
         recovery.tables.insert(
             name,
             TableSnapshot {

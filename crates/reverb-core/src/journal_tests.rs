@@ -270,3 +270,130 @@ fn the_journal_starts_afresh_under_churn_and_keeps_what_is_live() {
     assert_eq!(contents(&t), before);
     assert_eq!(t.counters(), (3000, 0, 2950));
 }
+
+#[test]
+fn items_deleted_after_their_segments_went_count_as_deletes_not_losses() {
+    let dir = Dir::new("fifo-reclaimed");
+    let t = table("t", 5);
+    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
+    // 1 MiB chunks: the first 64 MiB segment fills, its items are all deleted, it is
+    // unlinked, and the journal still holds their inserts and deletes.
+    for key in 1..=100u64 {
+        let big = store
+            .store(ChunkData {
+                chunk_key: key,
+                sequence_range: Some(SequenceRange {
+                    episode_id: key,
+                    start: 0,
+                    end: 0,
+                    sparse: false,
+                }),
+                data: payload(key, 1 << 20).into(),
+                data_tensors_len: 1,
+                data_uncompressed_size: 1 << 20,
+                ..Default::default()
+            })
+            .unwrap();
+        let trajectory = FlatTrajectory {
+            columns: vec![flat_trajectory::Column {
+                chunk_slices: vec![flat_trajectory::ChunkSlice {
+                    chunk_key: key,
+                    offset: 0,
+                    length: 1,
+                    index: 0,
+                }],
+                squeeze: false,
+            }],
+        };
+        let item = ItemData::new(key, &trajectory, vec![big]).unwrap();
+        t.try_insert(item, 1.0).unwrap();
+        store.maintain();
+    }
+    assert!(
+        !dir.0.join(format!("{:016x}.seg", 0)).exists(),
+        "the first segment was reclaimed"
+    );
+    let before = (contents(&t), t.counters());
+    assert_eq!(before.1, (100, 0, 95));
+    journal.close();
+    store.close();
+    let t = table("t", 5);
+    let (_store, _journal, recovery) = open(&dir.0, std::slice::from_ref(&t));
+    assert_eq!(recovery.dropped_items, 0);
+    assert_eq!((contents(&t), t.counters()), before);
+    assert!(t.can_sample(1));
+}
+
+#[test]
+fn small_chunks_of_one_key_with_other_data_come_back_as_each_item_had_them() {
+    let dir = Dir::new("small-keys");
+    let (a, b) = (table("a", 10), table("b", 10));
+    let (store, journal, _) = open(&dir.0, &[a.clone(), b.clone()]);
+    let small = |fill: u8| {
+        store
+            .store(ChunkData {
+                chunk_key: 77,
+                sequence_range: Some(SequenceRange::default()),
+                data: vec![fill; 16].into(),
+                data_tensors_len: 1,
+                data_uncompressed_size: 16,
+                ..Default::default()
+            })
+            .unwrap()
+    };
+    let trajectory = FlatTrajectory {
+        columns: vec![flat_trajectory::Column {
+            chunk_slices: vec![flat_trajectory::ChunkSlice {
+                chunk_key: 77,
+                offset: 0,
+                length: 1,
+                index: 0,
+            }],
+            squeeze: false,
+        }],
+    };
+    a.try_insert(
+        ItemData::new(1, &trajectory, vec![small(0xAA)]).unwrap(),
+        1.0,
+    )
+    .unwrap();
+    b.try_insert(
+        ItemData::new(2, &trajectory, vec![small(0xBB)]).unwrap(),
+        1.0,
+    )
+    .unwrap();
+    let before = (contents(&a), contents(&b));
+    journal.close();
+    store.close();
+    let (a, b) = (table("a", 10), table("b", 10));
+    open(&dir.0, &[a.clone(), b.clone()]);
+    assert_eq!((contents(&a), contents(&b)), before);
+    assert_eq!(contents(&b)[0].2[0], vec![0xBB; 16]);
+}
+
+#[test]
+fn a_damaged_record_with_records_after_it_fails_opening_and_changes_nothing() {
+    let dir = Dir::new("damaged");
+    let t = table("t", 100);
+    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
+    for key in 1..=5 {
+        t.try_insert(item(&store, key), 1.0).unwrap();
+    }
+    journal.close();
+    store.close();
+    let path = fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".log"))
+        .unwrap();
+    let mut bytes = fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    fs::write(&path, &bytes).unwrap();
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    let err = Journal::open(&dir.0, store, Duration::from_secs(1))
+        .err()
+        .expect("a damaged journal is refused");
+    assert!(err.to_string().contains("is damaged at byte"), "{err}");
+    assert_eq!(fs::read(&path).unwrap(), bytes, "nothing was cut");
+}

@@ -162,7 +162,7 @@ impl PyServer {
     /// the certificate `tls_cert` and key `tls_key` (PEM files; with `tls_client_ca`, only to
     /// clients presenting a certificate it signed), by default as `REVERB_TLS_*` say. With
     /// `storage_dir`, chunk payloads are kept on disk there behind a cache of `cache_bytes`.
-    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None, tls_cert=None, tls_key=None, tls_client_ca=None, storage_dir=None, cache_bytes=1073741824, sync_interval=1.0))]
+    #[pyo3(signature = (tables, *, port=0, checkpoint_root=None, fallback_checkpoint_path=None, keep_latest=1, host=None, auth_token=None, metrics_port=None, log_stats_every=None, tls_cert=None, tls_key=None, tls_client_ca=None, storage_dir=None, cache_bytes=1073741824, sync_interval=1.0, sync_always=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -181,6 +181,7 @@ impl PyServer {
         storage_dir: Option<std::path::PathBuf>,
         cache_bytes: usize,
         sync_interval: f64,
+        sync_always: bool,
     ) -> PyResult<Self> {
         let given = |p: Option<String>| p.filter(|p| !p.is_empty());
         let (cert, key, ca) = (given(tls_cert), given(tls_key), given(tls_client_ca));
@@ -216,6 +217,7 @@ impl PyServer {
             dir,
             cache_bytes,
             sync_interval: Duration::from_secs_f64(sync_interval),
+            sync_always,
         });
         let defaults = ServerOptions::default();
         let options = ServerOptions {

@@ -121,6 +121,9 @@ impl Inserter {
             insert_many_waiting(&table, &mut items).await?;
             confirmed.extend_from_slice(keys);
         }
+        if !confirmed.is_empty() {
+            tables.durable().await?;
+        }
         if !request.keep_chunk_keys.is_empty() || !confirmed.is_empty() {
             let keep: KeySet = request.keep_chunk_keys.into_iter().collect();
             self.chunks.retain(|k, _| keep.contains(k));

@@ -62,6 +62,9 @@ pub struct StorageOptions {
     pub cache_bytes: usize,
     /// How often the journal is synced: a change older than this survives a crash.
     pub sync_interval: Duration,
+    /// Confirm inserts only once they are on disk (a sync per confirmation, shared by the
+    /// inserts waiting at once).
+    pub sync_always: bool,
 }
 
 impl Default for ServerOptions {
@@ -132,6 +135,26 @@ fn bind(host: Option<&str>, port: u16) -> std::io::Result<TcpListener> {
     }
 }
 
+/// A storage directory's store and journal while a server starts: closed (the directory
+/// released) if the start fails.
+struct Opened(Option<(Arc<ChunkStore>, Arc<Journal>)>);
+
+impl Opened {
+    /// The store and journal, for a server that started.
+    fn disarm(mut self) -> Option<(Arc<ChunkStore>, Arc<Journal>)> {
+        self.0.take()
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        if let Some((store, journal)) = self.0.take() {
+            journal.close();
+            store.close();
+        }
+    }
+}
+
 /// Opens the storage directory and restores the tables from its journal: the store, the
 /// journal (not yet attached), and whether the directory had a journal.
 fn open_storage(
@@ -187,24 +210,27 @@ impl Server {
     pub fn start(tables: Vec<Arc<Table>>, options: ServerOptions) -> Result<Self, StartError> {
         let mut service =
             ReverbServiceImpl::new(tables.clone()).map_err(StartError::InvalidConfig)?;
-        let storage = match &options.storage {
-            None => None,
-            Some(o) => Some(open_storage(o, &tables)?),
+        let (storage, recovered) = match &options.storage {
+            None => (Opened(None), false),
+            Some(o) => {
+                let (store, journal, recovered) = open_storage(o, &tables)?;
+                (Opened(Some((store, journal))), recovered)
+            }
         };
-        if let Some((store, journal, _)) = &storage {
-            service = service.with_storage(store.clone(), journal.clone());
+        if let Some((store, journal)) = &storage.0 {
+            let always = options.storage.as_ref().is_some_and(|o| o.sync_always);
+            service = service.with_storage(store.clone(), journal.clone(), always);
         }
-        let recovered = storage.as_ref().is_some_and(|s| s.2);
         if let Some(checkpointer) = &options.checkpointer {
             // (A directory's journal is newer than any checkpoint.)
             if !recovered {
                 checkpointer
-                    .load_latest(&tables, storage.as_ref().map(|s| &s.0))
+                    .load_latest(&tables, storage.0.as_ref().map(|s| &s.0))
                     .map_err(StartError::Checkpoint)?;
             }
             service = service.with_checkpointer(checkpointer.clone());
         }
-        if let Some((_, journal, _)) = &storage {
+        if let Some((_, journal)) = &storage.0 {
             journal.attach(&tables).map_err(|e| {
                 StartError::Io(format!(
                     "Could not start the journal in {}: {e}",
@@ -212,7 +238,6 @@ impl Server {
                 ))
             })?;
         }
-        let storage = storage.map(|(store, journal, _)| (store, journal));
         if let Some(token) = &options.auth_token {
             if http::HeaderValue::try_from(format!("Bearer {token}")).is_err() {
                 return Err(StartError::InvalidConfig(
@@ -327,7 +352,7 @@ impl Server {
                 }
             });
         }
-        if let Some((store, _)) = storage.clone() {
+        if let Some((store, _)) = storage.0.clone() {
             // Dropped chunks' payloads are forgotten by the next write, or here (their space
             // then comes back without waiting for one).
             runtime.spawn(async move {
@@ -358,7 +383,7 @@ impl Server {
             stop_inproc,
             finished,
             runtime: Mutex::new(Some(runtime)),
-            storage: Mutex::new(storage),
+            storage: Mutex::new(storage.disarm()),
         })
     }
 

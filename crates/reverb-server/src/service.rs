@@ -109,9 +109,15 @@ impl ReverbServiceImpl {
         self
     }
 
-    /// Keeps the tables' chunk payloads in `store` and their changes in `journal` (on disk).
-    pub fn with_storage(mut self, store: Arc<ChunkStore>, journal: Arc<Journal>) -> Self {
-        self.tables = self.tables.with_storage(store, journal);
+    /// Keeps the tables' chunk payloads in `store` and their changes in `journal` (on disk;
+    /// with `always`, inserts are confirmed once durable).
+    pub fn with_storage(
+        mut self,
+        store: Arc<ChunkStore>,
+        journal: Arc<Journal>,
+        always: bool,
+    ) -> Self {
+        self.tables = self.tables.with_storage(store, journal, always);
         self
     }
 

@@ -16,6 +16,8 @@ pub struct Tables(Arc<BTreeMap<String, Arc<Table>>>, Option<Storage>);
 struct Storage {
     chunks: Arc<ChunkStore>,
     journal: Arc<Journal>,
+    /// Inserts are confirmed once durable (else within the journal's sync interval).
+    always: bool,
 }
 
 impl Tables {
@@ -38,9 +40,32 @@ impl Tables {
 
     /// The same tables with their chunks' payloads stored in `chunks`, their changes logged
     /// in `journal`.
-    pub fn with_storage(mut self, chunks: Arc<ChunkStore>, journal: Arc<Journal>) -> Self {
-        self.1 = Some(Storage { chunks, journal });
+    /// With `always`, inserts are confirmed only once durable (see [`Tables::durable`]).
+    pub fn with_storage(
+        mut self,
+        chunks: Arc<ChunkStore>,
+        journal: Arc<Journal>,
+        always: bool,
+    ) -> Self {
+        self.1 = Some(Storage {
+            chunks,
+            journal,
+            always,
+        });
         self
+    }
+
+    /// Waits until the changes made so far are on disk, when the server syncs "always"
+    /// (before it confirms inserts).
+    pub async fn durable(&self) -> Result<(), Status> {
+        match &self.1 {
+            Some(s) if s.always => s
+                .journal
+                .durable()
+                .await
+                .map_err(crate::status::from_storage),
+            _ => Ok(()),
+        }
     }
 
     /// Where chunk payloads are stored on disk, if they are.
