@@ -16,7 +16,8 @@ Reported per row: frames written per second (until confirmed), frames sampled pe
 the server's peak resident memory and the bytes its directory takes.
 
     python bench/larger_than_memory.py [--reference-python PATH] [--frames 20000]
-        [--big-frames 400000] [--limit-mb 1024] [--seconds 5] [--markdown FILE]
+        [--big-frames 600000] [--limit-mb 1536] [--cache-mb 256] [--seconds 5]
+        [--markdown FILE]
 
     python bench/larger_than_memory.py serve PORT_FILE FRAMES [DIR CACHE_BYTES]
     python bench/larger_than_memory.py write ADDRESS FRAMES
@@ -141,10 +142,11 @@ class Cgroup:
                 time.sleep(0.1)
 
 
-def peak_rss(pid: int) -> int:
+def memory(pid: int, field: str) -> int:
+    """`field` (VmRSS: now, VmHWM: peak) of process `pid`, in bytes."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -190,22 +192,37 @@ def run_row(
         with open(port_file) as f:
             address = f"localhost:{f.read()}"
         os.remove(port_file)
+        # (The server's interpreter with TensorFlow, for the tables' signatures, and the
+        # server running, before any data: what the data adds is the peak above it.)
+        row["rss_before"] = memory(server.pid, "VmRSS")
         for step, extra in (("write", [str(frames)]), ("sample", [str(seconds)])):
-            done = subprocess.run(
+            # (Its output goes to files: a pipe nobody reads while it runs could fill.)
+            out_file, err_file = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            client = subprocess.Popen(
                 [python, HERE, step, address, *extra],
                 env=env,
-                capture_output=True,
+                stdout=out_file,
+                stderr=err_file,
                 text=True,
-                timeout=3600,
             )
+            # (A client of a server that died may wait for it for long: it is stopped.)
+            while client.poll() is None and server.poll() is None:
+                time.sleep(0.1)
             if server.poll() is not None:
+                client.kill()
+                client.wait()
                 row["killed"] = f"the server died (exit {server.returncode}) during {step}"
                 break
-            if done.returncode != 0:
-                raise RuntimeError(f"{step} failed: {done.stderr[-2000:]}")
-            row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+            client.wait()
+            out_file.seek(0)
+            err_file.seek(0)
+            out, err = out_file.read(), err_file.read()
+            if client.returncode != 0:
+                raise RuntimeError(f"{step} failed: {err[-2000:]}")
+            row.update(json.loads(out.strip().splitlines()[-1]))
         if server.poll() is None:
-            row["peak_rss"] = peak_rss(server.pid)
+            row["peak_rss"] = memory(server.pid, "VmHWM")
+            row["rss_end"] = memory(server.pid, "VmRSS")
         row["disk"] = disk_bytes(directory)
     finally:
         server.kill()
@@ -222,8 +239,9 @@ def main() -> None:
         default=os.path.expanduser("~/.cache/reverb-reference-venv/bin/python"),
     )
     parser.add_argument("--frames", type=int, default=20_000)
-    parser.add_argument("--big-frames", type=int, default=400_000)
-    parser.add_argument("--limit-mb", type=int, default=1024)
+    parser.add_argument("--big-frames", type=int, default=600_000)
+    parser.add_argument("--limit-mb", type=int, default=1536)
+    parser.add_argument("--cache-mb", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--markdown")
     parser.add_argument("--rows", default="reference,memory,cached,tenth,limit")
@@ -251,11 +269,11 @@ def main() -> None:
             (
                 "limit",
                 f"ours, disk, {args.big_frames * FRAME_BYTES >> 20} MiB table, "
-                f"cache {args.limit_mb // 4} MiB, server under {args.limit_mb} MiB",
+                f"cache {args.cache_mb} MiB, server under {args.limit_mb} MiB",
                 ours,
                 args.big_frames,
                 "c",
-                limit // 4,
+                args.cache_mb << 20,
                 limit,
             ),
             (
@@ -281,15 +299,20 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     lines = [
-        "| setting | writes (frames/s) | samples (frames/s, batches of 32) | server peak RSS "
-        "| disk |",
+        "| setting | writes (frames/s) | samples (frames/s, batches of 32) | server RSS: "
+        "idle before, peak, after sampling | disk |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
         fmt = {k: f"{r[k]:,.0f}" if k in r else "—" for k in ("write", "sample")}
         lines.append(
             f"| {r['name']} | {fmt['write']} | {fmt['sample']} | "
-            + (f"{r['peak_rss'] / 2**20:,.0f} MiB" if "peak_rss" in r else r.get("killed", "—"))
+            + (
+                f"{r['rss_before'] / 2**20:,.0f} / {r['peak_rss'] / 2**20:,.0f} / "
+                f"{r['rss_end'] / 2**20:,.0f} MiB"
+                if "peak_rss" in r
+                else r.get("killed", "—")
+            )
             + f" | {r['disk'] / 2**20:,.0f} MiB |"
         )
     text = "\n".join(lines)

@@ -206,6 +206,14 @@ impl Chunk {
         }
     }
 
+    /// Starts reading its payload from disk if it is there and not in the cache (reading it
+    /// with [`Chunk::resident`] then waits less).
+    pub fn will_need(&self) {
+        if let Payload::Stored(store, _) = &self.payload {
+            store.will_need(self);
+        }
+    }
+
     /// Whether its payload is on disk, not in memory.
     pub fn is_stored(&self) -> bool {
         matches!(self.payload, Payload::Stored(..))

@@ -251,6 +251,18 @@ impl ChunkStore {
         Ok(resident)
     }
 
+    /// Starts reading `chunk`'s payload from disk unless the cache holds it (see
+    /// [`SegmentLog::will_need`]).
+    pub(crate) fn will_need(&self, chunk: &Chunk) {
+        let key = chunk.key();
+        if self.cache.lock().map.get(&key).is_some_and(|(c, _)| c.is_some()) {
+            return;
+        }
+        if let Some(logged) = self.log.read().as_ref() {
+            logged.log.will_need(key);
+        }
+    }
+
     /// Called as a stored chunk is dropped: its payload is forgotten (see `forgotten`).
     pub(crate) fn forget(&self, key: u64) {
         self.cache.lock().remove(key);

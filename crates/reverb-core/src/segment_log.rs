@@ -384,6 +384,27 @@ impl SegmentLog {
         self.unlink_if_dead(id)
     }
 
+    /// Asks the kernel to start reading chunk `key`'s record, if held: the reads of a batch's
+    /// records then overlap instead of waiting one after another.
+    pub fn will_need(&self, key: u64) {
+        use std::os::fd::AsRawFd;
+        let Some(&place) = self.index.get(&key) else {
+            return;
+        };
+        let file = &self.segments[&place.segment].file;
+        // SAFETY: posix_fadvise takes an open descriptor (the segment's file, alive for this
+        // borrow) and a byte range, and touches no memory of ours; an error only means the
+        // kernel reads nothing ahead.
+        unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                place.at as libc::off_t,
+                (HEADER + u64::from(place.len)) as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
+        }
+    }
+
     /// Whether chunk `key` is held with exactly `payload` (its length and checksum, read
     /// from its record's header, agree).
     pub fn holds(&self, key: u64, payload: &[u8]) -> io::Result<bool> {

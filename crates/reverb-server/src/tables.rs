@@ -110,6 +110,10 @@ impl Tables {
             return Ok(batch);
         }
         let load = move || {
+            // The reads of the batch's chunks from disk start together, then are waited for.
+            for sample in &batch {
+                sample.item.chunks().iter().for_each(|c| c.will_need());
+            }
             let mut served = Vec::with_capacity(batch.len());
             let mut lost = None;
             for mut sample in batch {
