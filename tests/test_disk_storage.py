@@ -106,6 +106,14 @@ def test_a_table_ten_times_its_cache_serves_every_item(tmp_path, both_paths) -> 
         assert metrics["reverb_storage_read_seconds_total"] > 0
         assert metrics["reverb_storage_disk_bytes"] >= n * FRAME[0] * FRAME[1]
         assert metrics["reverb_storage_errors_total"] == 0
+        # (The journal is synced every second: its changes reach the file.)
+        deadline = time.monotonic() + T
+        while scrape(server.metrics_port)["reverb_storage_journal_syncs_total"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        metrics = scrape(server.metrics_port)
+        assert metrics["reverb_storage_journal_bytes"] > n * 100
+        assert metrics["reverb_storage_journal_sync_seconds_total"] > 0
 
 
 def test_the_data_path_gathers_batches_from_disk(tmp_path, both_paths) -> None:

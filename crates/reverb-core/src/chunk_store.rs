@@ -255,7 +255,13 @@ impl ChunkStore {
     /// [`SegmentLog::will_need`]).
     pub(crate) fn will_need(&self, chunk: &Chunk) {
         let key = chunk.key();
-        if self.cache.lock().map.get(&key).is_some_and(|(c, _)| c.is_some()) {
+        if self
+            .cache
+            .lock()
+            .map
+            .get(&key)
+            .is_some_and(|(c, _)| c.is_some())
+        {
             return;
         }
         if let Some(logged) = self.log.read().as_ref() {

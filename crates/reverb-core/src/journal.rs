@@ -90,6 +90,20 @@ pub struct Journal {
     /// Bytes of changes durable so far (of `Pending::appended`), and its waiters.
     synced_to: AtomicU64,
     synced: tokio::sync::Notify,
+    /// Syncs that wrote something, and the nanoseconds they took.
+    syncs: AtomicU64,
+    sync_nanos: AtomicU64,
+}
+
+/// What a journal holds and has done (the server's metrics).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JournalStats {
+    /// Bytes of the current file.
+    pub bytes: u64,
+    /// Syncs that wrote changes.
+    pub syncs: u64,
+    /// Seconds they took, in all (the chunk store's sync included).
+    pub sync_seconds: f64,
 }
 
 struct Pending {
@@ -240,6 +254,8 @@ impl Journal {
             rewriting: Mutex::new(()),
             synced_to: AtomicU64::new(0),
             synced: tokio::sync::Notify::new(),
+            syncs: AtomicU64::new(0),
+            sync_nanos: AtomicU64::new(0),
         });
         Ok((journal, recovery))
     }
@@ -475,6 +491,7 @@ impl Journal {
             let mut pending = self.pending.lock();
             (std::mem::take(&mut pending.buf), pending.appended)
         };
+        let started = std::time::Instant::now();
         let result = self.store.sync();
         let mut state = self.file.lock();
         let at = state.file_bytes;
@@ -485,6 +502,11 @@ impl Journal {
         state.synced = std::time::Instant::now();
         match written {
             Ok(()) => {
+                if !buf.is_empty() {
+                    self.syncs.fetch_add(1, Ordering::Relaxed);
+                    self.sync_nanos
+                        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
                 state.file_bytes += buf.len() as u64;
                 if let Some(carry) = state.carry.as_mut() {
                     carry.extend_from_slice(&buf);
@@ -546,6 +568,15 @@ impl Journal {
                 ));
             }
             synced.await;
+        }
+    }
+
+    /// What it holds and has done.
+    pub fn stats(&self) -> JournalStats {
+        JournalStats {
+            bytes: self.file.lock().file_bytes,
+            syncs: self.syncs.load(Ordering::Relaxed),
+            sync_seconds: self.sync_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
         }
     }
 

@@ -165,15 +165,19 @@ pub fn render(tables: &Tables, streams: &Streams) -> String {
         streams.insert.load(Ordering::Relaxed),
         streams.sample.load(Ordering::Relaxed),
     );
-    if let Some(store) = tables.storage() {
-        storage(&mut out, &store.stats());
+    if let (Some(store), Some(journal)) = (tables.storage(), tables.journal()) {
+        storage(&mut out, &store.stats(), &journal.stats());
     }
     out
 }
 
 /// The chunk store's lines (a server storing chunks on disk).
-fn storage(out: &mut String, s: &reverb_core::chunk_store::StoreStats) {
-    let lines: [(&str, &str, &str, String); 10] = [
+fn storage(
+    out: &mut String,
+    s: &reverb_core::chunk_store::StoreStats,
+    j: &reverb_core::journal::JournalStats,
+) {
+    let lines: [(&str, &str, &str, String); 13] = [
         (
             "storage_chunks",
             "gauge",
@@ -233,6 +237,24 @@ fn storage(out: &mut String, s: &reverb_core::chunk_store::StoreStats) {
             "counter",
             "Chunk store reads and writes that failed.",
             s.errors.to_string(),
+        ),
+        (
+            "storage_journal_bytes",
+            "gauge",
+            "Bytes of the journal file (a snapshot of the tables, then their changes).",
+            j.bytes.to_string(),
+        ),
+        (
+            "storage_journal_syncs_total",
+            "counter",
+            "Syncs of the journal that wrote changes.",
+            j.syncs.to_string(),
+        ),
+        (
+            "storage_journal_sync_seconds_total",
+            "counter",
+            "Seconds those syncs took (the chunk store's included).",
+            format!("{:.6}", j.sync_seconds),
         ),
     ];
     for (name, kind, help, value) in lines {

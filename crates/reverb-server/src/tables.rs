@@ -73,6 +73,11 @@ impl Tables {
         self.1.as_ref().map(|s| &s.chunks)
     }
 
+    /// Where the tables' changes are logged on disk, if they are.
+    pub fn journal(&self) -> Option<&Arc<Journal>> {
+        self.1.as_ref().map(|s| &s.journal)
+    }
+
     /// A received chunk as the tables keep it: in memory, or its payload written to the
     /// store (a full disk is RESOURCE_EXHAUSTED, naming the directory).
     pub fn keep_chunk(&self, data: ChunkData) -> Result<Arc<Chunk>, Status> {
