@@ -110,6 +110,9 @@ struct Pending {
     buf: Vec<u8>,
     /// Bytes of changes appended since opening.
     appended: u64,
+    /// The most of them a caller of [`Journal::durable`] waits for: the writer thread does
+    /// not sleep while they are not synced.
+    wanted: u64,
 }
 
 struct FileState {
@@ -235,6 +238,7 @@ impl Journal {
             pending: Mutex::new(Pending {
                 buf: Vec::new(),
                 appended: 0,
+                wanted: 0,
             }),
             wake: Condvar::new(),
             file: Mutex::new(FileState {
@@ -327,6 +331,9 @@ impl Journal {
                 write_record(&mut out, INSERT, index, &fields, &mut body)?;
                 if n % 1024 == 1023 {
                     sync_if_due();
+                    if syncing && self.stop.load(Ordering::Relaxed) {
+                        return Err(io::Error::other("the server is stopping"));
+                    }
                 }
             }
             let counters = snapshot_counters(&snapshot);
@@ -404,6 +411,9 @@ impl Journal {
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
+        let tmp = self
+            .dir
+            .join(format!("journal-{:016x}.tmp", self.file.lock().generation));
         let result = self
             .write_snapshot(&tables, true)
             .and_then(|(tmp, file, written, _)| {
@@ -414,7 +424,15 @@ impl Journal {
                 let carry = self.file.lock().carry.take().unwrap_or_default();
                 self.publish(tmp, file, written, carry)
             });
-        self.file.lock().carry = None;
+        let mut state = self.file.lock();
+        state.carry = None;
+        if result.is_err() {
+            // Not tried again before the file has doubled (a full disk must not
+            // be made fuller every second), and no temporary file is left to fill it.
+            state.snapshot_bytes = state.file_bytes;
+            drop(state);
+            let _ = fs::remove_file(&tmp);
+        }
         result
     }
 
@@ -443,13 +461,20 @@ impl Journal {
         loop {
             {
                 let mut pending = self.pending.lock();
-                // (Checked under the lock `close` notifies under: no wake-up is missed.)
-                if !self.stop.load(Ordering::Relaxed) && pending.buf.len() < WAKE_BYTES {
+                // (Checked under the lock `close` and `durable` notify under: no wake-up is
+                // missed, even one made while the last sync ran.)
+                let waited_for = pending.wanted > self.synced_to.load(Ordering::Acquire);
+                if !self.stop.load(Ordering::Relaxed)
+                    && !waited_for
+                    && pending.buf.len() < WAKE_BYTES
+                {
                     self.wake.wait_for(&mut pending, self.sync_interval);
                 }
             }
             self.sync();
             if self.stop.load(Ordering::Relaxed) {
+                // (Callers of `durable` waiting still learn the journal is closed.)
+                self.synced.notify_waiters();
                 return;
             }
             if let Err(e) = self.rewrite_if_grown() {
@@ -550,7 +575,8 @@ impl Journal {
     /// caller waiting by then. Fails while the journal cannot be written.
     pub async fn durable(&self) -> io::Result<()> {
         let target = {
-            let pending = self.pending.lock();
+            let mut pending = self.pending.lock();
+            pending.wanted = pending.wanted.max(pending.appended);
             self.wake.notify_one();
             pending.appended
         };
@@ -598,8 +624,10 @@ impl Journal {
             .iter()
             .filter_map(|t| t.upgrade())
             .collect();
+        // (Counters logged and tables detached first: no change comes after the last sync.)
         for table in &tables {
             table.log_counters();
+            table.set_journal(None);
         }
         self.stop.store(true, Ordering::Relaxed);
         {
@@ -612,9 +640,6 @@ impl Journal {
                 let _ = thread.join();
             }
             None => self.sync(),
-        }
-        for table in &tables {
-            table.set_journal(None);
         }
         self.tables.lock().clear();
         if let Err(e) = self.check() {
@@ -673,21 +698,31 @@ struct Replayed {
     counters: Counters,
 }
 
-/// Whether `file` holds only zero bytes from `from` to `to`.
-fn zeros_from(file: &File, from: u64, to: u64) -> io::Result<bool> {
+/// Whether a whole record (its length within the file, a known kind, its checksum right)
+/// starts anywhere in `file` from `from` to `size`. (Past [`SEARCHED`] bytes the answer is
+/// yes: that much after a bad record is no torn end.)
+fn record_after(file: &File, from: u64, size: u64) -> io::Result<bool> {
     use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; 1 << 16];
-    let mut at = from;
-    while at < to {
-        let n = ((to - at) as usize).min(buf.len());
-        file.read_exact_at(&mut buf[..n], at)?;
-        if buf[..n].iter().any(|&b| b != 0) {
-            return Ok(false);
-        }
-        at += n as u64;
+    if size.saturating_sub(from) > SEARCHED {
+        return Ok(true);
     }
-    Ok(true)
+    let mut rest = vec![0u8; size.saturating_sub(from) as usize];
+    file.read_exact_at(&mut rest, from)?;
+    for p in 0..rest.len().saturating_sub(10) {
+        let len = u32::from_le_bytes(rest[p..p + 4].try_into().expect("4 bytes")) as usize;
+        if len < 3 || len > rest.len() - p - 8 || !(TABLES..=COUNTERS).contains(&rest[p + 8]) {
+            continue;
+        }
+        let crc = u32::from_le_bytes(rest[p + 4..p + 8].try_into().expect("4 bytes"));
+        if crc32fast::hash(&rest[p + 8..p + 8 + len]) == crc {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
+
+/// Bytes after a bad record searched for a whole one.
+const SEARCHED: u64 = 256 << 20;
 
 fn corrupt(path: &Path, what: &str) -> io::Error {
     io::Error::new(
@@ -742,17 +777,17 @@ fn replay(path: &Path, store: &Arc<ChunkStore>, recovery: &mut Recovery) -> io::
             input.read_exact(&mut body)?;
         }
         if !fits || crc32fast::hash(&body) != crc || body.len() < 3 {
-            // The end of a write a crash cut short (a record running past the end, or a bad
-            // one with nothing but zeros after it: pages the crash left unwritten) is cut
-            // off. A bad record with data after it is damage, not a torn end: cutting there
-            // would lose the changes after it, so nothing is changed and opening fails.
-            let rest_is_empty = !fits || zeros_from(&file, at + 8 + len, size)?;
-            if !rest_is_empty {
+            // The end of a write a crash cut short is cut off. A bad record with a whole one
+            // after it is damage, not a torn end (a flipped byte, a length gone wrong):
+            // cutting there would lose the changes after it, so nothing is changed and
+            // opening fails.
+            if record_after(&file, at + 1, size)? {
                 return Err(corrupt(
                     path,
                     &format!(
-                        "is damaged at byte {at} (a record fails its checksum and records \
-                         follow it); move the directory away to start empty"
+                        "is damaged at byte {at} (a record fails its checksum and whole \
+                         records follow it); move the directory away to start empty, or cut \
+                         the file at that byte to keep what came before"
                     ),
                 ));
             }

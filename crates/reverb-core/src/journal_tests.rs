@@ -397,3 +397,123 @@ fn a_damaged_record_with_records_after_it_fails_opening_and_changes_nothing() {
     assert!(err.to_string().contains("is damaged at byte"), "{err}");
     assert_eq!(fs::read(&path).unwrap(), bytes, "nothing was cut");
 }
+
+/// `journal.durable()` run to its end on a runtime of its own.
+fn durable(journal: &Arc<Journal>) -> io::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(journal.durable())
+}
+
+#[test]
+fn a_wait_for_durability_made_while_a_sync_runs_is_not_lost() {
+    let dir = Dir::new("durable");
+    let t = table("t", 100);
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    // A long interval: a wait that were missed would take it.
+    let (journal, _) = Journal::open(&dir.0, store.clone(), Duration::from_secs(20)).unwrap();
+    journal.attach(std::slice::from_ref(&t)).unwrap();
+    let started = std::time::Instant::now();
+    let (first, second) = {
+        // The writer thread, woken by the first wait, stops in its sync at this lock.
+        let held = journal.file.lock();
+        t.try_insert(item(&store, 1), 1.0).unwrap();
+        let j = journal.clone();
+        let first = std::thread::spawn(move || durable(&j));
+        std::thread::sleep(Duration::from_millis(100));
+        t.try_insert(item(&store, 2), 1.0).unwrap();
+        let j = journal.clone();
+        let second = std::thread::spawn(move || durable(&j));
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+        (first, second)
+    };
+    first.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    journal.close();
+    store.close();
+    let t = table("t", 100);
+    open(&dir.0, std::slice::from_ref(&t));
+    assert_eq!(t.size(), 2);
+}
+
+#[test]
+fn a_damaged_length_with_records_after_it_fails_opening() {
+    let dir = Dir::new("length");
+    let t = table("t", 100);
+    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
+    for key in 1..=5 {
+        t.try_insert(item(&store, key), 1.0).unwrap();
+    }
+    journal.close();
+    store.close();
+    let path = fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".log"))
+        .unwrap();
+    let mut bytes = fs::read(&path).unwrap();
+    // The second record's length, made to run past the end of the file.
+    let first = 8 + u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
+    bytes[first + 3] ^= 0x10;
+    fs::write(&path, &bytes).unwrap();
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    let err = Journal::open(&dir.0, store, Duration::from_secs(1))
+        .err()
+        .expect("a damaged journal is refused");
+    assert!(err.to_string().contains("is damaged at byte"), "{err}");
+    assert_eq!(fs::read(&path).unwrap(), bytes, "nothing was cut");
+}
+
+#[test]
+fn a_failed_rewrite_leaves_no_temporary_file_and_waits_before_trying_again() {
+    let dir = Dir::new("rewrite-fails");
+    let t = table("t", 10);
+    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
+    journal.rewrite_bytes.store(4 << 10, Ordering::Relaxed);
+    // The next file's name is taken by a directory: the rename fails.
+    let generation = journal.file.lock().generation;
+    let blocker = dir.0.join(format!("journal-{generation:016x}.log"));
+    fs::create_dir_all(blocker.join("x")).unwrap();
+    for key in 1..=60 {
+        t.try_insert(item(&store, key), 1.0).unwrap();
+    }
+    let temporary = || {
+        fs::read_dir(&dir.0)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "tmp")
+            })
+            .count()
+    };
+    journal.sync();
+    // (The writer thread may be the one whose attempt fails: either way, one did.)
+    let _ = journal.rewrite_if_grown();
+    {
+        let state = journal.file.lock();
+        assert_eq!(state.snapshot_bytes, state.file_bytes, "a rewrite failed");
+        assert_eq!(state.generation, generation);
+    }
+    assert!(
+        journal.rewrite_if_grown().is_ok(),
+        "not tried again at once"
+    );
+    assert_eq!(temporary(), 0);
+    fs::remove_dir_all(&blocker).unwrap();
+    let before = contents(&t);
+    journal.close();
+    store.close();
+    let t = table("t", 10);
+    open(&dir.0, std::slice::from_ref(&t));
+    assert_eq!(contents(&t), before);
+}

@@ -387,6 +387,14 @@ impl SegmentLog {
     /// Asks the kernel to start reading chunk `key`'s record, if held: the reads of a batch's
     /// records then overlap instead of waiting one after another.
     pub fn will_need(&self, key: u64) {
+        #[cfg(target_os = "linux")]
+        self.advise_will_need(key);
+        #[cfg(not(target_os = "linux"))]
+        let _ = key;
+    }
+
+    #[cfg(target_os = "linux")]
+    fn advise_will_need(&self, key: u64) {
         use std::os::fd::AsRawFd;
         let Some(&place) = self.index.get(&key) else {
             return;

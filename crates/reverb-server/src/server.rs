@@ -353,8 +353,8 @@ impl Server {
             });
         }
         if let Some((store, _)) = storage.0.clone() {
-            // Dropped chunks' payloads are forgotten by the next write, or here (their space
-            // then comes back without waiting for one).
+            // Dropped chunks' payloads are forgotten here, every second, off the runtime's
+            // workers (forgetting may compact a segment).
             runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(Duration::from_secs(1));
                 loop {
