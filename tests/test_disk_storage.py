@@ -322,10 +322,10 @@ import sys, time
 import reverb
 table = reverb.Table("all", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 1_000_000,
                      reverb.rate_limiters.MinSize(1), max_times_sampled=1)
+sync = sys.argv[2] if sys.argv[2] == "always" else float(sys.argv[2])
 server = reverb.Server([table], port=0,
                        storage=reverb.DiskStorage(sys.argv[1], cache_bytes=1 << 20,
-                                                  sync_interval=sys.argv[2] == "always" and
-                                                  "always" or float(sys.argv[2])))
+                                                  sync_interval=sync))
 print(server.port, flush=True)
 server.wait()
 """

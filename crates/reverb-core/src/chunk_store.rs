@@ -179,13 +179,14 @@ impl ChunkStore {
 
     /// Makes every payload stored so far durable.
     pub fn sync(&self) -> io::Result<()> {
-        match self.log.read().as_ref() {
-            Some(logged) => logged
-                .log
-                .sync()
-                .map_err(|e| context(&self.dir, "could not be synced", e)),
-            None => Err(self.closed()),
-        }
+        // (Synced outside the log's lock: writes go on meanwhile.)
+        let active = match self.log.read().as_ref() {
+            Some(logged) => logged.log.active_file(),
+            None => return Err(self.closed()),
+        };
+        active
+            .and_then(|file| file.sync_data())
+            .map_err(|e| context(&self.dir, "could not be synced", e))
     }
 
     /// Closes the store (its server stopped): payloads stay on disk for the next server on

@@ -93,6 +93,8 @@ pub struct Journal {
     /// Syncs that wrote something, and the nanoseconds they took.
     syncs: AtomicU64,
     sync_nanos: AtomicU64,
+    /// `FileState::file_bytes` as last written (read without the lock held across syncs).
+    file_bytes: AtomicU64,
 }
 
 /// What a journal holds and has done (the server's metrics).
@@ -260,6 +262,7 @@ impl Journal {
             synced: tokio::sync::Notify::new(),
             syncs: AtomicU64::new(0),
             sync_nanos: AtomicU64::new(0),
+            file_bytes: AtomicU64::new(0),
         });
         Ok((journal, recovery))
     }
@@ -371,6 +374,7 @@ impl Journal {
             state.generation += 1;
             state.snapshot_bytes = written;
             state.file_bytes = written + carry.len() as u64;
+            self.file_bytes.store(state.file_bytes, Ordering::Relaxed);
             state.carry = None;
             path
         };
@@ -533,6 +537,7 @@ impl Journal {
                         .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 }
                 state.file_bytes += buf.len() as u64;
+                self.file_bytes.store(state.file_bytes, Ordering::Relaxed);
                 if let Some(carry) = state.carry.as_mut() {
                     carry.extend_from_slice(&buf);
                 }
@@ -600,7 +605,7 @@ impl Journal {
     /// What it holds and has done.
     pub fn stats(&self) -> JournalStats {
         JournalStats {
-            bytes: self.file.lock().file_bytes,
+            bytes: self.file_bytes.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             sync_seconds: self.sync_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
         }

@@ -322,6 +322,12 @@ impl SegmentLog {
         self.segments[&self.active].file.sync_data()
     }
 
+    /// A handle of the active segment: syncing it (outside whatever guards the log) makes
+    /// every chunk put so far durable, sealed segments having been synced when sealed.
+    pub fn active_file(&self) -> io::Result<File> {
+        self.segments[&self.active].file.try_clone()
+    }
+
     fn forget(&mut self, place: Place) {
         if let Some(segment) = self.segments.get_mut(&place.segment) {
             segment.live -= HEADER + u64::from(place.len);
