@@ -222,30 +222,27 @@ impl Chunk {
     /// Its fields other than the key and payload, as a chunk store writes them before the
     /// payload: `[1][episode_id][start][end][uncompressed_size][tensors_len][flags]`.
     pub(crate) fn header(&self) -> [u8; STORED_HEADER] {
-        let mut out = [0u8; STORED_HEADER];
-        out[0] = 1;
-        out[1..9].copy_from_slice(&self.episode_id.to_le_bytes());
-        out[9..13].copy_from_slice(&self.start.to_le_bytes());
-        out[13..17].copy_from_slice(&self.end.to_le_bytes());
-        out[17..25].copy_from_slice(&self.uncompressed_size.to_le_bytes());
-        out[25..29].copy_from_slice(&self.tensors_len.to_le_bytes());
-        out[29] = self.flags;
-        out
+        header_bytes(
+            self.episode_id,
+            self.start,
+            self.end,
+            self.uncompressed_size,
+            self.tensors_len,
+            self.flags,
+        )
     }
 
     /// [`Chunk::header`] of the chunk `data` makes.
     pub(crate) fn header_of(data: &ChunkData) -> [u8; STORED_HEADER] {
         let range = data.sequence_range.unwrap_or_default();
-        let flags = chunk_flags(data);
-        let mut out = [0u8; STORED_HEADER];
-        out[0] = 1;
-        out[1..9].copy_from_slice(&range.episode_id.to_le_bytes());
-        out[9..13].copy_from_slice(&range.start.to_le_bytes());
-        out[13..17].copy_from_slice(&range.end.to_le_bytes());
-        out[17..25].copy_from_slice(&data.data_uncompressed_size.to_le_bytes());
-        out[25..29].copy_from_slice(&data.data_tensors_len.to_le_bytes());
-        out[29] = flags;
-        out
+        header_bytes(
+            range.episode_id,
+            range.start,
+            range.end,
+            data.data_uncompressed_size,
+            data.data_tensors_len,
+            chunk_flags(data),
+        )
     }
 
     /// Chunks alive in this process (held by tables, insert streams or samples in flight)
@@ -308,6 +305,26 @@ impl Drop for Chunk {
             store.forget(self.key);
         }
     }
+}
+
+/// [`Chunk::header`]'s bytes.
+fn header_bytes(
+    episode_id: u64,
+    start: i32,
+    end: i32,
+    uncompressed_size: i64,
+    tensors_len: i32,
+    flags: u8,
+) -> [u8; STORED_HEADER] {
+    let mut out = [0u8; STORED_HEADER];
+    out[0] = 1;
+    out[1..9].copy_from_slice(&episode_id.to_le_bytes());
+    out[9..13].copy_from_slice(&start.to_le_bytes());
+    out[13..17].copy_from_slice(&end.to_le_bytes());
+    out[17..25].copy_from_slice(&uncompressed_size.to_le_bytes());
+    out[25..29].copy_from_slice(&tensors_len.to_le_bytes());
+    out[29] = flags;
+    out
 }
 
 /// The flags of the chunk `data` makes.

@@ -6,27 +6,7 @@ use rand::{Rng, SeedableRng};
 use reverb_proto::SequenceRange;
 use std::fs;
 
-/// A fresh directory under the system's temporary one, removed when dropped.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        Dir(std::env::temp_dir().join(format!(
-            "reverb-chunk-store-{name}-{}-{nanos}",
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use crate::test_dir::Dir;
 
 fn data(key: u64, len: usize) -> ChunkData {
     let mut rng = rand::rngs::StdRng::seed_from_u64(key);
@@ -55,7 +35,7 @@ fn read_back(chunk: &Arc<Chunk>) -> ChunkData {
 
 #[test]
 fn payloads_come_back_through_a_cache_a_tenth_of_them() {
-    let dir = Dir::new("cache");
+    let dir = Dir::new("chunk-store-cache");
     let store = ChunkStore::open(&dir.0, 100 * 1000).unwrap();
     let chunks: Vec<Arc<Chunk>> = (0..1000)
         .map(|k| store.store(data(k, 1000)).unwrap())
@@ -79,7 +59,7 @@ fn payloads_come_back_through_a_cache_a_tenth_of_them() {
 
 #[test]
 fn small_payloads_stay_in_memory() {
-    let dir = Dir::new("small");
+    let dir = Dir::new("chunk-store-small");
     let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
     let small = store.store(data(1, 40)).unwrap();
     assert!(!small.is_stored());
@@ -89,7 +69,7 @@ fn small_payloads_stay_in_memory() {
 
 #[test]
 fn dropped_chunks_give_their_space_back() {
-    let dir = Dir::new("space");
+    let dir = Dir::new("chunk-store-space");
     let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
     let mut live = VecDeque::new();
     // FIFO churn: 64 MiB segments fill and die.
@@ -113,7 +93,7 @@ fn dropped_chunks_give_their_space_back() {
 
 #[test]
 fn a_key_stored_twice_stays_until_both_are_gone() {
-    let dir = Dir::new("twice");
+    let dir = Dir::new("chunk-store-twice");
     let store = ChunkStore::open(&dir.0, 0).unwrap();
     let first = store.store(data(5, 500)).unwrap();
     let second = store.store(data(5, 500)).unwrap();
@@ -127,7 +107,7 @@ fn a_key_stored_twice_stays_until_both_are_gone() {
 
 #[test]
 fn a_flipped_byte_is_an_error_naming_the_store_not_data() {
-    let dir = Dir::new("flip");
+    let dir = Dir::new("chunk-store-flip");
     let store = ChunkStore::open(&dir.0, 0).unwrap();
     let chunk = store.store(data(9, 4000)).unwrap();
     let segment = fs::read_dir(&dir.0)
@@ -149,7 +129,7 @@ fn a_flipped_byte_is_an_error_naming_the_store_not_data() {
 
 #[test]
 fn a_second_store_on_a_directory_is_refused() {
-    let dir = Dir::new("twice-open");
+    let dir = Dir::new("chunk-store-twice-open");
     let _store = ChunkStore::open(&dir.0, 0).unwrap();
     let err = ChunkStore::open(&dir.0, 0).unwrap_err();
     assert!(err.to_string().contains("held by another server"), "{err}");
@@ -158,7 +138,7 @@ fn a_second_store_on_a_directory_is_refused() {
 #[test]
 fn an_item_reads_its_stored_chunks_back() {
     use reverb_proto::{flat_trajectory, FlatTrajectory};
-    let dir = Dir::new("item");
+    let dir = Dir::new("chunk-store-item");
     let store = ChunkStore::open(&dir.0, 0).unwrap();
     let chunks = vec![
         store.store(data(20, 3000)).unwrap(),
@@ -189,7 +169,7 @@ fn an_item_reads_its_stored_chunks_back() {
 
 #[test]
 fn a_key_stored_again_with_other_data_is_refused_and_the_first_kept() {
-    let dir = Dir::new("collide");
+    let dir = Dir::new("chunk-store-collide");
     let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
     let first = store.store(data(5, 500)).unwrap();
     let mut other = data(5, 500);
@@ -206,7 +186,7 @@ fn a_key_stored_again_with_other_data_is_refused_and_the_first_kept() {
 
 #[test]
 fn the_cache_ring_stays_bounded_when_one_key_comes_and_goes() {
-    let dir = Dir::new("ring");
+    let dir = Dir::new("chunk-store-ring");
     let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
     let chunk = store.store(data(1, 500)).unwrap();
     for _ in 0..10_000 {
@@ -220,7 +200,7 @@ fn the_cache_ring_stays_bounded_when_one_key_comes_and_goes() {
 
 #[test]
 fn a_closed_store_releases_its_directory_and_keeps_its_data() {
-    let dir = Dir::new("close");
+    let dir = Dir::new("chunk-store-close");
     let store = ChunkStore::open(&dir.0, 0).unwrap();
     let chunk = store.store(data(3, 5000)).unwrap();
     store.close();

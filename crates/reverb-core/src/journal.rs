@@ -409,12 +409,7 @@ impl Journal {
             }
             state.carry = Some(Vec::new());
         }
-        let tables: Vec<Arc<Table>> = self
-            .tables
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let tables = self.attached();
         let tmp = self
             .dir
             .join(format!("journal-{:016x}.tmp", self.file.lock().generation));
@@ -501,18 +496,22 @@ impl Journal {
         self.sync_now();
     }
 
+    /// The tables attached (those still alive).
+    fn attached(&self) -> Vec<Arc<Table>> {
+        self.tables
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
     /// Holds off other syncs (see `syncing`).
     fn sync_held(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.syncing.lock()
     }
 
     fn sync_now(&self) {
-        let tables: Vec<Arc<Table>> = self
-            .tables
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let tables = self.attached();
         for table in &tables {
             table.log_counters();
         }
@@ -623,12 +622,7 @@ impl Journal {
     /// Stops logging (the server is stopping): the tables are detached, and the writer
     /// thread makes a last sync and ends (a failure of it is reported on stderr).
     pub fn close(&self) {
-        let tables: Vec<Arc<Table>> = self
-            .tables
-            .lock()
-            .iter()
-            .filter_map(|t| t.upgrade())
-            .collect();
+        let tables = self.attached();
         // (Counters logged and tables detached first: no change comes after the last sync.)
         for table in &tables {
             table.log_counters();

@@ -6,26 +6,7 @@ use crate::{InsertOutcome, RateLimiterConfig, SelectorKind, TableConfig};
 use rand::{Rng, SeedableRng};
 use reverb_proto::{flat_trajectory, ChunkData, FlatTrajectory, SequenceRange};
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        Dir(std::env::temp_dir().join(format!(
-            "reverb-journal-{name}-{}-{nanos}",
-            std::process::id()
-        )))
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use crate::test_dir::Dir;
 
 fn table(name: &str, max_size: i64) -> Arc<Table> {
     Arc::new(
@@ -79,18 +60,34 @@ fn item(store: &Arc<ChunkStore>, key: u64) -> ItemData {
     let trajectory = FlatTrajectory {
         columns: chunks
             .iter()
-            .map(|c| flat_trajectory::Column {
-                chunk_slices: vec![flat_trajectory::ChunkSlice {
-                    chunk_key: c.key(),
-                    offset: 0,
-                    length: 1,
-                    index: 0,
-                }],
-                squeeze: false,
-            })
+            .flat_map(|c| one_column(c.key()).columns)
             .collect(),
     };
     ItemData::new(key, &trajectory, chunks).unwrap()
+}
+
+/// A trajectory of one column: row 0 of chunk `key`.
+fn one_column(key: u64) -> FlatTrajectory {
+    FlatTrajectory {
+        columns: vec![flat_trajectory::Column {
+            chunk_slices: vec![flat_trajectory::ChunkSlice {
+                chunk_key: key,
+                offset: 0,
+                length: 1,
+                index: 0,
+            }],
+            squeeze: false,
+        }],
+    }
+}
+
+/// The directory's journal file.
+fn journal_file(dir: &Path) -> PathBuf {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".log"))
+        .unwrap()
 }
 
 /// Opens the directory: store, journal, and the tables restored from it and attached.
@@ -123,7 +120,7 @@ fn contents(t: &Table) -> Vec<(u64, f64, Vec<Vec<u8>>)> {
 
 #[test]
 fn tables_come_back_with_their_items_priorities_data_and_counters() {
-    let dir = Dir::new("back");
+    let dir = Dir::new("journal-back");
     let (a, b) = (table("a", 5), table("b", 100));
     let (store, journal, recovery) = open(&dir.0, &[a.clone(), b.clone()]);
     assert!(!recovery.found);
@@ -184,7 +181,7 @@ fn tables_come_back_with_their_items_priorities_data_and_counters() {
 
 #[test]
 fn a_torn_tail_is_cut_off_and_what_came_before_served() {
-    let dir = Dir::new("torn");
+    let dir = Dir::new("journal-torn");
     let t = table("t", 100);
     let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
     for key in 1..=3 {
@@ -195,11 +192,7 @@ fn a_torn_tail_is_cut_off_and_what_came_before_served() {
     // A crash: the writer thread keeps its handles, the directory is released, and the
     // journal ends in half a record.
     store.close();
-    let path = fs::read_dir(&dir.0)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".log"))
-        .unwrap();
+    let path = journal_file(&dir.0);
     let mut file = OpenOptions::new().append(true).open(&path).unwrap();
     file.write_all(&[200, 0, 0, 0, 1, 2, 3]).unwrap();
     drop(file);
@@ -212,7 +205,7 @@ fn a_torn_tail_is_cut_off_and_what_came_before_served() {
 
 #[test]
 fn an_item_whose_payload_is_gone_is_left_out_and_counted() {
-    let dir = Dir::new("lost");
+    let dir = Dir::new("journal-lost");
     let t = table("t", 100);
     let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
     for key in 1..=3 {
@@ -236,7 +229,7 @@ fn an_item_whose_payload_is_gone_is_left_out_and_counted() {
 
 #[test]
 fn the_journal_starts_afresh_under_churn_and_keeps_what_is_live() {
-    let dir = Dir::new("churn");
+    let dir = Dir::new("journal-churn");
     let t = table("t", 50);
     let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
     journal.rewrite_bytes.store(64 << 10, Ordering::Relaxed);
@@ -273,7 +266,7 @@ fn the_journal_starts_afresh_under_churn_and_keeps_what_is_live() {
 
 #[test]
 fn items_deleted_after_their_segments_went_count_as_deletes_not_losses() {
-    let dir = Dir::new("fifo-reclaimed");
+    let dir = Dir::new("journal-fifo-reclaimed");
     let t = table("t", 5);
     let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
     // 1 MiB chunks: the first 64 MiB segment fills, its items are all deleted, it is
@@ -294,17 +287,7 @@ fn items_deleted_after_their_segments_went_count_as_deletes_not_losses() {
                 ..Default::default()
             })
             .unwrap();
-        let trajectory = FlatTrajectory {
-            columns: vec![flat_trajectory::Column {
-                chunk_slices: vec![flat_trajectory::ChunkSlice {
-                    chunk_key: key,
-                    offset: 0,
-                    length: 1,
-                    index: 0,
-                }],
-                squeeze: false,
-            }],
-        };
+        let trajectory = one_column(key);
         let item = ItemData::new(key, &trajectory, vec![big]).unwrap();
         t.try_insert(item, 1.0).unwrap();
         store.maintain();
@@ -326,7 +309,7 @@ fn items_deleted_after_their_segments_went_count_as_deletes_not_losses() {
 
 #[test]
 fn small_chunks_of_one_key_with_other_data_come_back_as_each_item_had_them() {
-    let dir = Dir::new("small-keys");
+    let dir = Dir::new("journal-small-keys");
     let (a, b) = (table("a", 10), table("b", 10));
     let (store, journal, _) = open(&dir.0, &[a.clone(), b.clone()]);
     let small = |fill: u8| {
@@ -341,17 +324,7 @@ fn small_chunks_of_one_key_with_other_data_come_back_as_each_item_had_them() {
             })
             .unwrap()
     };
-    let trajectory = FlatTrajectory {
-        columns: vec![flat_trajectory::Column {
-            chunk_slices: vec![flat_trajectory::ChunkSlice {
-                chunk_key: 77,
-                offset: 0,
-                length: 1,
-                index: 0,
-            }],
-            squeeze: false,
-        }],
-    };
+    let trajectory = one_column(77);
     a.try_insert(
         ItemData::new(1, &trajectory, vec![small(0xAA)]).unwrap(),
         1.0,
@@ -371,9 +344,9 @@ fn small_chunks_of_one_key_with_other_data_come_back_as_each_item_had_them() {
     assert_eq!(contents(&b)[0].2[0], vec![0xBB; 16]);
 }
 
-#[test]
-fn a_damaged_record_with_records_after_it_fails_opening_and_changes_nothing() {
-    let dir = Dir::new("damaged");
+/// A journal of five items, damaged by `damage`, is refused at opening and left as it is.
+fn a_damaged_journal_is_refused(name: &str, damage: impl Fn(&mut Vec<u8>)) {
+    let dir = Dir::new(name);
     let t = table("t", 100);
     let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
     for key in 1..=5 {
@@ -381,14 +354,9 @@ fn a_damaged_record_with_records_after_it_fails_opening_and_changes_nothing() {
     }
     journal.close();
     store.close();
-    let path = fs::read_dir(&dir.0)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".log"))
-        .unwrap();
+    let path = journal_file(&dir.0);
     let mut bytes = fs::read(&path).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x10;
+    damage(&mut bytes);
     fs::write(&path, &bytes).unwrap();
     let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
     let err = Journal::open(&dir.0, store, Duration::from_secs(1))
@@ -396,6 +364,19 @@ fn a_damaged_record_with_records_after_it_fails_opening_and_changes_nothing() {
         .expect("a damaged journal is refused");
     assert!(err.to_string().contains("is damaged at byte"), "{err}");
     assert_eq!(fs::read(&path).unwrap(), bytes, "nothing was cut");
+}
+
+#[test]
+fn a_damaged_record_with_records_after_it_fails_opening_and_changes_nothing() {
+    a_damaged_journal_is_refused("journal-damaged", |bytes| {
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x10;
+    });
+    // The second record's length, made to run past the end of the file.
+    a_damaged_journal_is_refused("journal-length", |bytes| {
+        let first = 8 + u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
+        bytes[first + 3] ^= 0x10;
+    });
 }
 
 /// `journal.durable()` run to its end on a runtime of its own.
@@ -408,7 +389,7 @@ fn durable(journal: &Arc<Journal>) -> io::Result<()> {
 
 #[test]
 fn a_wait_for_durability_made_while_a_sync_runs_is_not_lost() {
-    let dir = Dir::new("durable");
+    let dir = Dir::new("journal-durable");
     let t = table("t", 100);
     let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
     // A long interval: a wait that were missed would take it.
@@ -444,36 +425,8 @@ fn a_wait_for_durability_made_while_a_sync_runs_is_not_lost() {
 }
 
 #[test]
-fn a_damaged_length_with_records_after_it_fails_opening() {
-    let dir = Dir::new("length");
-    let t = table("t", 100);
-    let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
-    for key in 1..=5 {
-        t.try_insert(item(&store, key), 1.0).unwrap();
-    }
-    journal.close();
-    store.close();
-    let path = fs::read_dir(&dir.0)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".log"))
-        .unwrap();
-    let mut bytes = fs::read(&path).unwrap();
-    // The second record's length, made to run past the end of the file.
-    let first = 8 + u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
-    bytes[first + 3] ^= 0x10;
-    fs::write(&path, &bytes).unwrap();
-    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
-    let err = Journal::open(&dir.0, store, Duration::from_secs(1))
-        .err()
-        .expect("a damaged journal is refused");
-    assert!(err.to_string().contains("is damaged at byte"), "{err}");
-    assert_eq!(fs::read(&path).unwrap(), bytes, "nothing was cut");
-}
-
-#[test]
 fn a_failed_rewrite_leaves_no_temporary_file_and_waits_before_trying_again() {
-    let dir = Dir::new("rewrite-fails");
+    let dir = Dir::new("journal-rewrite-fails");
     let t = table("t", 10);
     let (store, journal, _) = open(&dir.0, std::slice::from_ref(&t));
     journal.rewrite_bytes.store(4 << 10, Ordering::Relaxed);

@@ -25,3 +25,5 @@ pub use table::{
 
 #[cfg(test)]
 mod table_tests;
+#[cfg(test)]
+mod test_dir;

@@ -6,28 +6,7 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 
-/// A fresh directory under the system's temporary one, removed when dropped.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let path = std::env::temp_dir().join(format!(
-            "reverb-segment-log-{name}-{}-{nanos}",
-            std::process::id()
-        ));
-        Dir(path)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use crate::test_dir::Dir;
 
 fn payload(key: u64, len: usize) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(key);
@@ -48,7 +27,7 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn chunks_come_back_after_reopening() {
-    let dir = Dir::new("reopen");
+    let dir = Dir::new("segment-log-reopen");
     {
         let (mut log, found) = SegmentLog::open(&dir.0, 4096).unwrap();
         assert_eq!(found, Recovered::default());
@@ -77,7 +56,7 @@ fn chunks_come_back_after_reopening() {
 
 #[test]
 fn a_torn_write_is_cut_off_and_the_rest_recovered() {
-    let dir = Dir::new("torn");
+    let dir = Dir::new("segment-log-torn");
     {
         let (mut log, _) = SegmentLog::open(&dir.0, 1 << 20).unwrap();
         for key in 0..10 {
@@ -109,7 +88,7 @@ fn a_torn_write_is_cut_off_and_the_rest_recovered() {
 
 #[test]
 fn a_flipped_byte_is_never_served() {
-    let dir = Dir::new("flip");
+    let dir = Dir::new("segment-log-flip");
     let (mut log, _) = SegmentLog::open(&dir.0, 4096).unwrap();
     for key in 0..20 {
         log.put(key, &payload(key, 900)).unwrap();
@@ -138,7 +117,7 @@ fn a_flipped_byte_is_never_served() {
 
 #[test]
 fn a_directory_is_held_by_one_log() {
-    let dir = Dir::new("lock");
+    let dir = Dir::new("segment-log-lock");
     let (_log, _) = SegmentLog::open(&dir.0, 4096).unwrap();
     let err = SegmentLog::open(&dir.0, 4096).err().unwrap();
     assert!(err.to_string().contains("held by another server"), "{err}");
@@ -147,7 +126,7 @@ fn a_directory_is_held_by_one_log() {
 /// Puts `churn` chunks of `len` bytes into a log holding `live` of them, deleting the
 /// oldest (`fifo`) or a random one for each; checks every chunk, returns the log's bytes.
 fn churn(fifo: bool, live: u64, churn: u64, len: usize) -> (u64, u64, u64) {
-    let dir = Dir::new("churn");
+    let dir = Dir::new("segment-log-churn");
     let (mut log, _) = SegmentLog::open(&dir.0, 64 * 1024).unwrap();
     let mut slots: Vec<u64> = (0..live).collect();
     for key in 0..live {
@@ -200,7 +179,7 @@ fn space_comes_back_under_churn() {
 
 #[test]
 fn retain_keeps_what_is_referenced() {
-    let dir = Dir::new("retain");
+    let dir = Dir::new("segment-log-retain");
     let (mut log, _) = SegmentLog::open(&dir.0, 4096).unwrap();
     for key in 0..30 {
         log.put(key, &payload(key, 200)).unwrap();
@@ -223,7 +202,7 @@ proptest! {
         ops in proptest::collection::vec((0u8..10, 0u64..40, 1usize..700), 1..150),
         segment in 1000u64..5000,
     ) {
-        let dir = Dir::new("model");
+        let dir = Dir::new("segment-log-model");
         let (mut log, _) = SegmentLog::open(&dir.0, segment).unwrap();
         let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
         let mut written: HashMap<u64, Vec<u8>> = HashMap::new();
