@@ -184,14 +184,11 @@ def run_row(
     try:
         if cgroup:
             cgroup.add(server.pid)
-        deadline = time.time() + 120
-        while not os.path.exists(port_file):
-            if time.time() > deadline or server.poll() is not None:
-                raise RuntimeError("the benchmark server did not start")
-            time.sleep(0.05)
-        with open(port_file) as f:
-            address = f"localhost:{f.read()}"
-        os.remove(port_file)
+        # (Imported here: the subcommands run under the reference's interpreter too, which
+        # must not import ours through `workloads`.)
+        from workloads import wait_for_address
+
+        address = wait_for_address(server, port_file, 120)
         # (The server's interpreter with TensorFlow, for the tables' signatures, and the
         # server running, before any data: what the data adds is the peak above it.)
         row["rss_before"] = memory(server.pid, "VmRSS")

@@ -191,17 +191,18 @@ impl Chunk {
     /// The chunk with its payload in memory: itself, or (stored on disk) a copy read through
     /// its store's cache. Fails when the store cannot read it back whole.
     pub fn resident(self: &Arc<Self>) -> std::io::Result<Arc<Chunk>> {
-        match &self.payload {
-            Payload::Stored(store, _) => store.load(self, true),
-            _ => Ok(self.clone()),
-        }
+        self.in_memory(true)
     }
 
     /// [`Chunk::resident`] without keeping what it reads in the cache (a checkpoint reads
     /// every chunk once: it must not push out what sampling reads).
     pub fn read_once(self: &Arc<Self>) -> std::io::Result<Arc<Chunk>> {
+        self.in_memory(false)
+    }
+
+    fn in_memory(self: &Arc<Self>, cache: bool) -> std::io::Result<Arc<Chunk>> {
         match &self.payload {
-            Payload::Stored(store, _) => store.load(self, false),
+            Payload::Stored(store, _) => store.load(self, cache),
             _ => Ok(self.clone()),
         }
     }

@@ -113,9 +113,8 @@ impl ChunkStore {
         }
         let key = data.chunk_key;
         let size = data.data.len();
-        let mut record = Vec::with_capacity(STORED_HEADER + size);
-        record.extend_from_slice(&Chunk::header_of(&data));
-        record.extend_from_slice(&data.data);
+        let header = Chunk::header_of(&data);
+        let record: [&[u8]; 2] = [&header, &data.data];
         {
             let mut guard = self.log.write();
             let logged = guard.as_mut().ok_or_else(|| self.closed())?;
@@ -134,15 +133,16 @@ impl ChunkStore {
                     ));
                 }
                 *logged.again.entry(key).or_default() += 1;
-            } else if let Err(e) = logged.log.put(key, &record) {
+            } else if let Err(e) = logged.log.put_parts(key, &record) {
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 return Err(context(&self.dir, "could not store a chunk", e));
             }
         }
         // (Made only once stored: dropping it forgets the key.)
         let stored = Arc::new(Chunk::stored(data.clone(), self.clone()));
-        if size <= self.cache.lock().limit {
-            self.cache.lock().insert(key, Arc::new(Chunk::new(data)));
+        let mut cache = self.cache.lock();
+        if size <= cache.limit {
+            cache.insert(key, Arc::new(Chunk::new(data)));
         }
         Ok(stored)
     }

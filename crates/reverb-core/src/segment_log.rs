@@ -91,11 +91,13 @@ fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:016x}.seg"))
 }
 
-fn record_crc(key: u64, payload: &[u8]) -> u32 {
+/// The checksum of a record of `key` whose payload is `parts` end to end.
+fn record_crc(key: u64, parts: &[&[u8]]) -> u32 {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
     let mut crc = crc32fast::Hasher::new();
     crc.update(&key.to_le_bytes());
-    crc.update(&(payload.len() as u32).to_le_bytes());
-    crc.update(payload);
+    crc.update(&(len as u32).to_le_bytes());
+    parts.iter().for_each(|p| crc.update(p));
     crc.finalize()
 }
 
@@ -185,7 +187,7 @@ impl SegmentLog {
                 payload.resize(len as usize, 0);
                 input.read_exact(&mut payload)?;
             }
-            if !fits || record_crc(key, &payload) != crc {
+            if !fits || record_crc(key, &[&payload]) != crc {
                 if newest {
                     // A write a crash cut short (or never finished): cut it off.
                     found.torn_bytes += size - at;
@@ -233,7 +235,13 @@ impl SegmentLog {
     /// Appends chunk `key` (replacing an older one under that key). On an error (a full
     /// disk, say) nothing of it stays: the segment is cut back to where it was.
     pub fn put(&mut self, key: u64, payload: &[u8]) -> io::Result<()> {
-        let place = self.append(key, payload)?;
+        self.put_parts(key, &[payload])
+    }
+
+    /// [`SegmentLog::put`] of the payload `parts` make end to end (written as one record,
+    /// copied once).
+    pub fn put_parts(&mut self, key: u64, parts: &[&[u8]]) -> io::Result<()> {
+        let place = self.append(key, parts)?;
         if let Some(old) = self.index.insert(key, place) {
             self.forget(old);
             self.reclaim(old.segment)?;
@@ -243,8 +251,8 @@ impl SegmentLog {
 
     /// Writes a record of `key` at the end of the active segment (sealing it first when
     /// full); the index is the caller's.
-    fn append(&mut self, key: u64, payload: &[u8]) -> io::Result<Place> {
-        let len = u32::try_from(payload.len())
+    fn append(&mut self, key: u64, parts: &[&[u8]]) -> io::Result<Place> {
+        let len = u32::try_from(parts.iter().map(|p| p.len()).sum::<usize>())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "chunk over 4 GiB"))?;
         if self.segments[&self.active].len >= self.segment_bytes {
             let sealed = self.active;
@@ -254,12 +262,12 @@ impl SegmentLog {
         }
         let id = self.active;
         let segment = self.segments.get_mut(&id).expect("the active segment");
-        let mut record = Vec::with_capacity(HEADER as usize + payload.len());
+        let mut record = Vec::with_capacity(HEADER as usize + len as usize);
         record.extend_from_slice(&MAGIC.to_le_bytes());
         record.extend_from_slice(&key.to_le_bytes());
         record.extend_from_slice(&len.to_le_bytes());
-        record.extend_from_slice(&record_crc(key, payload).to_le_bytes());
-        record.extend_from_slice(payload);
+        record.extend_from_slice(&record_crc(key, parts).to_le_bytes());
+        parts.iter().for_each(|p| record.extend_from_slice(p));
         let at = segment.len;
         if let Err(e) = segment.file.write_all_at(&record, at) {
             let _ = segment.file.set_len(at);
@@ -286,15 +294,16 @@ impl SegmentLog {
         let mut record = vec![0u8; (HEADER + u64::from(place.len)) as usize];
         segment.file.read_exact_at(&mut record, place.at)?;
         let crc = u32::from_le_bytes(record[16..20].try_into().expect("4 bytes"));
-        let payload = record.split_off(HEADER as usize);
-        if record_crc(key, &payload) != crc {
+        if record_crc(key, &[&record[HEADER as usize..]]) != crc {
             return Err(corrupt(format!(
                 "chunk {key} in {} at {} fails its checksum",
                 segment_path(&self.dir, place.segment).display(),
                 place.at
             )));
         }
-        Ok(Some(payload))
+        // (The payload moved to the front of the buffer it was read into: no second one.)
+        record.drain(..HEADER as usize);
+        Ok(Some(record))
     }
 
     /// Forgets chunk `key` (true if there was one); its space comes back as its segment dies
@@ -380,7 +389,7 @@ impl SegmentLog {
             if self.index.get(&key).is_some_and(|p| p.segment == id) {
                 let payload = self.get(key)?.expect("indexed");
                 self.copied += payload.len() as u64;
-                let place = self.append(key, &payload)?;
+                let place = self.append(key, &[&payload])?;
                 let old = self.index.insert(key, place).expect("indexed");
                 self.forget(old);
             }
@@ -419,13 +428,13 @@ impl SegmentLog {
         }
     }
 
-    /// Whether chunk `key` is held with exactly `payload` (its length and checksum, read
+    /// Whether chunk `key` is held with exactly the payload `parts` make (its length and checksum, read
     /// from its record's header, agree).
-    pub fn holds(&self, key: u64, payload: &[u8]) -> io::Result<bool> {
+    pub fn holds(&self, key: u64, parts: &[&[u8]]) -> io::Result<bool> {
         let Some(&place) = self.index.get(&key) else {
             return Ok(false);
         };
-        if place.len as usize != payload.len() {
+        if place.len as usize != parts.iter().map(|p| p.len()).sum::<usize>() {
             return Ok(false);
         }
         let mut header = [0u8; HEADER as usize];
@@ -433,7 +442,7 @@ impl SegmentLog {
             .file
             .read_exact_at(&mut header, place.at)?;
         let crc = u32::from_le_bytes(header[16..20].try_into().expect("4 bytes"));
-        Ok(crc == record_crc(key, payload))
+        Ok(crc == record_crc(key, parts))
     }
 
     /// The length of chunk `key`'s payload, if it is held.
