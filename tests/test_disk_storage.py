@@ -351,7 +351,11 @@ def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path, sync)
             client = reverb.Client(f"localhost:{port}")
             stop = threading.Event()
 
-            def actor(first: int, client=client, stop=stop, confirmed=confirmed) -> None:
+            failures: list = []
+
+            def actor(
+                first: int, client=client, stop=stop, confirmed=confirmed, failures=failures
+            ) -> None:
                 # (Closed, not flushed, at the end: the server is dead by then.)
                 writer = client.trajectory_writer(num_keep_alive_refs=1)
                 try:
@@ -367,12 +371,14 @@ def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path, sync)
                             },
                         )
                         if step % 5 == 4:
-                            writer.flush(timeout_ms=2000)
+                            # (Bounded: after the kill it fails within this; before it, a
+                            # loaded machine may take seconds.)
+                            writer.flush(timeout_ms=5000)
                             now = time.monotonic()
                             confirmed.extend((s, now) for s in range(step - 4, step + 1))
                         step += 1
-                except reverb.ReverbError:
-                    pass  # the server was killed
+                except reverb.ReverbError as e:
+                    failures.append(e)  # the server was killed (or, before it, a failure)
                 finally:
                     writer.close()
 
@@ -383,6 +389,7 @@ def test_kill_9_loses_nothing_confirmed_before_the_sync_interval(tmp_path, sync)
             deadline = time.monotonic() + 60
             while len(confirmed) < 40 and time.monotonic() < deadline and thread.is_alive():
                 time.sleep(0.01)
+            assert thread.is_alive(), f"the writer stopped before the kill: {failures}"
             time.sleep(0.5)
             server.send_signal(signal.SIGKILL)
             killed = time.monotonic()
