@@ -1,7 +1,9 @@
 """Checkpoint and restore throughput of ~1 GB of stored chunks, and the pause concurrent
-writers see while a checkpoint is written.
+writers see while a checkpoint is written. With `--storage DIR`, the server keeps its chunks
+on disk in DIR (a 64 MiB cache) and the restore goes into a disk-backed server too.
 
     python bench/checkpoint.py [--gigabytes 1.0] [--dir /tmp/reverb-ckpt-bench]
+        [--storage DIR]
 """
 
 from __future__ import annotations
@@ -40,10 +42,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gigabytes", type=float, default=1.0)
     parser.add_argument("--dir", default="/tmp/reverb-ckpt-bench")
+    parser.add_argument("--storage", default=None, help="keep chunks on disk in this directory")
     args = parser.parse_args()
     shutil.rmtree(args.dir, ignore_errors=True)
+
+    def storage(suffix: str) -> reverb.DiskStorage | None:
+        if args.storage is None:
+            return None
+        shutil.rmtree(args.storage + suffix, ignore_errors=True)
+        return reverb.DiskStorage(args.storage + suffix, cache_bytes=64 << 20)
+
     checkpointer = reverb.checkpointers.DefaultCheckpointer(args.dir)
-    server = reverb.Server(tables(), checkpointer=checkpointer)
+    server = reverb.Server(tables(), checkpointer=checkpointer, storage=storage(""))
     client = server.localhost_client()
     rng = np.random.default_rng(0)
     block = rng.integers(0, 255, 1 << 20, dtype=np.uint8)  # 1 MiB, incompressible
@@ -82,18 +92,29 @@ def main() -> None:
     stop.set()
     thread.join()
     size = os.path.getsize(os.path.join(path, "checkpoint.rvb"))
+    linked = (
+        sum(e.stat().st_size for e in os.scandir(os.path.join(path, "segments")))
+        if (os.path.isdir(os.path.join(path, "segments")))
+        else 0
+    )
     server.stop()
 
     start = time.perf_counter()
-    restored = reverb.Server(tables(), checkpointer=checkpointer)
+    restored = reverb.Server(tables(), checkpointer=checkpointer, storage=storage("-restored"))
     load = time.perf_counter() - start
     assert restored.localhost_client().server_info()["big"].current_size == n
     restored.stop()
     shutil.rmtree(args.dir, ignore_errors=True)
+    for suffix in ("", "-restored"):
+        if args.storage is not None:
+            shutil.rmtree(args.storage + suffix, ignore_errors=True)
 
     p50 = baseline[len(baseline) // 2] * 1e3 if baseline else float("nan")
     worst = max(latencies) * 1e3 if latencies else float("nan")
-    print(f"stored chunk data: {stored / 1e9:.2f} GB; checkpoint file {size / 1e9:.2f} GB")
+    print(
+        f"stored chunk data: {stored / 1e9:.2f} GB; checkpoint file {size / 1e9:.3f} GB, "
+        f"linked segments {linked / 1e9:.2f} GB"
+    )
     print(
         f"checkpoint: {quiet_save:.2f} s = {stored / quiet_save / 1e6:,.0f} MB/s (including "
         f"fsync); with a concurrent writer: {save:.2f} s = {stored / save / 1e6:,.0f} MB/s"

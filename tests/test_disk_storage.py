@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import json
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -230,19 +232,64 @@ def test_a_full_disk_fails_inserts_with_resource_exhausted_and_keeps_serving(sma
             assert check(s) < stored + 50
 
 
-def test_a_checkpoint_of_a_disk_server_restores_into_another(tmp_path) -> None:
+def frames_in(path: str, table: str) -> list:
+    """The steps of `table`'s items in the checkpoint at `path`, read without a server,
+    after checking each item's frame is its step's."""
+    with reverb.checkpoint.open(path) as ckpt:
+        steps = []
+        for item in ckpt.items(table):
+            got, step = item.data  # (columns flattened: frame, step)
+            step = int(np.asarray(step).reshape(-1)[0])
+            np.testing.assert_array_equal(np.asarray(got).reshape(FRAME), frame(step))
+            steps.append(step)
+        return steps
+
+
+def restored_steps(root, table: str, storage=None) -> list:
+    """The steps a server restoring the checkpoints under `root` serves from `table`."""
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(str(root))
+    with reverb.Server(tables(), port=0, checkpointer=checkpointer, storage=storage) as server:
+        client = server.localhost_client()
+        size = server.in_process_tables[table].info.current_size
+        return [check(s) for s in client.sample(table, size, emit_timesteps=False, timeout=T)]
+
+
+def test_a_checkpoint_on_another_filesystem_copies_the_chunks(tmp_path, small_disk) -> None:
+    # (The chunks on the 2 MiB tmpfs, the checkpoint on the test's disk: no link can cross.)
     checkpointer = reverb.checkpointers.DefaultCheckpointer(str(tmp_path / "ckpt"))
-    storage = reverb.DiskStorage(tmp_path / "a", cache_bytes=32 << 10)
+    storage = reverb.DiskStorage(small_disk / "chunks", cache_bytes=32 << 10)
+    with reverb.Server(tables(), port=0, checkpointer=checkpointer, storage=storage) as server:
+        client = server.localhost_client()
+        write(client, range(40))
+        path = pathlib.Path(client.checkpoint(timeout=T))
+        assert (path / "checkpoint.rvb").stat().st_size > 40 * FRAME[0] * FRAME[1]
+        assert not list(path.glob("segments/*.seg"))
+    assert sorted(restored_steps(tmp_path / "ckpt", "queue")) == list(range(40))
+
+
+def test_a_checkpoint_links_the_stores_segments_and_outlives_the_store(tmp_path) -> None:
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(str(tmp_path / "ckpt"))
+    store = tmp_path / "a"
+    storage = reverb.DiskStorage(store, cache_bytes=32 << 10)
     with reverb.Server(tables(), port=0, checkpointer=checkpointer, storage=storage) as server:
         client = server.localhost_client()
         write(client, range(60))
-        client.checkpoint(timeout=T)
-    storage = reverb.DiskStorage(tmp_path / "b", cache_bytes=32 << 10)
-    with reverb.Server(tables(), port=0, checkpointer=checkpointer, storage=storage) as server:
-        client = server.localhost_client()
-        seen = [check(s) for s in client.sample("queue", 60, emit_timesteps=False, timeout=T)]
-        assert sorted(seen) == list(range(60))
-        assert len(list((tmp_path / "b").glob("*.seg"))) >= 1
+        path = pathlib.Path(client.checkpoint(timeout=T))
+        # No frame is copied: the file holds items and chunks' fields, the frames stay in
+        # the store's segments, linked (the same files) into the checkpoint.
+        assert (path / "checkpoint.rvb").stat().st_size < 60 * FRAME[0] * FRAME[1] // 10
+        linked = {p.stat().st_ino for p in (path / "segments").glob("*.seg")}
+        assert linked and linked <= {p.stat().st_ino for p in store.glob("*.seg")}
+        # What the server does next (its items gone, more written) changes nothing saved.
+        client.reset("uniform")
+        client.reset("queue")
+        write(client, range(1000, 1040))
+    shutil.rmtree(store)
+    assert sorted(frames_in(str(path), "queue")) == list(range(60))
+    new_store = reverb.DiskStorage(tmp_path / "b", cache_bytes=32 << 10)
+    assert sorted(restored_steps(tmp_path / "ckpt", "queue", new_store)) == list(range(60))
+    assert len(list((tmp_path / "b").glob("*.seg"))) >= 1
+    assert sorted(restored_steps(tmp_path / "ckpt", "queue")) == list(range(60))  # in memory
 
 
 def test_the_standalone_server_takes_a_storage_config(tmp_path) -> None:

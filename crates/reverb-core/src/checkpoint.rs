@@ -3,23 +3,39 @@
 //! A file that is truncated, has a bad CRC or lacks the end record is rejected as a whole.
 //!
 //! Record: `kind: u8 | len: u32 LE | crc32(payload): u32 LE | payload`.
+//!
+//! A chunk whose payload a chunk store holds on disk (a server's `storage`) is not copied:
+//! its record (`LINKED`) says where the payload is in the store's segment log, whose segment
+//! is hard-linked into the checkpoint directory's `segments/` (the store goes on appending,
+//! compacting and unlinking; the linked file keeps what the checkpoint references). Where
+//! links cannot be made (the checkpoint on another filesystem) the payload is copied.
 
-use crate::chunk::ItemError;
+use crate::chunk::{ItemError, STORED_HEADER};
+use crate::segment_log::{read_record, segment_name, Place};
 use crate::selectors::SelectorKind;
 use crate::{invalid_arg, Chunk, ChunkStore, CoreError, ItemData, Result, Table, TableSnapshot};
 use bytes::Bytes;
 use prost::Message;
 use reverb_proto::payload::{chunk_layouts, Layouts};
 use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint, RateLimiterCheckpoint};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// First bytes of every checkpoint file.
 pub const MAGIC: &[u8; 8] = b"RVBCKPT1";
+/// The checkpoint file's name in its directory.
+pub const FILE_NAME: &str = "checkpoint.rvb";
+/// The subdirectory of a checkpoint holding the segments its linked chunks are in.
+pub const SEGMENTS: &str = "segments";
 const TABLE: u8 = 1;
 const CHUNK: u8 = 2;
 const ITEM: u8 = 3;
+/// A chunk whose payload is in a linked segment: `segment: u64 LE | at: u64 LE | len: u32
+/// LE` (the segment log's record), then the chunk's encoding without its data.
+const LINKED: u8 = 4;
 const END: u8 = 9;
 
 fn record(out: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
@@ -66,9 +82,69 @@ pub struct SavedTable {
     pub snapshot: TableSnapshot,
 }
 
-/// Writes snapshots of `tables` (each chunk once, even when shared across tables).
-/// Returns bytes written.
-pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::io::Result<u64> {
+/// Chunks on disk referenced where they are: their store's segments hard-linked into a
+/// checkpoint's `segments/` (one store's: a server has one; other stores' chunks are copied).
+struct Links {
+    dir: PathBuf,
+    store: Option<Arc<ChunkStore>>,
+    linked: HashSet<u64>,
+    /// Set once linking failed (another filesystem): payloads are copied from then on.
+    failed: bool,
+}
+
+impl Links {
+    fn new(checkpoint_dir: &Path) -> Self {
+        Self {
+            dir: checkpoint_dir.join(SEGMENTS),
+            store: None,
+            linked: HashSet::new(),
+            failed: false,
+        }
+    }
+
+    /// Where `chunk`'s record is in a linked segment; None when it is to be copied.
+    fn place(&mut self, chunk: &Chunk) -> Option<Place> {
+        let store = chunk.store()?;
+        if self.failed {
+            return None;
+        }
+        match &self.store {
+            None => {
+                if std::fs::create_dir_all(&self.dir).is_err() {
+                    self.failed = true;
+                    return None;
+                }
+                self.store = Some(store.clone());
+            }
+            Some(ours) if !Arc::ptr_eq(ours, store) => return None,
+            Some(_) => {}
+        }
+        store
+            .link(chunk.key(), &self.dir, &mut self.linked)
+            .unwrap_or_else(|_| {
+                self.failed = true;
+                None
+            })
+    }
+
+    /// Makes the linked records and the links durable.
+    fn sync(&self) -> std::io::Result<()> {
+        if let Some(store) = &self.store {
+            store.sync()?;
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes snapshots of `tables` (each chunk once, even when shared across tables). With the
+/// checkpoint's directory `dir`, chunks stored on disk are linked, not copied (see the
+/// module's documentation). Returns bytes written.
+pub fn write(
+    out: &mut impl Write,
+    tables: &[(&Table, &TableSnapshot)],
+    dir: Option<&Path>,
+) -> std::io::Result<u64> {
     let mut counting = Counting {
         inner: out,
         bytes: 0,
@@ -101,20 +177,34 @@ pub fn write(out: &mut impl Write, tables: &[(&Table, &TableSnapshot)]) -> std::
         };
         record(out, TABLE, &header.encode_to_vec())?;
     }
-    let mut written: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut written: HashSet<u64> = HashSet::new();
+    let mut links = dir.map(Links::new);
     let mut buf = Vec::new();
     for (_, snapshot) in tables {
         for (item, _, _) in &snapshot.items {
             for chunk in item.chunks() {
-                if written.insert(chunk.key()) {
-                    // (A payload stored on disk is read back: checkpoints hold their data.)
+                if !written.insert(chunk.key()) {
+                    continue;
+                }
+                n_chunks += 1;
+                if let Some(place) = links.as_mut().and_then(|l| l.place(chunk)) {
+                    buf.clear();
+                    buf.extend_from_slice(&place.segment.to_le_bytes());
+                    buf.extend_from_slice(&place.at.to_le_bytes());
+                    buf.extend_from_slice(&place.len.to_le_bytes());
+                    chunk.data().encode(&mut buf).expect("vec has room");
+                    record(out, LINKED, &buf)?;
+                } else {
+                    // (Read back past the cache if it is on disk: the checkpoint holds it.)
                     let chunk = chunk.read_once()?;
                     chunk_parts(&chunk.data(), &mut buf);
                     record_parts(out, CHUNK, &[&buf, chunk.payload()])?;
-                    n_chunks += 1;
                 }
             }
         }
+    }
+    if let Some(links) = &links {
+        links.sync()?;
     }
     for (table, snapshot) in tables {
         for (item, priority, times_sampled) in &snapshot.items {
@@ -208,9 +298,19 @@ pub struct Assembler {
     // Each chunk with its tensors' layouts, which items are checked against.
     chunks: HashMap<u64, (Arc<Chunk>, Layouts)>,
     items: u64,
+    store: Option<Arc<ChunkStore>>,
 }
 
 impl Assembler {
+    /// An assembler whose chunks' payloads go to `store` as they come, when given (a server
+    /// storing chunks on disk restores into it: one payload at a time is in memory).
+    pub fn storing(store: Option<Arc<ChunkStore>>) -> Self {
+        Self {
+            store,
+            ..Self::default()
+        }
+    }
+
     /// Adds a table's settings and counters.
     pub fn table(&mut self, header: PriorityTableCheckpoint) {
         let snapshot = TableSnapshot {
@@ -227,10 +327,16 @@ impl Assembler {
 
     /// Adds a chunk (items that follow may reference it).
     pub fn chunk(&mut self, chunk: ChunkData) -> Result<()> {
-        let layouts = chunk_layouts(&chunk)
-            .map_err(|e| corrupt(format!("chunk {}: {}", chunk.chunk_key, e.message)))?;
-        self.chunks
-            .insert(chunk.chunk_key, (Arc::new(Chunk::new(chunk)), layouts));
+        let key = chunk.chunk_key;
+        let layouts =
+            chunk_layouts(&chunk).map_err(|e| corrupt(format!("chunk {key}: {}", e.message)))?;
+        let chunk = match &self.store {
+            Some(store) => store
+                .store(chunk)
+                .map_err(|e| CoreError::FailedPrecondition(e.to_string()))?,
+            None => Arc::new(Chunk::new(chunk)),
+        };
+        self.chunks.insert(key, (chunk, layouts));
         Ok(())
     }
 
@@ -275,11 +381,87 @@ impl Assembler {
     }
 }
 
+/// The segments a checkpoint's linked chunks are in (its `segments/`), opened as needed.
+struct LinkedSegments {
+    dir: Option<PathBuf>,
+    open: HashMap<u64, File>,
+}
+
+impl LinkedSegments {
+    /// Open segment files kept at most (a checkpoint of a large table links many).
+    const MAX_OPEN: usize = 64;
+
+    /// The linked segments of the checkpoint in `checkpoint_dir` (None: none can be read).
+    fn new(checkpoint_dir: Option<&Path>) -> Self {
+        Self {
+            dir: checkpoint_dir.map(|d| d.join(SEGMENTS)),
+            open: HashMap::new(),
+        }
+    }
+
+    /// A `LINKED` record's place and chunk fields.
+    fn parse(payload: &[u8]) -> Result<(Place, ChunkData)> {
+        if payload.len() < 20 {
+            return Err(corrupt("a linked chunk's record is too short"));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(payload[i..i + 8].try_into().expect("8"));
+        let place = Place {
+            segment: u64_at(0),
+            at: u64_at(8),
+            len: u32::from_le_bytes(payload[16..20].try_into().expect("4 bytes")),
+        };
+        Ok((place, ChunkData::decode(&payload[20..]).map_err(corrupt)?))
+    }
+
+    /// The chunk a `LINKED` record names, its payload read from its segment and checked.
+    fn chunk(&mut self, payload: &[u8]) -> Result<ChunkData> {
+        let (place, fields) = Self::parse(payload)?;
+        let key = fields.chunk_key;
+        let Some(dir) = &self.dir else {
+            return Err(corrupt(format!(
+                "chunk {key} is in a linked segment, and the checkpoint's directory is unknown"
+            )));
+        };
+        let path = dir.join(segment_name(place.segment));
+        if !self.open.contains_key(&place.segment) {
+            let file = File::open(&path).map_err(|e| {
+                corrupt(format!(
+                    "chunk {key} is in {}, which cannot be opened: {e}",
+                    path.display()
+                ))
+            })?;
+            if self.open.len() >= Self::MAX_OPEN {
+                self.open.clear();
+            }
+            self.open.insert(place.segment, file);
+        }
+        let mut record = read_record(&self.open[&place.segment], &path, key, place)
+            .map_err(|e| corrupt(e.to_string()))?;
+        if record.len() < STORED_HEADER || record[..STORED_HEADER] != Chunk::header_of(&fields) {
+            return Err(corrupt(format!(
+                "chunk {key} in {} is not the chunk the checkpoint names",
+                path.display()
+            )));
+        }
+        record.drain(..STORED_HEADER);
+        Ok(ChunkData {
+            data: record.into(),
+            ..fields
+        })
+    }
+}
+
 /// Reads a whole checkpoint, verifying every record. Chunks are shared between the items (and
-/// tables) that reference them.
-pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
+/// tables) that reference them. `dir` is the checkpoint's directory (where its linked
+/// segments are); with `store`, chunks' payloads go to it as they are read.
+pub fn read(
+    input: &mut impl Read,
+    dir: Option<&Path>,
+    store: Option<&Arc<ChunkStore>>,
+) -> Result<BTreeMap<String, SavedTable>> {
     check_magic(input)?;
-    let mut saved = Assembler::default();
+    let mut saved = Assembler::storing(store.cloned());
+    let mut segments = LinkedSegments::new(dir);
     let mut payload = Vec::new();
     loop {
         let Some(kind) = next_record(input, &mut payload)? else {
@@ -289,6 +471,7 @@ pub fn read(input: &mut impl Read) -> Result<BTreeMap<String, SavedTable>> {
         match kind {
             TABLE => saved.table(PriorityTableCheckpoint::decode(payload).map_err(corrupt)?),
             CHUNK => saved.chunk(ChunkData::decode(payload).map_err(corrupt)?)?,
+            LINKED => saved.chunk(segments.chunk(&payload)?)?,
             ITEM => saved.item(&PrioritizedItem::decode(payload).map_err(corrupt)?)?,
             END => {
                 if end_counts(&payload) != Some(saved.counts()) {
@@ -360,6 +543,7 @@ fn end_counts(payload: &[u8]) -> Option<[u64; 3]> {
 /// then read in insertion order and chunks fetched from the file by key when asked for.
 pub struct Reader<F> {
     file: F,
+    segments: LinkedSegments,
     /// Where `file` is (so reads in sequence do not seek: a seek empties a `BufReader`).
     position: u64,
     tables: Vec<PriorityTableCheckpoint>,
@@ -415,8 +599,11 @@ impl<F: Read + Seek> Reader<F> {
                 TABLE => {
                     tables.push(PriorityTableCheckpoint::decode(&payload[..]).map_err(corrupt)?)
                 }
-                CHUNK => {
-                    let chunk = ChunkData::decode(&payload[..]).map_err(corrupt)?;
+                CHUNK | LINKED => {
+                    let chunk = match kind {
+                        CHUNK => ChunkData::decode(&payload[..]).map_err(corrupt)?,
+                        _ => LinkedSegments::parse(&payload)?.1,
+                    };
                     let at = ChunkAt {
                         offset: start + 9,
                         len: payload.len() as u32,
@@ -451,6 +638,7 @@ impl<F: Read + Seek> Reader<F> {
                     let position = file.stream_position().map_err(io)?;
                     return Ok(Self {
                         file,
+                        segments: LinkedSegments::new(None),
                         position,
                         tables,
                         chunks,
@@ -461,6 +649,13 @@ impl<F: Read + Seek> Reader<F> {
             }
             previous_was_item = is_item;
         }
+    }
+
+    /// Chunks linked (not copied) into the checkpoint are read from `dir`'s `segments/`
+    /// (`dir`: the checkpoint's directory, where its file is).
+    pub fn linked_in(mut self, dir: &Path) -> Self {
+        self.segments = LinkedSegments::new(Some(dir));
+        self
     }
 
     /// The episode and step of chunk `key`'s first row (None without a sequence range);
@@ -554,38 +749,12 @@ impl<F: Read + Seek> Reader<F> {
             .get(&key)
             .ok_or_else(|| corrupt(format!("an item references missing chunk {key}")))?;
         let mut payload = Vec::with_capacity(len as usize);
-        if self.record_at(offset - 9, &mut payload)? != Some(CHUNK) {
-            return Err(corrupt("the file changed since it was opened"));
-        }
-        ChunkData::decode(Bytes::from(payload)).map_err(corrupt)
-    }
-}
-
-/// Moves the chunks of `saved` into `store` (a server storing chunks on disk restores into
-/// it): each chunk is written once, however many items and tables share it.
-pub fn store_chunks(
-    saved: &mut BTreeMap<String, SavedTable>,
-    store: &Arc<ChunkStore>,
-) -> std::io::Result<()> {
-    let mut stored: reverb_proto::KeyHashMap<Arc<Chunk>> = Default::default();
-    for table in saved.values_mut() {
-        for (item, _, _) in &mut table.snapshot.items {
-            let chunks = item
-                .chunks()
-                .iter()
-                .map(|c| match stored.get(&c.key()) {
-                    Some(s) => Ok(s.clone()),
-                    None => {
-                        let s = store.store(c.data())?;
-                        stored.insert(c.key(), s.clone());
-                        Ok(s)
-                    }
-                })
-                .collect::<std::io::Result<Vec<_>>>()?;
-            *item = Arc::new(item.with_chunks(chunks.into()));
+        match self.record_at(offset - 9, &mut payload)? {
+            Some(CHUNK) => ChunkData::decode(Bytes::from(payload)).map_err(corrupt),
+            Some(LINKED) => self.segments.chunk(&payload),
+            _ => Err(corrupt("the file changed since it was opened")),
         }
     }
-    Ok(())
 }
 
 /// Loads saved tables into the configured ones. Every configured table must be in the
@@ -713,7 +882,7 @@ mod tests {
         a.try_sample(3, usize::MAX);
         let snaps = [a.snapshot(), b.snapshot()];
         let mut out = Vec::new();
-        write(&mut out, &[(&a, &snaps[0]), (&b, &snaps[1])]).unwrap();
+        write(&mut out, &[(&a, &snaps[0]), (&b, &snaps[1])], None).unwrap();
         (a, b, out)
     }
 
@@ -724,7 +893,7 @@ mod tests {
         let seven = content(7);
         let sevens = bytes.windows(seven.len()).filter(|w| *w == seven).count();
         assert_eq!(sevens, 1);
-        let saved = read(&mut bytes.as_slice()).unwrap();
+        let saved = read(&mut bytes.as_slice(), None, None).unwrap();
         assert_eq!(saved.len(), 2);
         let a2 = table("a", SelectorKind::Fifo, 10);
         let b2 = table("b", SelectorKind::MaxHeap, 10);
@@ -783,8 +952,8 @@ mod tests {
             let data = ItemData::new(3, &trajectory, vec![chunk(9)]).unwrap();
             t.try_insert(data, 1.0).unwrap();
             let mut out = Vec::new();
-            write(&mut out, &[(&t, &t.snapshot())]).unwrap();
-            let Err(e) = read(&mut out.as_slice()) else {
+            write(&mut out, &[(&t, &t.snapshot())], None).unwrap();
+            let Err(e) = read(&mut out.as_slice(), None, None) else {
                 panic!(
                     "read an item that slices {offset}..{} of a 1-row chunk",
                     offset + length
@@ -797,15 +966,88 @@ mod tests {
     }
 
     #[test]
+    fn chunks_on_disk_are_linked_not_copied_and_outlive_their_store() {
+        use crate::test_dir::Dir;
+        let (store_dir, checkpoint) = (Dir::new("ckpt-store"), Dir::new("ckpt-linked"));
+        let store = ChunkStore::open(&store_dir.0, 1 << 20).unwrap();
+        let stored = |key: u64| store.store(chunk(key).data()).unwrap();
+        let a = table("a", SelectorKind::Fifo, 10);
+        let shared = stored(7);
+        for k in 1..=4u64 {
+            a.try_insert(item(k, vec![shared.clone(), stored(100 + k)]), k as f64)
+                .unwrap();
+        }
+        assert!(shared.is_stored());
+        std::fs::create_dir_all(&checkpoint.0).unwrap();
+        let mut bytes = Vec::new();
+        write(&mut bytes, &[(&a, &a.snapshot())], Some(&checkpoint.0)).unwrap();
+        // No chunk's data is in the file; its store's segment is linked beside it.
+        for key in [7, 101, 104] {
+            let data = content(key);
+            assert!(!bytes.windows(data.len()).any(|w| w == data), "chunk {key}");
+        }
+        let segments: Vec<_> = std::fs::read_dir(checkpoint.0.join(SEGMENTS))
+            .unwrap()
+            .collect();
+        assert_eq!(segments.len(), 1);
+        // The store and everything it held go; the checkpoint still has all of it.
+        let expected: Vec<_> = (1..=4u64)
+            .map(|k| (k, [chunk(7).data(), chunk(100 + k).data()]))
+            .collect();
+        drop((a, shared));
+        store.close();
+        drop(store);
+        drop(store_dir);
+        let Err(err) = read(&mut bytes.as_slice(), None, None) else {
+            panic!("read without the checkpoint's directory")
+        };
+        assert!(err.to_string().contains("linked segment"), "{err}");
+        let restored_dir = Dir::new("ckpt-restored");
+        let restored_store = ChunkStore::open(&restored_dir.0, 1 << 20).unwrap();
+        for store in [None, Some(&restored_store)] {
+            let saved = read(&mut bytes.as_slice(), Some(&checkpoint.0), store).unwrap();
+            let items = &saved["a"].snapshot.items;
+            assert_eq!(items.len(), 4);
+            for ((item, _, _), (key, chunks)) in items.iter().zip(&expected) {
+                assert_eq!(item.key, *key);
+                for (got, want) in item.chunks().iter().zip(chunks) {
+                    assert_eq!(got.is_stored(), store.is_some());
+                    assert_eq!(&got.resident().unwrap().data(), want);
+                }
+            }
+        }
+        let mut reader = Reader::open(std::io::Cursor::new(bytes.clone()))
+            .unwrap()
+            .linked_in(&checkpoint.0);
+        assert_eq!(reader.chunk(103).unwrap(), chunk(103).data());
+        // A flipped byte in the linked segment is caught.
+        let segment = segments[0].as_ref().unwrap().path();
+        let mut raw = std::fs::read(&segment).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        std::fs::write(&segment, raw).unwrap();
+        let Err(err) = read(&mut bytes.as_slice(), Some(&checkpoint.0), None) else {
+            panic!("read a flipped byte")
+        };
+        assert!(err.to_string().contains("checksum"), "{err}");
+    }
+
+    #[test]
     fn every_corruption_is_detected() {
         let (_, _, bytes) = filled();
         for cut in [0, 5, 8, 20, bytes.len() / 2, bytes.len() - 1] {
-            assert!(read(&mut &bytes[..cut]).is_err(), "truncated at {cut}");
+            assert!(
+                read(&mut &bytes[..cut], None, None).is_err(),
+                "truncated at {cut}"
+            );
         }
         for pos in [3, 12, bytes.len() / 3, bytes.len() - 3] {
             let mut bad = bytes.clone();
             bad[pos] ^= 0x40;
-            assert!(read(&mut bad.as_slice()).is_err(), "flipped byte {pos}");
+            assert!(
+                read(&mut bad.as_slice(), None, None).is_err(),
+                "flipped byte {pos}"
+            );
         }
     }
 
@@ -821,8 +1063,10 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         assert_eq!(reader.tables()[0].rate_limiter, {
             let mut one = Vec::new();
-            write(&mut one, &[(&a, &a.snapshot())]).unwrap();
-            read(&mut one.as_slice()).unwrap()["a"].header.rate_limiter
+            write(&mut one, &[(&a, &a.snapshot())], None).unwrap();
+            read(&mut one.as_slice(), None, None).unwrap()["a"]
+                .header
+                .rate_limiter
         });
         for table in [&a, &b] {
             let expected: Vec<_> = table
@@ -873,7 +1117,11 @@ mod tests {
         let (_, _, bytes) = filled();
         let a2 = table("a", SelectorKind::Fifo, 10);
         let c = table("c", SelectorKind::Fifo, 10);
-        let err = restore(&[a2.clone(), c], read(&mut bytes.as_slice()).unwrap()).unwrap_err();
+        let err = restore(
+            &[a2.clone(), c],
+            read(&mut bytes.as_slice(), None, None).unwrap(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("names must match"), "{err}");
         assert_eq!(a2.size(), 0);
     }
@@ -893,7 +1141,7 @@ mod tests {
         );
         let err = restore(
             &[a2.clone(), b2.clone()],
-            read(&mut bytes.as_slice()).unwrap(),
+            read(&mut bytes.as_slice(), None, None).unwrap(),
         )
         .unwrap_err();
         assert!(err.to_string().contains("priority_exponent"), "{err}");
@@ -905,7 +1153,11 @@ mod tests {
         let (_, _, bytes) = filled();
         let a2 = table("a", SelectorKind::Fifo, 2);
         let b2 = table("b", SelectorKind::MaxHeap, 10);
-        let evicted = restore(&[a2.clone(), b2], read(&mut bytes.as_slice()).unwrap()).unwrap();
+        let evicted = restore(
+            &[a2.clone(), b2],
+            read(&mut bytes.as_slice(), None, None).unwrap(),
+        )
+        .unwrap();
         assert_eq!(evicted, vec![2, 0]);
         let keys: Vec<u64> = a2.snapshot().items.iter().map(|i| i.0.key).collect();
         assert_eq!(keys, vec![3, 4], "the FIFO remover dropped the oldest");

@@ -220,6 +220,14 @@ impl Chunk {
         matches!(self.payload, Payload::Stored(..))
     }
 
+    /// The store holding its payload, if it is on disk.
+    pub(crate) fn store(&self) -> Option<&Arc<ChunkStore>> {
+        match &self.payload {
+            Payload::Stored(store, _) => Some(store),
+            _ => None,
+        }
+    }
+
     /// Its fields other than the key and payload, as a chunk store writes them before the
     /// payload: `[1][episode_id][start][end][uncompressed_size][tensors_len][flags]`.
     pub(crate) fn header(&self) -> [u8; STORED_HEADER] {

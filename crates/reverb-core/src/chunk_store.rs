@@ -9,7 +9,7 @@
 //! stream) is counted, not written again: the payload is forgotten with the last of them.
 
 use crate::chunk::STORED_HEADER;
-use crate::segment_log::{Recovered, SegmentLog};
+use crate::segment_log::{Place, Recovered, SegmentLog};
 use crate::Chunk;
 use parking_lot::{Mutex, RwLock};
 use reverb_proto::{ChunkData, KeyHashMap};
@@ -187,6 +187,20 @@ impl ChunkStore {
         active
             .and_then(|file| file.sync_data())
             .map_err(|e| context(&self.dir, "could not be synced", e))
+    }
+
+    /// Hard-links the segment holding chunk `key`'s record into `into` (see
+    /// [`SegmentLog::link`]: a checkpoint references the record instead of copying it).
+    pub(crate) fn link(
+        &self,
+        key: u64,
+        into: &Path,
+        linked: &mut std::collections::HashSet<u64>,
+    ) -> io::Result<Option<Place>> {
+        match self.log.read().as_ref() {
+            Some(logged) => logged.log.link(key, into, linked),
+            None => Err(self.closed()),
+        }
     }
 
     /// Closes the store (its server stopped): payloads stay on disk for the next server on

@@ -29,13 +29,16 @@ const HEADER: u64 = 20;
 /// Segment bytes over live bytes past which compaction runs (beyond two segments' slack).
 pub const MAX_AMPLIFICATION: f64 = 1.5;
 
-/// Where a chunk's payload is.
+/// Where a chunk's record is: its segment (the file [`segment_name`] names), the offset of
+/// the record's header in it, and the payload's length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Place {
-    segment: u64,
+pub struct Place {
+    /// The segment's id.
+    pub segment: u64,
     /// Offset of the record's header.
-    at: u64,
-    len: u32,
+    pub at: u64,
+    /// Bytes of the record's payload.
+    pub len: u32,
 }
 
 struct Segment {
@@ -87,8 +90,40 @@ pub struct SegmentLog {
     copied: u64,
 }
 
+/// The file name of segment `id`.
+pub fn segment_name(id: u64) -> String {
+    format!("{id:016x}.seg")
+}
+
 fn segment_path(dir: &Path, id: u64) -> PathBuf {
-    dir.join(format!("{id:016x}.seg"))
+    dir.join(segment_name(id))
+}
+
+/// Chunk `key`'s payload, read from its record at `place` in `file` (the segment at `path`,
+/// named in errors): the record's framing, key, length and checksum are checked.
+pub fn read_record(file: &File, path: &Path, key: u64, place: Place) -> io::Result<Vec<u8>> {
+    let mut record = vec![0u8; (HEADER + u64::from(place.len)) as usize];
+    file.read_exact_at(&mut record, place.at).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("chunk {key} in {} at {}: {e}", path.display(), place.at),
+        )
+    })?;
+    let field = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().expect("4 bytes"));
+    let framed = field(0) == MAGIC
+        && record[4..12] == key.to_le_bytes()
+        && field(12) == place.len
+        && record_crc(key, &[&record[HEADER as usize..]]) == field(16);
+    if !framed {
+        return Err(corrupt(format!(
+            "chunk {key} in {} at {} fails its checksum",
+            path.display(),
+            place.at
+        )));
+    }
+    // (The payload moved to the front of the buffer it was read into: no second one.)
+    record.drain(..HEADER as usize);
+    Ok(record)
 }
 
 /// The checksum of a record of `key` whose payload is `parts` end to end.
@@ -290,20 +325,32 @@ impl SegmentLog {
         let Some(&place) = self.index.get(&key) else {
             return Ok(None);
         };
-        let segment = &self.segments[&place.segment];
-        let mut record = vec![0u8; (HEADER + u64::from(place.len)) as usize];
-        segment.file.read_exact_at(&mut record, place.at)?;
-        let crc = u32::from_le_bytes(record[16..20].try_into().expect("4 bytes"));
-        if record_crc(key, &[&record[HEADER as usize..]]) != crc {
-            return Err(corrupt(format!(
-                "chunk {key} in {} at {} fails its checksum",
-                segment_path(&self.dir, place.segment).display(),
-                place.at
-            )));
+        let path = segment_path(&self.dir, place.segment);
+        read_record(&self.segments[&place.segment].file, &path, key, place).map(Some)
+    }
+
+    /// Hard-links the segment holding chunk `key` into the directory `into` under its own
+    /// name (once: `linked` holds the segments linked so far), so that the record stays
+    /// readable there whatever the log does next (appends go on in the active segment; a
+    /// compacted or dead segment only loses its name here). Returns where the record is;
+    /// None when the chunk is not held. Fails where `into` is on another filesystem.
+    pub fn link(
+        &self,
+        key: u64,
+        into: &Path,
+        linked: &mut std::collections::HashSet<u64>,
+    ) -> io::Result<Option<Place>> {
+        let Some(&place) = self.index.get(&key) else {
+            return Ok(None);
+        };
+        if !linked.contains(&place.segment) {
+            fs::hard_link(
+                segment_path(&self.dir, place.segment),
+                into.join(segment_name(place.segment)),
+            )?;
+            linked.insert(place.segment);
         }
-        // (The payload moved to the front of the buffer it was read into: no second one.)
-        record.drain(..HEADER as usize);
-        Ok(Some(record))
+        Ok(Some(place))
     }
 
     /// Forgets chunk `key` (true if there was one); its space comes back as its segment dies

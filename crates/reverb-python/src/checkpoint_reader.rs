@@ -9,7 +9,7 @@ use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use reverb_core::checkpoint::{ItemCursor, Reader};
+use reverb_core::checkpoint::{self, ItemCursor, Reader};
 use reverb_proto::{ChunkData, KeyHashMap, PrioritizedItem, PriorityTableCheckpoint, SampleInfo};
 use std::collections::VecDeque;
 use std::fs::File;
@@ -30,13 +30,22 @@ type Cursor = ItemCursor;
 
 impl Source {
     fn open(path: &str) -> Result<Self, String> {
-        let file = if Path::new(path).is_dir() {
-            converted(Path::new(path))?
+        let path = Path::new(path);
+        let ours = path.join(checkpoint::FILE_NAME);
+        let (file, dir) = if path.is_dir() && !ours.is_file() {
+            (converted(path)?, None)
         } else {
-            File::open(path).map_err(|e| format!("cannot open: {e}"))?
+            let file = if path.is_dir() { ours.as_path() } else { path };
+            let opened = File::open(file).map_err(|e| format!("cannot open: {e}"))?;
+            (opened, file.parent())
         };
-        let reader = Reader::open(BufReader::with_capacity(1 << 16, file));
-        reader.map(Self).map_err(|e| e.to_string())
+        let mut reader =
+            Reader::open(BufReader::with_capacity(1 << 16, file)).map_err(|e| e.to_string())?;
+        if let Some(dir) = dir {
+            // (Chunks a disk-backed server's checkpoint linked are in its `segments/`.)
+            reader = reader.linked_in(dir);
+        }
+        Ok(Self(reader))
     }
 
     fn tables(&self) -> Vec<(PriorityTableCheckpoint, u64)> {

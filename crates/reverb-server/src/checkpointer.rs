@@ -1,6 +1,8 @@
 //! Checkpoints on disk: `<root>/<UTC timestamp>/checkpoint.rvb`, written under a temporary
 //! name (`<root>/.tmp-…`), synced, then published with an atomic rename. A crash mid-write
-//! leaves only an ignored temporary directory; the previous checkpoint stays loadable.
+//! leaves only an ignored temporary directory; the previous checkpoint stays loadable. A
+//! server storing chunks on disk links its segments into the checkpoint's `segments/`
+//! instead of copying the chunks' data (see [`checkpoint`]).
 //! Checkpoints dm-reverb wrote (see [`crate::dm_checkpoint`]) are restored too.
 
 use crate::dm_checkpoint;
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const FILE: &str = "checkpoint.rvb";
+const FILE: &str = checkpoint::FILE_NAME;
 const TMP_PREFIX: &str = ".tmp-";
 
 /// Where checkpoints go and how many are kept.
@@ -82,7 +84,7 @@ impl Checkpointer {
                 .map(|t| t.as_ref())
                 .zip(snapshots.iter())
                 .collect();
-            let bytes = checkpoint::write(&mut out, &pairs)?;
+            let bytes = checkpoint::write(&mut out, &pairs, Some(&tmp))?;
             out.flush()?;
             out.get_ref().file.sync_all()?;
             Ok(bytes)
@@ -247,10 +249,7 @@ pub fn load(
                 path.display()
             )
         };
-        let mut saved = dm_checkpoint::read(path).map_err(|e| failed(&e))?;
-        if let Some(store) = storage {
-            checkpoint::store_chunks(&mut saved, store).map_err(|e| failed(&e))?;
-        }
+        let saved = dm_checkpoint::read(path, storage).map_err(|e| failed(&e))?;
         checkpoint::restore(tables, saved).map_err(|e| failed(&e))?;
         return Ok(path.to_path_buf());
     }
@@ -260,12 +259,9 @@ pub fn load(
         path.to_path_buf()
     };
     let file = fs::File::open(&file_path).map_err(|e| io_err("open", &file_path, e))?;
-    let mut saved = checkpoint::read(&mut BufReader::with_capacity(8 << 20, file))
+    let mut input = BufReader::with_capacity(8 << 20, file);
+    let saved = checkpoint::read(&mut input, file_path.parent(), storage)
         .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
-    if let Some(store) = storage {
-        checkpoint::store_chunks(&mut saved, store)
-            .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
-    }
     checkpoint::restore(tables, saved)
         .map_err(|e| format!("Could not load checkpoint {}: {e}", file_path.display()))?;
     Ok(path.to_path_buf())

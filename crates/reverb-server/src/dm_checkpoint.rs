@@ -11,12 +11,13 @@ use bytes::Bytes;
 use flate2::read::ZlibDecoder;
 use prost::Message;
 use reverb_core::checkpoint::{corrupt, Assembler, SavedTable};
-use reverb_core::CoreError;
+use reverb_core::{ChunkStore, CoreError};
 use reverb_proto::{ChunkData, PrioritizedItem, PriorityTableCheckpoint};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The files of a dm-reverb checkpoint, in the order they are read.
 const TABLES: &str = "tables.tfrecord";
@@ -36,15 +37,19 @@ pub fn is_complete(dir: &Path) -> bool {
 
 /// Reads a whole dm-reverb checkpoint directory, verifying every record's checksums. A
 /// checkpoint without its `DONE` marker (its save did not finish), a truncated or corrupt file,
-/// or an item its chunks cannot serve is refused as a whole.
-pub fn read(dir: &Path) -> Result<BTreeMap<String, SavedTable>, CoreError> {
+/// or an item its chunks cannot serve is refused as a whole. With `store`, the chunks'
+/// payloads go to it as they are read.
+pub fn read(
+    dir: &Path,
+    store: Option<&Arc<ChunkStore>>,
+) -> Result<BTreeMap<String, SavedTable>, CoreError> {
     if !dir.join(DONE).is_file() {
         return Err(corrupt(format!(
             "{} has no {DONE} marker: dm-reverb did not finish writing it",
             dir.display()
         )));
     }
-    let mut saved = Assembler::default();
+    let mut saved = Assembler::storing(store.cloned());
     for_each_record(&dir.join(TABLES), |r| {
         saved.table(PriorityTableCheckpoint::decode(r).map_err(corrupt)?);
         Ok(())
