@@ -354,13 +354,18 @@ impl Server {
         }
         if let Some((store, _)) = storage.0.clone() {
             // Dropped chunks' payloads are forgotten here, every second, off the runtime's
-            // workers (forgetting may compact a segment).
+            // workers (forgetting may compact a segment); and the memory the reads freed goes
+            // back to the kernel (the bound the storage promises).
             runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(Duration::from_secs(1));
                 loop {
                     ticks.tick().await;
                     let store = store.clone();
-                    let _ = tokio::task::spawn_blocking(move || store.maintain()).await;
+                    let _ = tokio::task::spawn_blocking(move || {
+                        store.maintain();
+                        crate::alloc::release_free_memory();
+                    })
+                    .await;
                 }
             });
         }
