@@ -93,8 +93,14 @@ pub struct Journal {
     /// Syncs that wrote something, and the nanoseconds they took.
     syncs: AtomicU64,
     sync_nanos: AtomicU64,
+    /// Nanoseconds a sync is expected to take: the longest of late (decaying by an eighth
+    /// a sync). A sync starts that long (twice) before its oldest change is due.
+    sync_cost: AtomicU64,
     /// `FileState::file_bytes` as last written (read without the lock held across syncs).
     file_bytes: AtomicU64,
+    /// Milliseconds every sync sleeps (tests: a slow disk).
+    #[cfg(test)]
+    slow_sync_ms: AtomicU64,
 }
 
 /// What a journal holds and has done (the server's metrics).
@@ -115,6 +121,8 @@ struct Pending {
     /// The most of them a caller of [`Journal::durable`] waits for: the writer thread does
     /// not sleep while they are not synced.
     wanted: u64,
+    /// When the oldest change in `buf` was appended.
+    since: Option<std::time::Instant>,
 }
 
 struct FileState {
@@ -126,8 +134,6 @@ struct FileState {
     snapshot_bytes: u64,
     /// While a new file is being written: the changes synced meanwhile, for it too.
     carry: Option<Vec<u8>>,
-    /// When the last sync ended.
-    synced: std::time::Instant,
 }
 
 /// A table's end of the journal (held in its state, used under its lock).
@@ -241,6 +247,7 @@ impl Journal {
                 buf: Vec::new(),
                 appended: 0,
                 wanted: 0,
+                since: None,
             }),
             wake: Condvar::new(),
             file: Mutex::new(FileState {
@@ -249,7 +256,6 @@ impl Journal {
                 file_bytes: 0,
                 snapshot_bytes: 0,
                 carry: None,
-                synced: std::time::Instant::now(),
             }),
             syncing: Mutex::new(()),
             failed: Mutex::new(None),
@@ -262,6 +268,9 @@ impl Journal {
             synced: tokio::sync::Notify::new(),
             syncs: AtomicU64::new(0),
             sync_nanos: AtomicU64::new(0),
+            sync_cost: AtomicU64::new(0),
+            #[cfg(test)]
+            slow_sync_ms: AtomicU64::new(0),
             file_bytes: AtomicU64::new(0),
         });
         Ok((journal, recovery))
@@ -389,9 +398,22 @@ impl Journal {
         Ok(())
     }
 
-    /// Whether the interval since the last sync has passed.
+    /// Whether a sync is due (see [`Journal::time_left`]).
     fn due(&self) -> bool {
-        self.file.lock().synced.elapsed() >= self.sync_interval
+        self.time_left(&self.pending.lock()).is_zero()
+    }
+
+    /// How long the writer thread may wait before syncing: the oldest change buffered must
+    /// be durable within `sync_interval` of its confirmation, so the sync starts twice its
+    /// expected length before that; with nothing buffered, the interval (the counters and
+    /// the file's growth are looked at that often).
+    fn time_left(&self, pending: &Pending) -> Duration {
+        let Some(since) = pending.since else {
+            return self.sync_interval;
+        };
+        let cost = Duration::from_nanos(self.sync_cost.load(Ordering::Relaxed));
+        (since + self.sync_interval.saturating_sub(2 * cost))
+            .saturating_duration_since(std::time::Instant::now())
     }
 
     /// Starts the journal afresh when it has grown to more than twice its snapshot (and
@@ -440,6 +462,12 @@ impl Journal {
         let pending = &mut *guard;
         let buf = &mut pending.buf;
         let start = buf.len();
+        if start == 0 {
+            // (The writer thread learns when the oldest change is due.)
+            pending.since = Some(std::time::Instant::now());
+            self.wake.notify_one();
+        }
+        let buf = &mut pending.buf;
         buf.extend_from_slice(&[0u8; 8]);
         buf.push(kind);
         buf.extend_from_slice(&table.to_le_bytes());
@@ -460,18 +488,26 @@ impl Journal {
         loop {
             {
                 let mut pending = self.pending.lock();
-                // (Checked under the lock `close` and `durable` notify under: no wake-up is
-                // missed, even one made while the last sync ran.)
-                let waited_for = pending.wanted > self.synced_to.load(Ordering::Acquire);
-                if !self.stop.load(Ordering::Relaxed)
-                    && !waited_for
-                    && pending.buf.len() < WAKE_BYTES
-                {
-                    self.wake.wait_for(&mut pending, self.sync_interval);
+                // (Checked under the lock `close`, `durable` and `append` notify under: no
+                // wake-up is missed, even one made while the last sync ran.)
+                loop {
+                    let waited_for = pending.wanted > self.synced_to.load(Ordering::Acquire);
+                    let wait = self.time_left(&pending);
+                    if self.stop.load(Ordering::Relaxed)
+                        || waited_for
+                        || pending.buf.len() >= WAKE_BYTES
+                        || wait.is_zero()
+                        || self.wake.wait_for(&mut pending, wait).timed_out()
+                    {
+                        break;
+                    }
                 }
             }
+            // (Read before the sync: a sync that started before `close` set it may have
+            // taken its buffer before the last changes were appended.)
+            let stopping = self.stop.load(Ordering::Relaxed);
             self.sync();
-            if self.stop.load(Ordering::Relaxed) {
+            if stopping {
                 // (Callers of `durable` waiting still learn the journal is closed.)
                 self.synced.notify_waiters();
                 return;
@@ -515,11 +551,16 @@ impl Journal {
         for table in &tables {
             table.log_counters();
         }
-        let (buf, upto) = {
+        let (buf, upto, since) = {
             let mut pending = self.pending.lock();
-            (std::mem::take(&mut pending.buf), pending.appended)
+            let since = pending.since.take();
+            (std::mem::take(&mut pending.buf), pending.appended, since)
         };
         let started = std::time::Instant::now();
+        #[cfg(test)]
+        std::thread::sleep(Duration::from_millis(
+            self.slow_sync_ms.load(Ordering::Relaxed),
+        ));
         let result = self.store.sync();
         let mut state = self.file.lock();
         let at = state.file_bytes;
@@ -527,13 +568,15 @@ impl Journal {
             Some(file) if !buf.is_empty() => file.write_all(&buf).and_then(|()| file.sync_data()),
             _ => Ok(()),
         });
-        state.synced = std::time::Instant::now();
         match written {
             Ok(()) => {
                 if !buf.is_empty() {
+                    let took = started.elapsed().as_nanos() as u64;
                     self.syncs.fetch_add(1, Ordering::Relaxed);
-                    self.sync_nanos
-                        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    self.sync_nanos.fetch_add(took, Ordering::Relaxed);
+                    let cost = self.sync_cost.load(Ordering::Relaxed);
+                    self.sync_cost
+                        .store(took.max(cost - cost / 8), Ordering::Relaxed);
                 }
                 state.file_bytes += buf.len() as u64;
                 self.file_bytes.store(state.file_bytes, Ordering::Relaxed);
@@ -559,6 +602,7 @@ impl Journal {
                 let mut kept = buf;
                 kept.extend_from_slice(&pending.buf);
                 pending.buf = kept;
+                pending.since = since.or(pending.since);
                 drop(pending);
                 let mut message = format!(
                     "The journal in {} could not be written: {e}",

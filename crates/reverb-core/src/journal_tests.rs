@@ -470,3 +470,47 @@ fn a_failed_rewrite_leaves_no_temporary_file_and_waits_before_trying_again() {
     open(&dir.0, std::slice::from_ref(&t));
     assert_eq!(contents(&t), before);
 }
+
+#[test]
+fn changes_are_durable_within_the_interval_when_syncs_are_slow() {
+    // Syncs taking 80 ms, an interval of 300 ms, a change every 5 ms: once the first sync
+    // has shown how long syncs take, each change is durable within the interval of its
+    // append (a sync starts early enough for its length), not the interval plus two syncs.
+    let dir = Dir::new("journal-slow-syncs");
+    let t = table("t", 1000);
+    let store = ChunkStore::open(&dir.0, 1 << 20).unwrap();
+    let interval = Duration::from_millis(300);
+    let (journal, _) = Journal::open(&dir.0, store.clone(), interval).unwrap();
+    journal.attach(std::slice::from_ref(&t)).unwrap();
+    journal.slow_sync_ms.store(80, Ordering::Relaxed);
+    let mut appended = Vec::new(); // (bytes appended so far, when, after the first sync)
+    let mut worst = Duration::ZERO;
+    let started = std::time::Instant::now();
+    let mut key = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        key += 1;
+        t.try_insert(item(&store, key), 1.0).unwrap();
+        let learned = journal.stats().syncs > 0;
+        appended.push((
+            journal.pending.lock().appended,
+            std::time::Instant::now(),
+            learned,
+        ));
+        let synced = journal.synced_to.load(Ordering::Acquire);
+        appended.retain(|&(upto, when, learned)| {
+            if upto <= synced && learned {
+                worst = worst.max(when.elapsed());
+            }
+            upto > synced
+        });
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // (A change still waiting counts as late as it is.)
+    for (_, when, _) in &appended {
+        worst = worst.max(when.elapsed().min(interval));
+    }
+    // (Seen 5 ms late at most: the polling above.)
+    assert!(worst <= interval + Duration::from_millis(30), "{worst:?}");
+    assert!(journal.stats().syncs > 5);
+    journal.close();
+}
