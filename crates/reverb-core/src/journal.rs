@@ -485,16 +485,28 @@ impl Journal {
     /// The writer thread: every `sync_interval` (sooner when much is buffered, or a caller
     /// waits for durability), syncs; starts the file afresh when it has grown.
     fn run(self: Arc<Self>) {
+        // After a failed sync (a full disk, say), when the next may be tried.
+        let mut retry_at: Option<std::time::Instant> = None;
         loop {
             {
                 let mut pending = self.pending.lock();
                 // (Checked under the lock `close`, `durable` and `append` notify under: no
                 // wake-up is missed, even one made while the last sync ran.)
                 loop {
+                    if self.stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let retry_in = retry_at.map_or(Duration::ZERO, |at| {
+                        at.saturating_duration_since(std::time::Instant::now())
+                    });
+                    if !retry_in.is_zero() {
+                        // (Nothing hurries a retry: not a waiter, not a full buffer.)
+                        self.wake.wait_for(&mut pending, retry_in);
+                        continue;
+                    }
                     let waited_for = pending.wanted > self.synced_to.load(Ordering::Acquire);
                     let wait = self.time_left(&pending);
-                    if self.stop.load(Ordering::Relaxed)
-                        || waited_for
+                    if waited_for
                         || pending.buf.len() >= WAKE_BYTES
                         || wait.is_zero()
                         || self.wake.wait_for(&mut pending, wait).timed_out()
@@ -507,6 +519,9 @@ impl Journal {
             // taken its buffer before the last changes were appended.)
             let stopping = self.stop.load(Ordering::Relaxed);
             self.sync();
+            retry_at = self.failed.lock().is_some().then(|| {
+                std::time::Instant::now() + self.sync_interval.max(Duration::from_millis(100))
+            });
             if stopping {
                 // (Callers of `durable` waiting still learn the journal is closed.)
                 self.synced.notify_waiters();
