@@ -190,16 +190,29 @@ impl ChunkStore {
     }
 
     /// Hard-links the segment holding chunk `key`'s record into `into` (see
-    /// [`SegmentLog::link`]: a checkpoint references the record instead of copying it).
+    /// [`SegmentLog::link`]: a checkpoint references the record instead of copying it),
+    /// sealing the active segment first if it is there: a linked file never changes.
     pub(crate) fn link(
         &self,
         key: u64,
         into: &Path,
         linked: &mut std::collections::HashSet<u64>,
     ) -> io::Result<Option<Place>> {
-        match self.log.read().as_ref() {
-            Some(logged) => logged.log.link(key, into, linked),
-            None => Err(self.closed()),
+        // (Reads go on meanwhile; only a seal excludes them, briefly.)
+        let guard = self.log.upgradable_read();
+        let logged = guard.as_ref().ok_or_else(|| self.closed())?;
+        match logged.log.place(key) {
+            None => Ok(None),
+            Some(place) if place.segment == logged.log.active() => {
+                let mut guard = parking_lot::RwLockUpgradableReadGuard::upgrade(guard);
+                let logged = guard.as_mut().expect("open: checked above");
+                logged
+                    .log
+                    .seal()
+                    .map_err(|e| context(&self.dir, "could not seal a segment", e))?;
+                logged.log.link(key, into, linked)
+            }
+            Some(_) => logged.log.link(key, into, linked),
         }
     }
 

@@ -101,6 +101,11 @@ pub struct Journal {
     /// Milliseconds every sync sleeps (tests: a slow disk).
     #[cfg(test)]
     slow_sync_ms: AtomicU64,
+    /// Whether syncs fail (tests: a full disk), and how many were tried.
+    #[cfg(test)]
+    fail_syncs: AtomicBool,
+    #[cfg(test)]
+    sync_tries: AtomicU64,
 }
 
 /// What a journal holds and has done (the server's metrics).
@@ -271,6 +276,10 @@ impl Journal {
             sync_cost: AtomicU64::new(0),
             #[cfg(test)]
             slow_sync_ms: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_syncs: AtomicBool::new(false),
+            #[cfg(test)]
+            sync_tries: AtomicU64::new(0),
             file_bytes: AtomicU64::new(0),
         });
         Ok((journal, recovery))
@@ -405,13 +414,17 @@ impl Journal {
 
     /// How long the writer thread may wait before syncing: the oldest change buffered must
     /// be durable within `sync_interval` of its confirmation, so the sync starts twice its
-    /// expected length before that; with nothing buffered, the interval (the counters and
-    /// the file's growth are looked at that often).
+    /// expected length (at most half the interval) before that; with nothing buffered, the
+    /// interval (the counters and the file's growth are looked at that often).
     fn time_left(&self, pending: &Pending) -> Duration {
         let Some(since) = pending.since else {
             return self.sync_interval;
         };
+        // (At most a quarter of the interval: syncs come at most twice an interval, a slow
+        // one does not set off a storm of them, and a change is still on time as long as
+        // syncs take at most half the interval.)
         let cost = Duration::from_nanos(self.sync_cost.load(Ordering::Relaxed));
+        let cost = cost.min(self.sync_interval / 4);
         (since + self.sync_interval.saturating_sub(2 * cost))
             .saturating_duration_since(std::time::Instant::now())
     }
@@ -577,6 +590,14 @@ impl Journal {
             self.slow_sync_ms.load(Ordering::Relaxed),
         ));
         let result = self.store.sync();
+        #[cfg(test)]
+        let result = {
+            self.sync_tries.fetch_add(1, Ordering::Relaxed);
+            match self.fail_syncs.load(Ordering::Relaxed) {
+                true => Err(io::Error::other("failing (test)")),
+                false => result,
+            }
+        };
         let mut state = self.file.lock();
         let at = state.file_bytes;
         let written = result.and_then(|()| match state.file.as_mut() {

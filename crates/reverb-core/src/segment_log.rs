@@ -290,10 +290,7 @@ impl SegmentLog {
         let len = u32::try_from(parts.iter().map(|p| p.len()).sum::<usize>())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "chunk over 4 GiB"))?;
         if self.segments[&self.active].len >= self.segment_bytes {
-            let sealed = self.active;
-            self.segments[&sealed].file.sync_data()?;
-            self.start_segment(sealed + 1)?;
-            self.reclaim(sealed)?;
+            self.seal()?;
         }
         let id = self.active;
         let segment = self.segments.get_mut(&id).expect("the active segment");
@@ -329,11 +326,30 @@ impl SegmentLog {
         read_record(&self.segments[&place.segment].file, &path, key, place).map(Some)
     }
 
-    /// Hard-links the segment holding chunk `key` into the directory `into` under its own
-    /// name (once: `linked` holds the segments linked so far), so that the record stays
-    /// readable there whatever the log does next (appends go on in the active segment; a
-    /// compacted or dead segment only loses its name here). Returns where the record is;
-    /// None when the chunk is not held. Fails where `into` is on another filesystem.
+    /// Seals the active segment (synced, never written again) and starts the next.
+    pub fn seal(&mut self) -> io::Result<()> {
+        let sealed = self.active;
+        self.segments[&sealed].file.sync_data()?;
+        self.start_segment(sealed + 1)?;
+        self.reclaim(sealed)
+    }
+
+    /// Where chunk `key`'s record is, if it is held.
+    pub fn place(&self, key: u64) -> Option<Place> {
+        self.index.get(&key).copied()
+    }
+
+    /// The segment appends go to.
+    pub fn active(&self) -> u64 {
+        self.active
+    }
+
+    /// Hard-links the sealed segment holding chunk `key` into the directory `into` under its
+    /// own name (once: `linked` holds the segments linked so far), so that the record stays
+    /// readable there, unchanged, whatever the log does next (a sealed segment is never
+    /// written again; compacted or dead, it only loses its name here). Returns where the
+    /// record is; None when the chunk is not held. Fails where `into` is on another
+    /// filesystem, and for a chunk in the active segment ([`SegmentLog::seal`] it first).
     pub fn link(
         &self,
         key: u64,
@@ -343,6 +359,11 @@ impl SegmentLog {
         let Some(&place) = self.index.get(&key) else {
             return Ok(None);
         };
+        if place.segment == self.active {
+            return Err(io::Error::other(
+                "the active segment is not linked: seal it first",
+            ));
+        }
         if !linked.contains(&place.segment) {
             fs::hard_link(
                 segment_path(&self.dir, place.segment),

@@ -238,3 +238,57 @@ proptest! {
         let _ = written;
     }
 }
+
+#[test]
+fn a_linked_segment_never_changes_and_outlives_compaction() {
+    let (dir, elsewhere) = (Dir::new("segment-log-link"), Dir::new("segment-log-linked"));
+    fs::create_dir_all(&elsewhere.0).unwrap();
+    let (mut log, _) = SegmentLog::open(&dir.0, 64 << 10).unwrap();
+    for key in 0..600 {
+        log.put(key, &payload(key, 1000)).unwrap();
+    }
+    let mut linked = std::collections::HashSet::new();
+    // A chunk in the active segment is linked only once the segment is sealed.
+    assert!(log.link(599, &elsewhere.0, &mut linked).is_err());
+    log.seal().unwrap();
+    let places: Vec<Place> = (0..600)
+        .map(|key| log.link(key, &elsewhere.0, &mut linked).unwrap().unwrap())
+        .collect();
+    let sizes = || -> Vec<(PathBuf, u64)> {
+        let mut out: Vec<_> = segments(&elsewhere.0)
+            .into_iter()
+            .map(|p| (p.clone(), fs::metadata(&p).unwrap().len()))
+            .collect();
+        out.sort();
+        out
+    };
+    let before = sizes();
+    assert_eq!(before.len(), linked.len());
+    // Random deletions compact segments; new chunks are appended, then go.
+    for key in (0..600).filter(|k| k % 3 != 0) {
+        log.delete(key).unwrap();
+    }
+    for key in 600..800 {
+        log.put(key, &payload(key, 1000)).unwrap();
+    }
+    for key in 600..800 {
+        log.delete(key).unwrap();
+    }
+    assert!(log.copied() > 0, "compacted");
+    let gone = before
+        .iter()
+        .filter(|(linked, _)| !dir.0.join(linked.file_name().unwrap()).exists())
+        .count();
+    assert!(
+        gone > 0,
+        "some linked segments were compacted and unlinked in the log"
+    );
+    drop(log);
+    assert_eq!(sizes(), before, "the linked files did not change");
+    for (key, place) in places.into_iter().enumerate() {
+        let path = elsewhere.0.join(segment_name(place.segment));
+        let file = File::open(&path).unwrap();
+        let back = read_record(&file, &path, key as u64, place).unwrap();
+        assert_eq!(back, payload(key as u64, 1000), "chunk {key}");
+    }
+}

@@ -87,9 +87,15 @@ impl Checkpointer {
             let bytes = checkpoint::write(&mut out, &pairs, Some(&tmp))?;
             out.flush()?;
             out.get_ref().file.sync_all()?;
+            // (Its entries, the file and the linked segments, before it is published.)
+            fs::File::open(&tmp)?.sync_all()?;
             Ok(bytes)
         })()
-        .map_err(|e| io_err("write", &file_path, e))?;
+        .map_err(|e| {
+            // (Nothing half-written stays: its links would keep segments on disk.)
+            let _ = fs::remove_dir_all(&tmp);
+            io_err("write", &file_path, e)
+        })?;
         drop(snapshots);
         fs::rename(&tmp, &path).map_err(|e| io_err("publish", &path, e))?;
         if let Ok(dir) = fs::File::open(&self.root) {

@@ -356,16 +356,23 @@ impl Server {
             // Dropped chunks' payloads are forgotten here, every second, off the runtime's
             // workers (forgetting may compact a segment); and the memory the reads freed goes
             // back to the kernel (the bound the storage promises).
+            // (Only after reads from disk: they are what churns memory, and a process
+            // whose learner fills batches beside the server keeps its free memory otherwise.)
             runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(Duration::from_secs(1));
+                let mut misses = 0;
                 loop {
                     ticks.tick().await;
                     let store = store.clone();
-                    let _ = tokio::task::spawn_blocking(move || {
+                    let done = tokio::task::spawn_blocking(move || {
                         store.maintain();
-                        crate::alloc::release_free_memory();
-                    })
-                    .await;
+                        let now = store.stats().misses;
+                        if now != misses {
+                            crate::alloc::release_free_memory();
+                        }
+                        now
+                    });
+                    misses = done.await.unwrap_or(misses);
                 }
             });
         }
