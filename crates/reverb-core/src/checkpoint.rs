@@ -434,17 +434,17 @@ impl LinkedSegments {
             }
             self.open.insert(place.segment, file);
         }
-        let mut record = read_record(&self.open[&place.segment], &path, key, place)
+        let mut header = [0u8; STORED_HEADER];
+        let payload = read_record(&self.open[&place.segment], &path, key, place, &mut header)
             .map_err(|e| corrupt(e.to_string()))?;
-        if record.len() < STORED_HEADER || record[..STORED_HEADER] != Chunk::header_of(&fields) {
+        if header != Chunk::header_of(&fields) {
             return Err(corrupt(format!(
                 "chunk {key} in {} is not the chunk the checkpoint names",
                 path.display()
             )));
         }
-        record.drain(..STORED_HEADER);
         Ok(ChunkData {
-            data: record.into(),
+            data: payload.into(),
             ..fields
         })
     }

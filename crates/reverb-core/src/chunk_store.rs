@@ -244,8 +244,9 @@ impl ChunkStore {
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
+        let mut header = [0u8; STORED_HEADER];
         let read = match self.log.read().as_ref() {
-            Some(logged) => logged.log.get(key),
+            Some(logged) => logged.log.get_split(key, &mut header),
             None => Err(self.closed()),
         };
         self.counters
@@ -255,8 +256,8 @@ impl ChunkStore {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
             context(&self.dir, &format!("could not read chunk {key}"), e)
         };
-        let mut record = match read {
-            Ok(Some(record)) => record,
+        let payload = match read {
+            Ok(Some(payload)) => payload,
             Ok(None) => {
                 return Err(failed(io::Error::new(
                     io::ErrorKind::NotFound,
@@ -265,14 +266,13 @@ impl ChunkStore {
             }
             Err(e) => return Err(failed(e)),
         };
-        if record.len() < STORED_HEADER || record[..STORED_HEADER] != chunk.header() {
+        if header != chunk.header() {
             return Err(failed(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "its stored fields differ from the chunk's",
             )));
         }
-        record.drain(..STORED_HEADER);
-        let resident = Arc::new(chunk.with_bytes(record));
+        let resident = Arc::new(chunk.with_bytes(payload));
         if cache {
             self.cache.lock().insert(key, resident.clone());
         }

@@ -100,30 +100,76 @@ fn segment_path(dir: &Path, id: u64) -> PathBuf {
 }
 
 /// Chunk `key`'s payload, read from its record at `place` in `file` (the segment at `path`,
-/// named in errors): the record's framing, key, length and checksum are checked.
-pub fn read_record(file: &File, path: &Path, key: u64, place: Place) -> io::Result<Vec<u8>> {
-    let mut record = vec![0u8; (HEADER + u64::from(place.len)) as usize];
-    file.read_exact_at(&mut record, place.at).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("chunk {key} in {} at {}: {e}", path.display(), place.at),
-        )
-    })?;
-    let field = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().expect("4 bytes"));
+/// named in errors): its first `head.len()` bytes into `head`, the rest returned in a buffer
+/// of exactly their length (one read: no copy, no slack). The record's framing, key, length
+/// and checksum are checked.
+pub fn read_record(
+    file: &File,
+    path: &Path,
+    key: u64,
+    place: Place,
+    head: &mut [u8],
+) -> io::Result<Vec<u8>> {
+    let located =
+        |what: String| format!("chunk {key} in {} at {}: {what}", path.display(), place.at);
+    let Some(rest) = (place.len as usize).checked_sub(head.len()) else {
+        return Err(corrupt(located("shorter than its header".into())));
+    };
+    let mut frame = [0u8; HEADER as usize];
+    let mut payload = vec![0u8; rest];
+    read_parts_at(file, &mut [&mut frame, head, &mut payload], place.at)
+        .map_err(|e| io::Error::new(e.kind(), located(e.to_string())))?;
+    let field = |at: usize| u32::from_le_bytes(frame[at..at + 4].try_into().expect("4 bytes"));
     let framed = field(0) == MAGIC
-        && record[4..12] == key.to_le_bytes()
+        && frame[4..12] == key.to_le_bytes()
         && field(12) == place.len
-        && record_crc(key, &[&record[HEADER as usize..]]) == field(16);
+        && record_crc(key, &[head, &payload]) == field(16);
     if !framed {
-        return Err(corrupt(format!(
-            "chunk {key} in {} at {} fails its checksum",
-            path.display(),
-            place.at
-        )));
+        return Err(corrupt(located("fails its checksum".into())));
     }
-    // (The payload moved to the front of the buffer it was read into: no second one.)
-    record.drain(..HEADER as usize);
-    Ok(record)
+    Ok(payload)
+}
+
+/// Fills `parts` end to end from `file` at `offset` (a `preadv`, again after a short read).
+fn read_parts_at(file: &File, parts: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut slices: Vec<io::IoSliceMut> =
+        parts.iter_mut().map(|p| io::IoSliceMut::new(p)).collect();
+    let mut slices = &mut slices[..];
+    let mut at = offset;
+    while !slices.is_empty() {
+        let count = slices.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
+        // SAFETY: `IoSliceMut` is ABI-compatible with `iovec` on Unix (std documents it);
+        // each points into a buffer of `parts`, borrowed exclusively for this call, and
+        // preadv writes at most their lengths; the descriptor is open for `file`'s life.
+        let read = unsafe {
+            libc::preadv(
+                file.as_raw_fd(),
+                slices.as_ptr().cast::<libc::iovec>(),
+                count,
+                at as libc::off_t,
+            )
+        };
+        match read {
+            0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file ends first",
+                ))
+            }
+            n if n > 0 => {
+                at += n as u64;
+                io::IoSliceMut::advance_slices(&mut slices, n as usize);
+            }
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The checksum of a record of `key` whose payload is `parts` end to end.
@@ -323,7 +369,24 @@ impl SegmentLog {
             return Ok(None);
         };
         let path = segment_path(&self.dir, place.segment);
-        read_record(&self.segments[&place.segment].file, &path, key, place).map(Some)
+        read_record(
+            &self.segments[&place.segment].file,
+            &path,
+            key,
+            place,
+            &mut [],
+        )
+        .map(Some)
+    }
+
+    /// [`SegmentLog::get`] with the payload's first `head.len()` bytes read into `head` and
+    /// the rest returned (see [`read_record`]).
+    pub fn get_split(&self, key: u64, head: &mut [u8]) -> io::Result<Option<Vec<u8>>> {
+        let Some(&place) = self.index.get(&key) else {
+            return Ok(None);
+        };
+        let path = segment_path(&self.dir, place.segment);
+        read_record(&self.segments[&place.segment].file, &path, key, place, head).map(Some)
     }
 
     /// Seals the active segment (synced, never written again) and starts the next.

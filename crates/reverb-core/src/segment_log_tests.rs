@@ -288,7 +288,7 @@ fn a_linked_segment_never_changes_and_outlives_compaction() {
     for (key, place) in places.into_iter().enumerate() {
         let path = elsewhere.0.join(segment_name(place.segment));
         let file = File::open(&path).unwrap();
-        let back = read_record(&file, &path, key as u64, place).unwrap();
+        let back = read_record(&file, &path, key as u64, place, &mut []).unwrap();
         assert_eq!(back, payload(key as u64, 1000), "chunk {key}");
     }
 }
