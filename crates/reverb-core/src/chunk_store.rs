@@ -206,11 +206,7 @@ impl ChunkStore {
             Some(place) if place.segment == logged.log.active() => {
                 let mut guard = parking_lot::RwLockUpgradableReadGuard::upgrade(guard);
                 let logged = guard.as_mut().expect("open: checked above");
-                logged
-                    .log
-                    .seal()
-                    .map_err(|e| context(&self.dir, "could not seal a segment", e))?;
-                logged.log.link(key, into, linked)
+                logged.log.seal_and_link(key, into, linked)
             }
             Some(_) => logged.log.link(key, into, linked),
         }
@@ -332,6 +328,11 @@ impl ChunkStore {
                 self.apply_forgotten(logged);
             }
         }
+    }
+
+    /// Reads that went to disk so far.
+    pub fn misses(&self) -> u64 {
+        self.counters.misses.load(Ordering::Relaxed)
     }
 
     /// What it holds and has done.

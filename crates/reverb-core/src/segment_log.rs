@@ -138,7 +138,10 @@ fn read_parts_at(file: &File, parts: &mut [&mut [u8]], offset: u64) -> io::Resul
     let mut slices = &mut slices[..];
     let mut at = offset;
     while !slices.is_empty() {
-        let count = slices.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
+        // (A record is read in three parts: far below any limit on their number.)
+        let count = slices.len() as libc::c_int;
+        let offset = libc::off_t::try_from(at)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset past off_t"))?;
         // SAFETY: `IoSliceMut` is ABI-compatible with `iovec` on Unix (std documents it);
         // each points into a buffer of `parts`, borrowed exclusively for this call, and
         // preadv writes at most their lengths; the descriptor is open for `file`'s life.
@@ -147,7 +150,7 @@ fn read_parts_at(file: &File, parts: &mut [&mut [u8]], offset: u64) -> io::Resul
                 file.as_raw_fd(),
                 slices.as_ptr().cast::<libc::iovec>(),
                 count,
-                at as libc::off_t,
+                offset,
             )
         };
         match read {
@@ -301,13 +304,18 @@ impl SegmentLog {
     }
 
     fn start_segment(&mut self, id: u64) -> io::Result<()> {
+        let path = segment_path(&self.dir, id);
         let file = OpenOptions::new()
             .create_new(true)
             .read(true)
             .write(true)
-            .open(segment_path(&self.dir, id))?;
-        // The new name must survive a crash too.
-        File::open(&self.dir)?.sync_all()?;
+            .open(&path)?;
+        // The new name must survive a crash too. (If it cannot be made to, the file goes:
+        // left, it would refuse the next try to start this segment.)
+        if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
         self.segments.insert(id, Segment::empty(file));
         self.active = id;
         Ok(())
@@ -391,10 +399,32 @@ impl SegmentLog {
 
     /// Seals the active segment (synced, never written again) and starts the next.
     pub fn seal(&mut self) -> io::Result<()> {
+        let sealed = self.seal_unreclaimed()?;
+        self.reclaim(sealed)
+    }
+
+    /// [`SegmentLog::seal`] without reclaiming the sealed segment (which may compact it);
+    /// returns its id.
+    fn seal_unreclaimed(&mut self) -> io::Result<u64> {
         let sealed = self.active;
         self.segments[&sealed].file.sync_data()?;
         self.start_segment(sealed + 1)?;
-        self.reclaim(sealed)
+        Ok(sealed)
+    }
+
+    /// [`SegmentLog::link`] of a chunk in the active segment: the segment is sealed, the
+    /// chunk linked, and only then the sealed segment reclaimed (compacting it first would
+    /// move the chunk into the new active segment).
+    pub fn seal_and_link(
+        &mut self,
+        key: u64,
+        into: &Path,
+        linked: &mut std::collections::HashSet<u64>,
+    ) -> io::Result<Option<Place>> {
+        let sealed = self.seal_unreclaimed()?;
+        let place = self.link(key, into, linked);
+        self.reclaim(sealed)?;
+        place
     }
 
     /// Where chunk `key`'s record is, if it is held.

@@ -292,3 +292,34 @@ fn a_linked_segment_never_changes_and_outlives_compaction() {
         assert_eq!(back, payload(key as u64, 1000), "chunk {key}");
     }
 }
+
+#[test]
+fn a_chunk_in_the_active_segment_is_linked_even_when_sealing_compacts() {
+    // (Found in review: a seal that compacts its segment at once moved the chunk about to
+    // be linked into the new active segment.)
+    let (dir, elsewhere) = (
+        Dir::new("segment-log-seal-link"),
+        Dir::new("segment-log-sealed"),
+    );
+    fs::create_dir_all(&elsewhere.0).unwrap();
+    let (mut log, _) = SegmentLog::open(&dir.0, 1000).unwrap();
+    log.put(1, &payload(1, 10)).unwrap();
+    log.put(2, &payload(2, 5000)).unwrap(); // (larger than a segment)
+    log.delete(2).unwrap();
+    let mut linked = std::collections::HashSet::new();
+    let place = log
+        .seal_and_link(1, &elsewhere.0, &mut linked)
+        .unwrap()
+        .unwrap();
+    assert_ne!(
+        log.place(1).unwrap().segment,
+        place.segment,
+        "compacted since"
+    );
+    let path = elsewhere.0.join(segment_name(place.segment));
+    let file = File::open(&path).unwrap();
+    assert_eq!(
+        read_record(&file, &path, 1, place, &mut []).unwrap(),
+        payload(1, 10)
+    );
+}

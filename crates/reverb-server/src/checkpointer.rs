@@ -97,11 +97,17 @@ impl Checkpointer {
             io_err("write", &file_path, e)
         })?;
         drop(snapshots);
-        fs::rename(&tmp, &path).map_err(|e| io_err("publish", &path, e))?;
-        if let Ok(dir) = fs::File::open(&self.root) {
-            let _ = dir.sync_all();
+        fs::rename(&tmp, &path).map_err(|e| {
+            let _ = fs::remove_dir_all(&tmp);
+            io_err("publish", &path, e)
+        })?;
+        // (Older checkpoints are pruned only once this one's name is durable.)
+        if fs::File::open(&self.root)
+            .and_then(|d| d.sync_all())
+            .is_ok()
+        {
+            self.prune();
         }
-        self.prune();
         Ok(SaveReport {
             path,
             bytes,

@@ -360,13 +360,15 @@ impl Server {
             // whose learner fills batches beside the server keeps its free memory otherwise.)
             runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(Duration::from_secs(1));
+                // (After a slow tick, the next a second later: not at once to catch up.)
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut misses = 0;
                 loop {
                     ticks.tick().await;
                     let store = store.clone();
                     let done = tokio::task::spawn_blocking(move || {
                         store.maintain();
-                        let now = store.stats().misses;
+                        let now = store.misses();
                         if now != misses {
                             crate::alloc::release_free_memory();
                         }
