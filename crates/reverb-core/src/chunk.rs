@@ -44,6 +44,9 @@ enum Payload {
     Heap(Box<[u8]>),
     /// In the store, with its length; nothing of it in memory.
     Stored(Arc<ChunkStore>, usize),
+    /// Read back from the store into a buffer it lent: given back when the chunk goes (the
+    /// next read of a payload of that length reuses it: reads do not churn memory).
+    Lent(Box<[u8]>, Arc<ChunkStore>),
 }
 
 impl Payload {
@@ -65,7 +68,7 @@ impl Payload {
     fn held(&self) -> &[u8] {
         match self {
             Payload::Inline(len, bytes) => &bytes[..*len as usize],
-            Payload::Heap(bytes) => bytes,
+            Payload::Heap(bytes) | Payload::Lent(bytes, _) => bytes,
             Payload::Stored(..) => &[],
         }
     }
@@ -141,15 +144,15 @@ impl Chunk {
         )
     }
 
-    /// This chunk (fields and key) with `payload` read back from its store, in memory.
-    pub(crate) fn with_bytes(&self, payload: Vec<u8>) -> Self {
+    /// This chunk (fields and key) with `payload` read back from `store` into a buffer it
+    /// lent (see [`Payload::Lent`]), in memory.
+    pub(crate) fn with_lent(&self, payload: Box<[u8]>, store: Arc<ChunkStore>) -> Self {
         HELD.0.fetch_add(1, Ordering::Relaxed);
         HELD.1.fetch_add(payload.len(), Ordering::Relaxed);
-        let payload = match payload.len() {
-            0..=INLINE_PAYLOAD => Payload::new(&payload),
-            _ => Payload::Heap(payload.into_boxed_slice()),
-        };
-        Self { payload, ..*self }
+        Self {
+            payload: Payload::Lent(payload, store),
+            ..*self
+        }
     }
 
     /// The chunk `key` whose other fields are `header` (see [`Chunk::header`]), with its
@@ -310,8 +313,10 @@ impl Drop for Chunk {
         HELD.0.fetch_sub(1, Ordering::Relaxed);
         HELD.1
             .fetch_sub(self.payload.held().len(), Ordering::Relaxed);
-        if let Payload::Stored(store, _) = &self.payload {
-            store.forget(self.key);
+        match &mut self.payload {
+            Payload::Stored(store, _) => store.forget(self.key),
+            Payload::Lent(bytes, store) => store.give_back(std::mem::take(bytes)),
+            _ => {}
         }
     }
 }
@@ -878,7 +883,7 @@ impl StoredItem for ItemData {
             _ => self
                 .chunks
                 .iter()
-                .filter(|c| matches!(c.payload, Payload::Heap(_)))
+                .filter(|c| matches!(c.payload, Payload::Heap(_) | Payload::Lent(..)))
                 .for_each(|c| reverb_proto::prefetch(c.payload.held().as_ptr())),
         }
     }

@@ -35,9 +35,22 @@ pub struct ChunkStore {
     /// dropped under a table's lock, and deleting may compact, which neither that lock nor
     /// an insert should wait for).
     forgotten: Mutex<Vec<u64>>,
+    /// Buffers of payloads read back and since dropped, by length, for the next reads.
+    spare: Mutex<Spare>,
     closed: AtomicBool,
     counters: Counters,
 }
+
+/// Payload buffers given back, by length (see [`ChunkStore::give_back`]).
+#[derive(Default)]
+struct Spare {
+    by_len: std::collections::HashMap<usize, Vec<Box<[u8]>>>,
+    bytes: usize,
+}
+
+/// Bytes of spare buffers kept at most: enough for the reads of a second's batches to reuse
+/// what the cache evicted, little next to the cache.
+const SPARE_BYTES: usize = 16 << 20;
 
 struct Logged {
     log: SegmentLog,
@@ -93,6 +106,7 @@ impl ChunkStore {
             })),
             cache: Mutex::new(Cache::new(cache_bytes)),
             forgotten: Mutex::new(Vec::new()),
+            spare: Mutex::new(Spare::default()),
             closed: AtomicBool::new(false),
             counters: Counters::default(),
         }))
@@ -140,9 +154,11 @@ impl ChunkStore {
         }
         // (Made only once stored: dropping it forgets the key.)
         let stored = Arc::new(Chunk::stored(data.clone(), self.clone()));
-        let mut cache = self.cache.lock();
-        if size <= cache.limit {
-            cache.insert(key, Arc::new(Chunk::new(data)));
+        if size <= self.cache.lock().limit {
+            let mut copy = self.lend(size);
+            copy.copy_from_slice(&data.data);
+            let resident = Arc::new(stored.with_lent(copy, self.clone()));
+            self.cache.lock().insert(key, resident);
         }
         Ok(stored)
     }
@@ -221,6 +237,8 @@ impl ChunkStore {
         *self.log.write() = None;
         let mut cache = self.cache.lock();
         *cache = Cache::new(cache.limit);
+        drop(cache);
+        *self.spare.lock() = Spare::default();
     }
 
     fn closed(&self) -> io::Error {
@@ -230,9 +248,32 @@ impl ChunkStore {
         ))
     }
 
+    /// A buffer of `len` bytes for a payload read back: a spare one, else a new one.
+    fn lend(&self, len: usize) -> Box<[u8]> {
+        let mut spare = self.spare.lock();
+        match spare.by_len.get_mut(&len).and_then(Vec::pop) {
+            Some(buffer) => {
+                spare.bytes -= len;
+                buffer
+            }
+            None => vec![0u8; len].into_boxed_slice(),
+        }
+    }
+
+    /// Takes back the buffer of a payload read back (its chunk went), kept for the next read
+    /// of that length while the spare buffers stay under [`SPARE_BYTES`].
+    pub(crate) fn give_back(&self, buffer: Box<[u8]>) {
+        let len = buffer.len();
+        let mut spare = self.spare.lock();
+        if len > 0 && spare.bytes + len <= SPARE_BYTES && !self.closed.load(Ordering::Relaxed) {
+            spare.bytes += len;
+            spare.by_len.entry(len).or_default().push(buffer);
+        }
+    }
+
     /// `chunk` (stored here) with its payload in memory, from the cache or the disk (kept
     /// in the cache if `cache`).
-    pub(crate) fn load(&self, chunk: &Chunk, cache: bool) -> io::Result<Arc<Chunk>> {
+    pub(crate) fn load(self: &Arc<Self>, chunk: &Chunk, cache: bool) -> io::Result<Arc<Chunk>> {
         let key = chunk.key();
         if let Some(hit) = self.cache.lock().get(key) {
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -242,7 +283,7 @@ impl ChunkStore {
         let started = Instant::now();
         let mut header = [0u8; STORED_HEADER];
         let read = match self.log.read().as_ref() {
-            Some(logged) => logged.log.get_split(key, &mut header),
+            Some(logged) => logged.log.get_into(key, &mut header, |len| self.lend(len)),
             None => Err(self.closed()),
         };
         self.counters
@@ -268,7 +309,7 @@ impl ChunkStore {
                 "its stored fields differ from the chunk's",
             )));
         }
-        let resident = Arc::new(chunk.with_bytes(payload));
+        let resident = Arc::new(chunk.with_lent(payload, self.clone()));
         if cache {
             self.cache.lock().insert(key, resident.clone());
         }

@@ -217,3 +217,24 @@ fn a_closed_store_releases_its_directory_and_keeps_its_data() {
         "dropping after closing forgets nothing"
     );
 }
+
+#[test]
+fn reads_reuse_the_buffers_of_payloads_read_before() {
+    let dir = Dir::new("chunk-store-spare");
+    let store = ChunkStore::open(&dir.0, 0).unwrap();
+    let (a, b) = (
+        store.store(data(1, 1000)).unwrap(),
+        store.store(data(2, 1000)).unwrap(),
+    );
+    let first = a.resident().unwrap();
+    let buffer = first.payload().as_ptr();
+    assert_eq!(first.data(), data(1, 1000));
+    drop(first);
+    // (The first read's buffer, given back as its chunk went, holds the second.)
+    let second = b.resident().unwrap();
+    assert_eq!(second.payload().as_ptr(), buffer);
+    assert_eq!(second.data(), data(2, 1000));
+    // Another length gets a buffer of its own.
+    let c = store.store(data(3, 2000)).unwrap();
+    assert_eq!(c.resident().unwrap().data(), data(3, 2000));
+}

@@ -101,8 +101,7 @@ fn segment_path(dir: &Path, id: u64) -> PathBuf {
 
 /// Chunk `key`'s payload, read from its record at `place` in `file` (the segment at `path`,
 /// named in errors): its first `head.len()` bytes into `head`, the rest returned in a buffer
-/// of exactly their length (one read: no copy, no slack). The record's framing, key, length
-/// and checksum are checked.
+/// of exactly their length (see [`read_record_into`]).
 pub fn read_record(
     file: &File,
     path: &Path,
@@ -110,24 +109,54 @@ pub fn read_record(
     place: Place,
     head: &mut [u8],
 ) -> io::Result<Vec<u8>> {
-    let located =
-        |what: String| format!("chunk {key} in {} at {}: {what}", path.display(), place.at);
     let Some(rest) = (place.len as usize).checked_sub(head.len()) else {
-        return Err(corrupt(located("shorter than its header".into())));
+        return Err(corrupt(located(
+            key,
+            path,
+            place,
+            "shorter than its header",
+        )));
     };
-    let mut frame = [0u8; HEADER as usize];
     let mut payload = vec![0u8; rest];
-    read_parts_at(file, &mut [&mut frame, head, &mut payload], place.at)
-        .map_err(|e| io::Error::new(e.kind(), located(e.to_string())))?;
+    read_record_into(file, path, key, place, head, &mut payload)?;
+    Ok(payload)
+}
+
+/// [`read_record`] into `payload`, which must be as long as the record's payload past `head`
+/// (one read: no copy). The record's framing, key, length and checksum are checked.
+pub fn read_record_into(
+    file: &File,
+    path: &Path,
+    key: u64,
+    place: Place,
+    head: &mut [u8],
+    payload: &mut [u8],
+) -> io::Result<()> {
+    if head.len() + payload.len() != place.len as usize {
+        return Err(corrupt(located(
+            key,
+            path,
+            place,
+            "not the length asked for",
+        )));
+    }
+    let mut frame = [0u8; HEADER as usize];
+    read_parts_at(file, &mut [&mut frame, head, payload], place.at)
+        .map_err(|e| io::Error::new(e.kind(), located(key, path, place, &e.to_string())))?;
     let field = |at: usize| u32::from_le_bytes(frame[at..at + 4].try_into().expect("4 bytes"));
     let framed = field(0) == MAGIC
         && frame[4..12] == key.to_le_bytes()
         && field(12) == place.len
-        && record_crc(key, &[head, &payload]) == field(16);
+        && record_crc(key, &[head, payload]) == field(16);
     if !framed {
-        return Err(corrupt(located("fails its checksum".into())));
+        return Err(corrupt(located(key, path, place, "fails its checksum")));
     }
-    Ok(payload)
+    Ok(())
+}
+
+/// `what` about chunk `key`'s record at `place` in the segment at `path`.
+fn located(key: u64, path: &Path, place: Place, what: &str) -> String {
+    format!("chunk {key} in {} at {}: {what}", path.display(), place.at)
 }
 
 /// Fills `parts` end to end from `file` at `offset` (a `preadv`, again after a short read).
@@ -388,13 +417,29 @@ impl SegmentLog {
     }
 
     /// [`SegmentLog::get`] with the payload's first `head.len()` bytes read into `head` and
-    /// the rest returned (see [`read_record`]).
-    pub fn get_split(&self, key: u64, head: &mut [u8]) -> io::Result<Option<Vec<u8>>> {
+    /// the rest into the buffer `buffer` gives for their length (see [`read_record_into`]).
+    pub fn get_into<B: AsMut<[u8]>>(
+        &self,
+        key: u64,
+        head: &mut [u8],
+        buffer: impl FnOnce(usize) -> B,
+    ) -> io::Result<Option<B>> {
         let Some(&place) = self.index.get(&key) else {
             return Ok(None);
         };
         let path = segment_path(&self.dir, place.segment);
-        read_record(&self.segments[&place.segment].file, &path, key, place, head).map(Some)
+        let Some(rest) = (place.len as usize).checked_sub(head.len()) else {
+            return Err(corrupt(located(
+                key,
+                &path,
+                place,
+                "shorter than its header",
+            )));
+        };
+        let mut payload = buffer(rest);
+        let file = &self.segments[&place.segment].file;
+        read_record_into(file, &path, key, place, head, payload.as_mut())?;
+        Ok(Some(payload))
     }
 
     /// Seals the active segment (synced, never written again) and starts the next.
