@@ -371,11 +371,6 @@ impl ChunkStore {
         }
     }
 
-    /// Reads that went to disk so far.
-    pub fn misses(&self) -> u64 {
-        self.counters.misses.load(Ordering::Relaxed)
-    }
-
     /// What it holds and has done.
     pub fn stats(&self) -> StoreStats {
         let (cache_bytes, cache_limit) = {

@@ -63,22 +63,6 @@ fn advise(ptr: *mut u8, len: usize) -> *mut u8 {
     ptr
 }
 
-/// Gives the kernel back the free pages malloc's arenas hold: glibc keeps free space at each
-/// arena's top up to its trim threshold (64 MiB here: see the Python extension's malloc
-/// settings) and never returns free space lying between used blocks. A server storing chunks
-/// on disk promises memory bounded by its cache, while its reads churn payload-sized buffers
-/// through every worker thread's arena: its maintenance calls this every second in which
-/// it read from disk. (Measured: ~25 ms a call for a server holding 100k frames beside
-/// TensorFlow, each arena locked for its part of it.) Does nothing off glibc.
-pub fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointer of ours: it walks malloc's own arenas under their
-    // locks and advises their free pages away.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -354,27 +354,15 @@ impl Server {
         }
         if let Some((store, _)) = storage.0.clone() {
             // Dropped chunks' payloads are forgotten here, every second, off the runtime's
-            // workers (forgetting may compact a segment); and the memory the reads freed goes
-            // back to the kernel (the bound the storage promises).
-            // (Only after reads from disk: they are what churns memory, and a process
-            // whose learner fills batches beside the server keeps its free memory otherwise.)
+            // workers (forgetting may compact a segment).
             runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(Duration::from_secs(1));
                 // (After a slow tick, the next a second later: not at once to catch up.)
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut misses = 0;
                 loop {
                     ticks.tick().await;
                     let store = store.clone();
-                    let done = tokio::task::spawn_blocking(move || {
-                        store.maintain();
-                        let now = store.misses();
-                        if now != misses {
-                            crate::alloc::release_free_memory();
-                        }
-                        now
-                    });
-                    misses = done.await.unwrap_or(misses);
+                    let _ = tokio::task::spawn_blocking(move || store.maintain()).await;
                 }
             });
         }
