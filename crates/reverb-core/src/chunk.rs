@@ -44,9 +44,10 @@ enum Payload {
     Heap(Box<[u8]>),
     /// In the store, with its length; nothing of it in memory.
     Stored(Arc<ChunkStore>, usize),
-    /// Read back from the store into a buffer it lent: given back when the chunk goes (the
-    /// next read of a payload of that length reuses it: reads do not churn memory).
-    Lent(Box<[u8]>, Arc<ChunkStore>),
+    /// Read back from the store into a buffer it lent (the payload is all of it; its
+    /// capacity may be larger): given back when the chunk goes, for the next read of a
+    /// payload of about that size (see [`ChunkStore::give_back`]).
+    Lent(Vec<u8>, Arc<ChunkStore>),
 }
 
 impl Payload {
@@ -68,7 +69,8 @@ impl Payload {
     fn held(&self) -> &[u8] {
         match self {
             Payload::Inline(len, bytes) => &bytes[..*len as usize],
-            Payload::Heap(bytes) | Payload::Lent(bytes, _) => bytes,
+            Payload::Heap(bytes) => bytes,
+            Payload::Lent(bytes, _) => bytes,
             Payload::Stored(..) => &[],
         }
     }
@@ -146,7 +148,7 @@ impl Chunk {
 
     /// This chunk (fields and key) with `payload` read back from `store` into a buffer it
     /// lent (see [`Payload::Lent`]), in memory.
-    pub(crate) fn with_lent(&self, payload: Box<[u8]>, store: Arc<ChunkStore>) -> Self {
+    pub(crate) fn with_lent(&self, payload: Vec<u8>, store: Arc<ChunkStore>) -> Self {
         HELD.0.fetch_add(1, Ordering::Relaxed);
         HELD.1.fetch_add(payload.len(), Ordering::Relaxed);
         Self {

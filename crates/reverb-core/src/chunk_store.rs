@@ -35,22 +35,35 @@ pub struct ChunkStore {
     /// dropped under a table's lock, and deleting may compact, which neither that lock nor
     /// an insert should wait for).
     forgotten: Mutex<Vec<u64>>,
-    /// Buffers of payloads read back and since dropped, by length, for the next reads.
+    /// Buffers of payloads read back and since dropped, by size class, for the next reads.
     spare: Mutex<Spare>,
+    /// The cache's bound (the spare buffers' is a quarter of it).
+    cache_limit: usize,
     closed: AtomicBool,
     counters: Counters,
 }
 
-/// Payload buffers given back, by length (see [`ChunkStore::give_back`]).
+/// Payload buffers given back, by size class (see [`ChunkStore::give_back`]).
 #[derive(Default)]
 struct Spare {
-    by_len: std::collections::HashMap<usize, Vec<Box<[u8]>>>,
+    by_class: std::collections::HashMap<usize, Vec<Vec<u8>>>,
+    /// Capacity of the buffers held.
     bytes: usize,
 }
 
 /// Bytes of spare buffers kept at most: enough for the reads of a second's batches to reuse
-/// what the cache evicted, little next to the cache.
+/// what the cache evicted, little next to the cache (a quarter of it, at least 1 MiB).
 const SPARE_BYTES: usize = 16 << 20;
+
+/// The capacity of the size class holding `len` bytes: `len` rounded up to a quarter of its
+/// power of two (payloads of nearby lengths share buffers; at most 25% unused).
+fn size_class(len: usize) -> usize {
+    if len <= 64 {
+        return 64;
+    }
+    let quarter = len.next_power_of_two() / 8;
+    len.div_ceil(quarter) * quarter
+}
 
 struct Logged {
     log: SegmentLog,
@@ -107,6 +120,7 @@ impl ChunkStore {
             cache: Mutex::new(Cache::new(cache_bytes)),
             forgotten: Mutex::new(Vec::new()),
             spare: Mutex::new(Spare::default()),
+            cache_limit: cache_bytes,
             closed: AtomicBool::new(false),
             counters: Counters::default(),
         }))
@@ -154,7 +168,11 @@ impl ChunkStore {
         }
         // (Made only once stored: dropping it forgets the key.)
         let stored = Arc::new(Chunk::stored(data.clone(), self.clone()));
-        if size <= self.cache.lock().limit {
+        let skip = {
+            let cache = self.cache.lock();
+            size > cache.limit || cache.map.get(&key).is_some_and(|(c, _)| c.is_some())
+        };
+        if !skip {
             let mut copy = self.lend(size);
             copy.copy_from_slice(&data.data);
             let resident = Arc::new(stored.with_lent(copy, self.clone()));
@@ -248,27 +266,43 @@ impl ChunkStore {
         ))
     }
 
-    /// A buffer of `len` bytes for a payload read back: a spare one, else a new one.
-    fn lend(&self, len: usize) -> Box<[u8]> {
-        let mut spare = self.spare.lock();
-        match spare.by_len.get_mut(&len).and_then(Vec::pop) {
-            Some(buffer) => {
-                spare.bytes -= len;
-                buffer
+    /// A buffer of `len` bytes for a payload read back: a spare one of its size class, else
+    /// a new one. (Its bytes are all overwritten by the read.)
+    fn lend(&self, len: usize) -> Vec<u8> {
+        let class = size_class(len);
+        let spare = {
+            let mut spare = self.spare.lock();
+            let bucket = spare.by_class.get_mut(&class);
+            let buffer = bucket.and_then(Vec::pop);
+            if let Some(buffer) = &buffer {
+                spare.bytes -= buffer.capacity();
             }
-            None => vec![0u8; len].into_boxed_slice(),
-        }
+            buffer
+        };
+        let mut buffer = spare.unwrap_or_else(|| Vec::with_capacity(class));
+        buffer.clear();
+        buffer.resize(len, 0);
+        buffer
     }
 
-    /// Takes back the buffer of a payload read back (its chunk went), kept for the next read
-    /// of that length while the spare buffers stay under [`SPARE_BYTES`].
-    pub(crate) fn give_back(&self, buffer: Box<[u8]>) {
-        let len = buffer.len();
-        let mut spare = self.spare.lock();
-        if len > 0 && spare.bytes + len <= SPARE_BYTES && !self.closed.load(Ordering::Relaxed) {
-            spare.bytes += len;
-            spare.by_len.entry(len).or_default().push(buffer);
+    /// Takes back the buffer of a payload read back (its chunk went), for the next read of
+    /// its size class. The spare buffers stay under a quarter of the cache (at least 1 MiB,
+    /// at most [`SPARE_BYTES`]): past it, they are all freed (the sizes asked for changed).
+    pub(crate) fn give_back(&self, buffer: Vec<u8>) {
+        let class = size_class(buffer.capacity());
+        if class != buffer.capacity() || self.closed.load(Ordering::Relaxed) {
+            return; // (not one of ours)
         }
+        let limit = (self.cache_limit / 4).clamp(1 << 20, SPARE_BYTES);
+        let mut spare = self.spare.lock();
+        if spare.bytes + class > limit {
+            *spare = Spare::default();
+            if class > limit {
+                return;
+            }
+        }
+        spare.bytes += class;
+        spare.by_class.entry(class).or_default().push(buffer);
     }
 
     /// `chunk` (stored here) with its payload in memory, from the cache or the disk (kept

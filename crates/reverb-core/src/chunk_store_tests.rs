@@ -234,7 +234,27 @@ fn reads_reuse_the_buffers_of_payloads_read_before() {
     let second = b.resident().unwrap();
     assert_eq!(second.payload().as_ptr(), buffer);
     assert_eq!(second.data(), data(2, 1000));
-    // Another length gets a buffer of its own.
-    let c = store.store(data(3, 2000)).unwrap();
-    assert_eq!(c.resident().unwrap().data(), data(3, 2000));
+    drop(second);
+    // A nearby length (the same size class) reuses it too; another gets one of its own.
+    let c = store.store(data(3, 1010)).unwrap();
+    let third = c.resident().unwrap();
+    assert_eq!(third.payload().as_ptr(), buffer);
+    assert_eq!(third.data(), data(3, 1010));
+    let d = store.store(data(4, 3000)).unwrap();
+    assert_eq!(d.resident().unwrap().data(), data(4, 3000));
+}
+
+#[test]
+fn spare_buffers_stay_bounded_whatever_the_lengths() {
+    let dir = Dir::new("chunk-store-spare-bound");
+    let store = ChunkStore::open(&dir.0, 0).unwrap();
+    for key in 0..3000u64 {
+        let len = 100 + (key as usize * 997) % 50_000;
+        let chunk = store.store(data(key, len)).unwrap();
+        assert_eq!(chunk.resident().unwrap().data(), data(key, len));
+        assert!(store.spare.lock().bytes <= 1 << 20);
+    }
+    assert!(size_class(1000) >= 1000 && size_class(1000) < 1250);
+    assert_eq!(size_class(1024), 1024);
+    assert_eq!(size_class(1025), 1280);
 }
