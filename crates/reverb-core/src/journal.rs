@@ -96,6 +96,8 @@ pub struct Journal {
     /// Nanoseconds a sync is expected to take: the longest of late (decaying by an eighth
     /// a sync). A sync starts that long (twice) before its oldest change is due.
     sync_cost: AtomicU64,
+    /// When a sync longer than half the interval was last reported on stderr.
+    slow_reported: Mutex<Option<std::time::Instant>>,
     /// `FileState::file_bytes` as last written (read without the lock held across syncs).
     file_bytes: AtomicU64,
     /// Milliseconds every sync sleeps (tests: a slow disk).
@@ -274,6 +276,7 @@ impl Journal {
             syncs: AtomicU64::new(0),
             sync_nanos: AtomicU64::new(0),
             sync_cost: AtomicU64::new(0),
+            slow_reported: Mutex::new(None),
             #[cfg(test)]
             slow_sync_ms: AtomicU64::new(0),
             #[cfg(test)]
@@ -560,6 +563,27 @@ impl Journal {
         self.sync_now();
     }
 
+    /// Says on stderr (at most once a minute) that a sync took more than half the interval:
+    /// the bound on what a crash loses (`sync_interval`) holds only while syncs are faster.
+    fn report_if_slow(&self, took: Duration) {
+        if took <= self.sync_interval / 2 {
+            return;
+        }
+        let mut reported = self.slow_reported.lock();
+        if reported.is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
+            return;
+        }
+        *reported = Some(std::time::Instant::now());
+        eprintln!(
+            "reverb server: a sync of the journal in {} took {:.3} s, more than half the sync \
+             interval ({:.3} s): changes confirmed meanwhile may take longer than the interval \
+             to be durable (a faster disk, or a longer sync_interval, keeps the bound)",
+            self.dir.display(),
+            took.as_secs_f64(),
+            self.sync_interval.as_secs_f64()
+        );
+    }
+
     /// The tables attached (those still alive).
     fn attached(&self) -> Vec<Arc<Table>> {
         self.tables
@@ -613,6 +637,7 @@ impl Journal {
                     let cost = self.sync_cost.load(Ordering::Relaxed);
                     self.sync_cost
                         .store(took.max(cost - cost / 8), Ordering::Relaxed);
+                    self.report_if_slow(Duration::from_nanos(took));
                 }
                 state.file_bytes += buf.len() as u64;
                 self.file_bytes.store(state.file_bytes, Ordering::Relaxed);
