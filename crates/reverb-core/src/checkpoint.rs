@@ -435,7 +435,8 @@ impl LinkedSegments {
             self.open.insert(place.segment, file);
         }
         let mut header = [0u8; STORED_HEADER];
-        let payload = read_record(&self.open[&place.segment], &path, key, place, &mut header)
+        let file = &self.open[&place.segment];
+        let payload = read_record(file, &path, key, place, &mut header, |len| vec![0u8; len])
             .map_err(|e| corrupt(e.to_string()))?;
         if header != Chunk::header_of(&fields) {
             return Err(corrupt(format!(

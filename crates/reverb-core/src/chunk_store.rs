@@ -170,7 +170,7 @@ impl ChunkStore {
         let stored = Arc::new(Chunk::stored(data.clone(), self.clone()));
         let skip = {
             let cache = self.cache.lock();
-            size > cache.limit || cache.map.get(&key).is_some_and(|(c, _)| c.is_some())
+            size > cache.limit || cache.holds(key)
         };
         if !skip {
             let mut copy = self.lend(size);
@@ -354,13 +354,7 @@ impl ChunkStore {
     /// [`SegmentLog::will_need`]).
     pub(crate) fn will_need(&self, chunk: &Chunk) {
         let key = chunk.key();
-        if self
-            .cache
-            .lock()
-            .map
-            .get(&key)
-            .is_some_and(|(c, _)| c.is_some())
-        {
+        if self.cache.lock().holds(key) {
             return;
         }
         if let Some(logged) = self.log.read().as_ref() {
@@ -479,6 +473,11 @@ impl Cache {
         }
     }
 
+    /// Whether it holds chunk `key` (not just its key waiting for the hand).
+    fn holds(&self, key: u64) -> bool {
+        self.map.get(&key).is_some_and(|(c, _)| c.is_some())
+    }
+
     fn get(&mut self, key: u64) -> Option<Arc<Chunk>> {
         let (chunk, used) = self.map.get_mut(&key)?;
         let chunk = chunk.clone()?;
@@ -488,7 +487,7 @@ impl Cache {
 
     fn insert(&mut self, key: u64, chunk: Arc<Chunk>) {
         let size = chunk.byte_size();
-        if size > self.limit || self.map.get(&key).is_some_and(|(c, _)| c.is_some()) {
+        if size > self.limit || self.holds(key) {
             return;
         }
         while self.bytes + size > self.limit && self.evict_one() {}

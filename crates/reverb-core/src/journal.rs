@@ -51,6 +51,11 @@ fn journal_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(format!("journal-{generation:016x}.log"))
 }
 
+/// Where the file of `generation` is written before it is published.
+fn tmp_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("journal-{generation:016x}.tmp"))
+}
+
 /// What opening a journal found.
 #[derive(Debug, Default)]
 pub struct Recovery {
@@ -326,7 +331,7 @@ impl Journal {
         syncing: bool,
     ) -> io::Result<(PathBuf, File, u64, Vec<Counters>)> {
         let generation = self.file.lock().generation;
-        let tmp = self.dir.join(format!("journal-{generation:016x}.tmp"));
+        let tmp = tmp_path(&self.dir, generation);
         let mut out = Counted(
             io::BufWriter::with_capacity(8 << 20, File::create(&tmp)?),
             0,
@@ -448,9 +453,7 @@ impl Journal {
             state.carry = Some(Vec::new());
         }
         let tables = self.attached();
-        let tmp = self
-            .dir
-            .join(format!("journal-{:016x}.tmp", self.file.lock().generation));
+        let tmp = tmp_path(&self.dir, self.file.lock().generation);
         let result = self
             .write_snapshot(&tables, true)
             .and_then(|(tmp, file, written, _)| {
@@ -476,8 +479,7 @@ impl Journal {
     fn append(&self, kind: u8, table: u16, fields: impl FnOnce(&mut Vec<u8>)) {
         let mut guard = self.pending.lock();
         let pending = &mut *guard;
-        let buf = &mut pending.buf;
-        let start = buf.len();
+        let start = pending.buf.len();
         if start == 0 {
             // (The writer thread learns when the oldest change is due.)
             pending.since = Some(std::time::Instant::now());

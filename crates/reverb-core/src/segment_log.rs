@@ -100,15 +100,17 @@ fn segment_path(dir: &Path, id: u64) -> PathBuf {
 }
 
 /// Chunk `key`'s payload, read from its record at `place` in `file` (the segment at `path`,
-/// named in errors): its first `head.len()` bytes into `head`, the rest returned in a buffer
-/// of exactly their length (see [`read_record_into`]).
-pub fn read_record(
+/// named in errors): its first `head.len()` bytes into `head`, the rest into the buffer
+/// `buffer` gives for their length (one read: no copy). The record's framing, key, length
+/// and checksum are checked.
+pub fn read_record<B: AsMut<[u8]>>(
     file: &File,
     path: &Path,
     key: u64,
     place: Place,
     head: &mut [u8],
-) -> io::Result<Vec<u8>> {
+    buffer: impl FnOnce(usize) -> B,
+) -> io::Result<B> {
     let Some(rest) = (place.len as usize).checked_sub(head.len()) else {
         return Err(corrupt(located(
             key,
@@ -117,41 +119,19 @@ pub fn read_record(
             "shorter than its header",
         )));
     };
-    let mut payload = vec![0u8; rest];
-    read_record_into(file, path, key, place, head, &mut payload)?;
-    Ok(payload)
-}
-
-/// [`read_record`] into `payload`, which must be as long as the record's payload past `head`
-/// (one read: no copy). The record's framing, key, length and checksum are checked.
-pub fn read_record_into(
-    file: &File,
-    path: &Path,
-    key: u64,
-    place: Place,
-    head: &mut [u8],
-    payload: &mut [u8],
-) -> io::Result<()> {
-    if head.len() + payload.len() != place.len as usize {
-        return Err(corrupt(located(
-            key,
-            path,
-            place,
-            "not the length asked for",
-        )));
-    }
+    let mut payload = buffer(rest);
     let mut frame = [0u8; HEADER as usize];
-    read_parts_at(file, &mut [&mut frame, head, payload], place.at)
+    read_parts_at(file, &mut [&mut frame, head, payload.as_mut()], place.at)
         .map_err(|e| io::Error::new(e.kind(), located(key, path, place, &e.to_string())))?;
     let field = |at: usize| u32::from_le_bytes(frame[at..at + 4].try_into().expect("4 bytes"));
     let framed = field(0) == MAGIC
         && frame[4..12] == key.to_le_bytes()
         && field(12) == place.len
-        && record_crc(key, &[head, payload]) == field(16);
+        && record_crc(key, &[head, payload.as_mut()]) == field(16);
     if !framed {
         return Err(corrupt(located(key, path, place, "fails its checksum")));
     }
-    Ok(())
+    Ok(payload)
 }
 
 /// `what` about chunk `key`'s record at `place` in the segment at `path`.
@@ -402,22 +382,11 @@ impl SegmentLog {
 
     /// Chunk `key`'s payload (checksum checked), or None without one.
     pub fn get(&self, key: u64) -> io::Result<Option<Vec<u8>>> {
-        let Some(&place) = self.index.get(&key) else {
-            return Ok(None);
-        };
-        let path = segment_path(&self.dir, place.segment);
-        read_record(
-            &self.segments[&place.segment].file,
-            &path,
-            key,
-            place,
-            &mut [],
-        )
-        .map(Some)
+        self.get_into(key, &mut [], |len| vec![0u8; len])
     }
 
     /// [`SegmentLog::get`] with the payload's first `head.len()` bytes read into `head` and
-    /// the rest into the buffer `buffer` gives for their length (see [`read_record_into`]).
+    /// the rest into the buffer `buffer` gives for their length (see [`read_record`]).
     pub fn get_into<B: AsMut<[u8]>>(
         &self,
         key: u64,
@@ -428,18 +397,8 @@ impl SegmentLog {
             return Ok(None);
         };
         let path = segment_path(&self.dir, place.segment);
-        let Some(rest) = (place.len as usize).checked_sub(head.len()) else {
-            return Err(corrupt(located(
-                key,
-                &path,
-                place,
-                "shorter than its header",
-            )));
-        };
-        let mut payload = buffer(rest);
         let file = &self.segments[&place.segment].file;
-        read_record_into(file, &path, key, place, head, payload.as_mut())?;
-        Ok(Some(payload))
+        read_record(file, &path, key, place, head, buffer).map(Some)
     }
 
     /// Seals the active segment (synced, never written again) and starts the next.

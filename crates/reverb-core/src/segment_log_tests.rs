@@ -288,7 +288,7 @@ fn a_linked_segment_never_changes_and_outlives_compaction() {
     for (key, place) in places.into_iter().enumerate() {
         let path = elsewhere.0.join(segment_name(place.segment));
         let file = File::open(&path).unwrap();
-        let back = read_record(&file, &path, key as u64, place, &mut []).unwrap();
+        let back = read_record(&file, &path, key as u64, place, &mut [], |n| vec![0u8; n]).unwrap();
         assert_eq!(back, payload(key as u64, 1000), "chunk {key}");
     }
 }
@@ -319,7 +319,7 @@ fn a_chunk_in_the_active_segment_is_linked_even_when_sealing_compacts() {
     let path = elsewhere.0.join(segment_name(place.segment));
     let file = File::open(&path).unwrap();
     assert_eq!(
-        read_record(&file, &path, 1, place, &mut []).unwrap(),
+        read_record(&file, &path, 1, place, &mut [], |n| vec![0u8; n]).unwrap(),
         payload(1, 10)
     );
 }
