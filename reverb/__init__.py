@@ -22,6 +22,7 @@ from reverb import (
 from reverb import item_selectors as selectors
 from reverb import structured_writer as structured
 from reverb._native import __version__
+from reverb.batch_writer import BatchWriter
 from reverb.client import Client, Writer
 from reverb.errors import DeadlineExceededError, ReverbError
 from reverb.replay_sample import ReplaySample, SampleInfo
@@ -58,6 +59,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BatchWriter",
     "Client",
     "PatternDataset",
     "DeadlineExceededError",

@@ -376,6 +376,22 @@ class TrajectoryWriter:
     ) -> None: ...
 
 @final
+class BatchWriter:
+    """The native half of `BatchWriter`: batches of steps as item runs on a stream of its own,
+    several in flight."""
+
+    def __new__(cls, client: Client, max_in_flight_items: int) -> BatchWriter: ...
+    def insert_steps(
+        self,
+        values: Sequence[object],
+        priorities: Sequence[Tuple[str, bytes]],
+        timeout_ms: Optional[int] = None,
+    ) -> bool: ...
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None: ...
+    def num_unconfirmed(self) -> int: ...
+    def close(self) -> None: ...
+
+@final
 class StructuredWriter:
     """The native half of `StructuredWriter`: evaluates its configs after every append."""
 

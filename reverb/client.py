@@ -6,7 +6,7 @@ import functools
 import numbers
 import os
 import time
-from typing import Any, Dict, Generator, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Generator, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from reverb import (
     _native,
     _nest,
     _signature,
+    batch_writer,
     errors,
     legacy_writer,
     replay_sample,
@@ -137,6 +138,28 @@ class Client:
         one number for all N items or N numbers. One native call; returns once the server
         stored every item. On an error or a timeout, the items stored before it stay and the
         others are never stored later."""
+        steps = self._steps(data, priorities)
+        if steps is None:
+            return
+        arrays, pairs = steps
+        if any(a.dtype.kind in "OSU" for a in arrays):
+            # (Strings go one step at a time, within the call's one timeout.)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for i in range(len(arrays[0])):
+                step = _nest.map_structure(functools.partial(_step_of, i), data)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self.insert(step, {t: p[i] for t, p in pairs}, timeout=left)
+            return
+        self._check_steps(arrays, pairs, timeout)
+        timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
+        pairs_bytes = [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
+        self._client.insert_steps(arrays, pairs_bytes, timeout_ms)
+
+    def _steps(
+        self, data: Any, priorities: Dict[str, Union[float, Sequence[float]]]
+    ) -> Optional[Tuple[List[np.ndarray], List[Tuple[str, np.ndarray]]]]:
+        """`insert_steps`' arguments as arrays (one per leaf, N steps each) and per table N
+        float64 priorities; None when N is 0. ValueError when they do not fit together."""
         if not priorities:
             raise ValueError("priorities must contain at least one item")
         leaves = _nest.flatten(data)
@@ -151,7 +174,7 @@ class Client:
             )
         n = arrays[0].shape[0]
         if n == 0:
-            return
+            return None
         pairs = []
         for table, priority in priorities.items():
             values = np.asarray(priority, np.float64)
@@ -163,22 +186,21 @@ class Client:
                     f"{np.shape(priority)}"
                 )
             pairs.append((str(table), values))
-        if any(a.dtype.kind in "OSU" for a in arrays):
-            # (Strings go one step at a time, within the call's one timeout.)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            for i in range(n):
-                step = _nest.map_structure(functools.partial(_step_of, i), data)
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                self.insert(step, {t: p[i] for t, p in pairs}, timeout=left)
-            return
+        return arrays, pairs
+
+    def _check_steps(
+        self,
+        arrays: List[np.ndarray],
+        pairs: List[Tuple[str, np.ndarray]],
+        timeout: Optional[float],
+    ) -> None:
+        """ValueError (nothing is inserted) for an unknown table, or steps that do not fit a
+        table's signature."""
         self._check_tables([t for t, _ in pairs], timeout)
         # (ValueError for unsupported dtypes.)
         step = [(_dtypes.tf_enum(a.dtype), a.shape[1:], (1, *a.shape[1:])) for a in arrays]
         for table, _ in pairs:
             self._check_signature(table, step)
-        timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
-        pairs_bytes = [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
-        self._client.insert_steps(arrays, pairs_bytes, timeout_ms)
 
     def _check_tables(self, tables: Iterable[str], timeout: Optional[float]) -> None:
         """ValueError, as the reference's, when the server has no table of one of `tables`
@@ -429,6 +451,17 @@ class Client:
             validate_items=validate_items,
         )
         return vector_trajectory_writer.VectorTrajectoryWriter(native, num_envs)
+
+    def batch_writer(self, *, max_in_flight_items: int = 4096) -> batch_writer.BatchWriter:
+        """A `BatchWriter` (beyond the reference): `insert_steps` as `Client.insert_steps`
+        stores them, but several batches in flight on a stream of its own. A call returns once
+        its batch is sent and at most `max_in_flight_items` items are unconfirmed (a larger
+        batch waits until none are), so an actor makes its next batch while the server stores
+        this one; `flush` waits for the rest."""
+        if max_in_flight_items < 1:
+            raise ValueError(f"max_in_flight_items ({max_in_flight_items}) must be >= 1")
+        native = _native.BatchWriter(self._client, max_in_flight_items)
+        return batch_writer.BatchWriter(self, native)
 
     def _table(self, table: str, timeout: Optional[float]) -> _native.TableInfo:
         """The `TableInfo` of `table` (asks the server if it is not known yet);

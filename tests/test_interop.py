@@ -89,6 +89,12 @@ def test_our_client_against_reference_server() -> None:
         client.insert_steps({"v": np.arange(5, dtype=np.int32)}, {"t": 2.0}, timeout=10)
         got = client.sample("t", 5, emit_timesteps=False, timeout=10)
         assert [int(s.data[0][0]) for s in got] == [0, 1, 2, 3, 4]
+        # A batch writer does the same, a batch stored before its call returns.
+        with client.batch_writer() as writer:
+            writer.insert_steps({"v": np.arange(3, dtype=np.int32)}, {"t": 1.0}, timeout=10)
+            writer.insert_steps({"v": np.arange(3, 5, dtype=np.int32)}, {"t": 1.0}, timeout=10)
+        got = client.sample("t", 5, emit_timesteps=False, timeout=10)
+        assert [int(s.data[0][0]) for s in got] == [0, 1, 2, 3, 4]
 
 
 def test_structured_writer_configs_are_the_references_messages() -> None:

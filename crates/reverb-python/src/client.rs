@@ -395,23 +395,7 @@ impl PyClient {
         priorities: Vec<(String, Bound<'_, pyo3::types::PyBytes>)>,
         timeout_ms: Option<i64>,
     ) -> PyResult<()> {
-        // (Priorities come as float64 bytes: no Python float per step.)
-        let priorities: Vec<(String, Vec<f64>)> = priorities
-            .into_iter()
-            .map(|(table, bytes)| {
-                let bytes = bytes.as_bytes();
-                if bytes.len() % 8 != 0 {
-                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                        "the priorities of table '{table}' are not float64 bytes"
-                    )));
-                }
-                let values = bytes
-                    .chunks_exact(8)
-                    .map(|b| f64::from_ne_bytes(b.try_into().expect("8 bytes")))
-                    .collect();
-                Ok((table, values))
-            })
-            .collect::<PyResult<_>>()?;
+        let priorities = float64_priorities(priorities)?;
         let deadline = deadline_ms(timeout_ms)?;
         let left = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let timeout = left();
@@ -426,15 +410,7 @@ impl PyClient {
                 i.start_steps(steps, &priorities)
             });
         }
-        let arrays = values
-            .iter()
-            .map(|v| to_array(py, v))
-            .collect::<PyResult<Vec<_>>>()?;
-        let limit = Some(self.inner.max_message_size());
-        let requests = on_views(py, &mut (), &arrays, |_, steps| {
-            run_requests(&self.inner, steps, &priorities, limit)
-        })
-        .map_err(client_error)?;
+        let requests = step_requests(py, &self.inner, &values, &priorities)?;
         let timeout = left();
         self.call(py, move |c| {
             Box::pin(async move { c.insert_requests(requests, timeout).await })
@@ -475,4 +451,46 @@ impl PyClient {
         };
         Ok((out, failure))
     }
+}
+
+/// Priorities of `insert_steps` as `(table, float64 bytes in native order)` (no Python float
+/// per step), read.
+pub(crate) fn float64_priorities(
+    priorities: Vec<(String, Bound<'_, pyo3::types::PyBytes>)>,
+) -> PyResult<Vec<(String, Vec<f64>)>> {
+    priorities
+        .into_iter()
+        .map(|(table, bytes)| {
+            let bytes = bytes.as_bytes();
+            if bytes.len() % 8 != 0 {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "the priorities of table '{table}' are not float64 bytes"
+                )));
+            }
+            let values = bytes
+                .chunks_exact(8)
+                .map(|b| f64::from_ne_bytes(b.try_into().expect("8 bytes")))
+                .collect();
+            Ok((table, values))
+        })
+        .collect()
+}
+
+/// The requests inserting the steps of `values` (leaves with a leading dimension N) as N
+/// items per table in item runs (see `run_requests`).
+pub(crate) fn step_requests(
+    py: Python<'_>,
+    client: &Client,
+    values: &[Bound<'_, PyAny>],
+    priorities: &[(String, Vec<f64>)],
+) -> PyResult<Vec<reverb_proto::InsertStreamRequest>> {
+    let arrays = values
+        .iter()
+        .map(|v| to_array(py, v))
+        .collect::<PyResult<Vec<_>>>()?;
+    let limit = Some(client.max_message_size());
+    on_views(py, &mut (), &arrays, |_, steps| {
+        run_requests(client, steps, priorities, limit)
+    })
+    .map_err(client_error)
 }

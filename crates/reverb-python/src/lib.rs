@@ -8,6 +8,7 @@
 //! `structured_writer`, `sampler`, `inproc_abi` (the C ABI the TensorFlow kernels sample this
 //! process's servers through), and `malloc` (glibc's thresholds for big buffers, set on import).
 
+mod batch_writer;
 mod blocking;
 mod checkpoint_reader;
 mod client;
@@ -61,6 +62,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<server::PyTable>()?;
     m.add_class::<server::PyServer>()?;
     m.add_class::<client::PyClient>()?;
+    m.add_class::<batch_writer::PyBatchWriter>()?;
     m.add_class::<writer::PyTrajectoryWriter>()?;
     m.add_class::<writer::PyAppendError>()?;
     m.add_class::<column::PyCellRef>()?;

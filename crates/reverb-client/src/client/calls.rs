@@ -137,7 +137,7 @@ impl Client {
 
 /// Whether `e` says the stream or its connection was closed (rather than that the server
 /// refused what was sent).
-fn closed(e: &ClientError) -> bool {
+pub(crate) fn closed(e: &ClientError) -> bool {
     e.unsent
         || matches!(
             e.code,

@@ -5,6 +5,7 @@
 //! server that cannot be reached yet and turns what the transport reports into errors.
 
 mod calls;
+pub(crate) use calls::closed;
 mod reach;
 
 pub use reach::connect_wait;

@@ -8,6 +8,7 @@
 //! Every column keeps its last `num_keep_alive_refs` cells alive. An item is sent once every
 //! chunk it references is finalized; items leave in creation order.
 
+pub mod batches;
 mod columns;
 mod envs;
 mod episodes;

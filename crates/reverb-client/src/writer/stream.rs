@@ -270,7 +270,7 @@ pub(crate) async fn run(
 /// Whether a server's answer refuses the item(s) of a request (an unknown table, data it
 /// cannot store, a message over its limit), rather than the whole stream (a wrong token, an
 /// unsupported call), which fails the writer.
-fn refuses_item(code: Code) -> bool {
+pub(crate) fn refuses_item(code: Code) -> bool {
     matches!(
         code,
         Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition | Code::OutOfRange

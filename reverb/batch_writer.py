@@ -1,0 +1,124 @@
+"""`BatchWriter` (beyond the reference): batches of steps inserted as items, several in
+flight, for actors that write transitions in batches (`Client.batch_writer`).
+
+`Client.insert_steps` returns once the server stored its batch: an actor in another process
+waits a round trip per batch. A `BatchWriter`'s `insert_steps` returns once its batch is
+sent and at most `max_in_flight_items` items are unconfirmed, so the actor makes its next
+batch while the server stores this one. `flush` waits until the server stored everything.
+
+Errors: a batch is checked as `Client.insert_steps` checks it (unknown tables, signatures,
+shapes: ValueError, nothing sent). A batch the server refuses later fails the call that
+learns of it (the next `insert_steps` or `flush`); the batches sent after it are sent again.
+A stream that closes before confirming (a restarted server, a broken connection) has its
+batches sent again on a new one: the server takes a key it holds as a priority update, so
+an item stored twice is held once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
+
+import numpy as np
+
+from reverb import errors
+
+if TYPE_CHECKING:
+    from reverb import _native
+    from reverb.client import Client
+
+# How long leaving a `with` block because of an exception waits for unconfirmed items.
+_FLUSH_ON_ERROR_TIMEOUT_MS = 10_000
+
+
+class BatchWriter:
+    """Inserts batches of steps as items (N steps: N items per table, item `i` holding step
+    `i`, as `Client.insert_steps` stores them), several batches in flight. Use as a context
+    manager (leaving it flushes) or call `flush` and `close`."""
+
+    def __init__(self, client: Client, native: _native.BatchWriter) -> None:
+        self._client = client
+        self._writer = native
+        self._closed = False
+
+    def insert_steps(
+        self,
+        data: Any,
+        priorities: Dict[str, Union[float, Sequence[float]]],
+        *,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Sends N steps (every leaf of `data` has a leading dimension N) as N items in each
+        table of `priorities` (one priority for all, or N). Returns once the batch is sent and
+        at most the writer's `max_in_flight_items` items are unconfirmed (a batch larger than
+        that waits until none are). DeadlineExceededError after `timeout` seconds (the batch
+        was not sent); the error of an earlier batch the server refused (this one was not
+        sent)."""
+        self._check_open()
+        client = self._client
+        steps = client._steps(data, priorities)
+        if steps is None:
+            return
+        arrays, pairs = steps
+        timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
+        if not any(a.dtype.kind in "OSU" for a in arrays):
+            client._check_steps(arrays, pairs, timeout)
+            # (Priorities as float64 bytes: no Python float per step natively.)
+            rows = [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
+            if self._writer.insert_steps(arrays, rows, timeout_ms):
+                return
+        # Strings, or a server that takes items one by one (the reference's): the batches in
+        # flight first, then this one stored before the call returns.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._writer.flush(0, timeout_ms)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        client.insert_steps(data, priorities, timeout=left)
+
+    def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
+        """Blocks until at most `block_until_num_items` items sent are unconfirmed.
+        DeadlineExceededError after `timeout_ms` (the items stay in flight); the error of a
+        batch the server refused."""
+        if block_until_num_items < 0:
+            raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
+        self._check_open()
+        self._writer.flush(block_until_num_items, timeout_ms)
+
+    @property
+    def num_unconfirmed_items(self) -> int:
+        """Items sent and not confirmed by the server yet."""
+        return 0 if self._closed else self._writer.num_unconfirmed()
+
+    def close(self) -> None:
+        """Stops the writer. Items that were not flushed may be lost."""
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("The BatchWriter is closed")
+
+    def __enter__(self) -> BatchWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # As the trajectory writer: flush unless a ReverbError is propagating (bounded while
+        # another exception propagates; Ctrl-C and SystemExit skip it), then close.
+        try:
+            if self._closed or (exc_type is not None and issubclass(exc_type, errors.ReverbError)):
+                return
+            if exc_type is None:
+                self.flush()
+            elif issubclass(exc_type, Exception):
+                try:
+                    self.flush(timeout_ms=_FLUSH_ON_ERROR_TIMEOUT_MS)
+                except errors.ReverbError:
+                    pass  # the original exception is the one to report
+        finally:
+            self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
