@@ -9,6 +9,7 @@ from reverb.replay_sample import SampleInfo
 
 __all__ = [
     "AppendError",
+    "BatchWriter",
     "CellRef",
     "CheckpointItems",
     "CheckpointReader",
