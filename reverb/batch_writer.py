@@ -6,12 +6,17 @@ waits a round trip per batch. A `BatchWriter`'s `insert_steps` returns once its 
 sent and at most `max_in_flight_items` items are unconfirmed, so the actor makes its next
 batch while the server stores this one. `flush` waits until the server stored everything.
 
-Errors: a batch is checked as `Client.insert_steps` checks it (unknown tables, signatures,
-shapes: ValueError, nothing sent). A batch the server refuses later fails the call that
-learns of it (the next `insert_steps` or `flush`); the batches sent after it are sent again.
-A stream that closes before confirming (a restarted server, a broken connection) has its
-batches sent again on a new one: the server takes a key it holds as a priority update, so
-an item stored twice is held once.
+A batch is checked as `Client.insert_steps` checks it (unknown tables, signatures, shapes:
+ValueError, nothing sent). Once taken, it stays in flight until the server confirms it,
+whatever happens, but for a refusal:
+- A batch the server refuses fails the call that learns of it (one that waits for
+  confirmations: a `flush`, or an `insert_steps` waiting for room); the batches sent after it
+  go again. A `flush` first waits for the rest to be stored.
+- A stream that closes (a restarted server, a broken connection) and a call cut short
+  (Ctrl-C, a timeout while waiting) leave the batches in flight, and the next call sends them
+  again on a new stream: delivery is at least once. A key the server holds is a priority
+  update, but an item a sampler took from a queue before its batch went again is inserted
+  again.
 """
 
 from __future__ import annotations
@@ -51,33 +56,42 @@ class BatchWriter:
         """Sends N steps (every leaf of `data` has a leading dimension N) as N items in each
         table of `priorities` (one priority for all, or N). Returns once the batch is sent and
         at most the writer's `max_in_flight_items` items are unconfirmed (a batch larger than
-        that waits until none are). DeadlineExceededError after `timeout` seconds (the batch
-        was not sent); the error of an earlier batch the server refused (this one was not
-        sent)."""
+        that waits until none are). DeadlineExceededError after `timeout` seconds: while
+        waiting for room the batch was not taken; while a server of this process stored it
+        (its rate limiter blocking), the items stored before the timeout stay and the others
+        are not stored, as with `Client.insert_steps`. A refusal of an earlier batch learned
+        while waiting for room is raised, and this batch is not taken. With a server of this
+        process, the batch is stored before the call returns."""
         self._check_open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> Optional[float]:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        def left_ms() -> Optional[int]:
+            seconds = left()
+            return None if seconds is None else int(seconds * 1000)
+
         client = self._client
         steps = client._steps(data, priorities)
         if steps is None:
             return
         arrays, pairs = steps
-        timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
         if not any(a.dtype.kind in "OSU" for a in arrays):
-            client._check_steps(arrays, pairs, timeout)
+            client._check_steps(arrays, pairs, left())
             # (Priorities as float64 bytes: no Python float per step natively.)
             rows = [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
-            if self._writer.insert_steps(arrays, rows, timeout_ms):
+            if self._writer.insert_steps(arrays, rows, left_ms()):
                 return
         # Strings, or a server that takes items one by one (the reference's): the batches in
         # flight first, then this one stored before the call returns.
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._writer.flush(0, timeout_ms)
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        client.insert_steps(data, priorities, timeout=left)
+        self._writer.flush(0, left_ms())
+        client.insert_steps(data, priorities, timeout=left())
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Optional[int] = None) -> None:
         """Blocks until at most `block_until_num_items` items sent are unconfirmed.
-        DeadlineExceededError after `timeout_ms` (the items stay in flight); the error of a
-        batch the server refused."""
+        DeadlineExceededError after `timeout_ms` (the items stay in flight). The refusal of a
+        batch learned meanwhile is raised once the rest is confirmed."""
         if block_until_num_items < 0:
             raise ValueError(f"block_until_num_items must be >= 0, got {block_until_num_items}")
         self._check_open()

@@ -5,32 +5,44 @@
 //! `max_in_flight_items` items are unconfirmed, so the caller makes its next batch while the
 //! server stores this one; [`BatchWriter::flush`] waits for the rest.
 //!
-//! A batch the server refuses fails the call that learns of it (an insert or a flush); the
-//! batches sent after it go again on a new stream, as do those of a stream that closed
-//! before confirming them (a restarted server, a broken connection): the server takes a key
-//! it holds as a priority update, so a batch stored twice holds its items once. A batch is
-//! sent at most [`MAX_SENDS`] times; past that, the call says how many items may be lost.
+//! A batch stays in flight from the call that takes it until the server confirms it, through
+//! every failure but a refusal:
+//! - A batch the server refuses is dropped and its error is the error of the call that
+//!   learns of it (one that waits for confirmations); the batches sent after it go again on
+//!   a new stream. A flush goes on until everything else is confirmed, then reports it.
+//! - A stream that closes (a restarted server, a broken connection), a call cut short
+//!   (Ctrl-C, a timeout while waiting) and a server that cannot be reached leave the batches
+//!   in flight: the next call sends them again on a new stream. Delivery is then at least
+//!   once: the server takes a key it holds as a priority update, but an item a sampler took
+//!   from a queue before its batch went again is inserted again.
+//! - A batch whose send the deadline cuts short (only a server of this process, which stores
+//!   a request as it takes it, makes a send wait) keeps what was stored and loses the rest.
+//! - [`MAX_CLOSINGS`] streams closed in a row without a confirmation fail the call (the
+//!   batches stay in flight); any other failure (a wrong token, say) drops them, saying so.
 
 use crate::transport::InsertStream;
 use crate::{Client, ClientError, Result};
+use futures::FutureExt;
 use reverb_proto::InsertStreamRequest;
 use std::collections::VecDeque;
 use std::time::Instant;
 use tonic::Code;
 
-/// Sends of one batch (the first, then again on new streams) before the writer gives up on it.
-pub const MAX_SENDS: u32 = 3;
+/// Streams that may close in a row without confirming anything before a call fails.
+pub const MAX_CLOSINGS: u32 = 3;
 
 /// Batches of steps as items on one insert stream, several in flight (see the module).
 pub struct BatchWriter {
     client: Client,
     max_in_flight_items: usize,
     stream: Option<Box<dyn InsertStream>>,
-    /// Batches sent and not wholly confirmed, oldest first.
+    /// Batches sent (or to send again) and not wholly confirmed, oldest first.
     in_flight: VecDeque<Batch>,
-    /// A send was cut short (its call dropped): what the stream received is unknown, so the
-    /// next call sends everything in flight again on a new stream.
-    sending: bool,
+    /// What the stream received is unknown (a send or an opening was cut short): the next
+    /// call opens a new one and sends everything in flight on it.
+    broken: bool,
+    /// Streams closed in a row without confirming anything.
+    closings: u32,
 }
 
 /// One batch's requests, kept until its items are confirmed.
@@ -39,7 +51,15 @@ struct Batch {
     items: usize,
     /// Its items the current stream has not confirmed.
     left: usize,
-    sends: u32,
+}
+
+/// What a wait for confirmations does when the server refuses a batch.
+#[derive(Clone, Copy, PartialEq)]
+enum OnRefusal {
+    /// Returns the refusal.
+    Stop,
+    /// Goes on until done, then returns the first refusal.
+    Continue,
 }
 
 impl BatchWriter {
@@ -51,27 +71,20 @@ impl BatchWriter {
             max_in_flight_items: max_in_flight_items.max(1),
             stream: None,
             in_flight: VecDeque::new(),
-            sending: false,
+            broken: false,
+            closings: 0,
         }
     }
 
-    /// Items sent and not confirmed yet.
+    /// Items sent (or to send again) and not confirmed yet.
     pub fn unconfirmed(&self) -> usize {
         self.in_flight.iter().map(|b| b.left).sum()
     }
 
-    /// Closes the stream; the items in flight are no longer followed (unconfirmed ones may
-    /// be lost).
-    pub fn close(&mut self) {
-        self.stream = None;
-        self.in_flight.clear();
-        self.sending = false;
-    }
-
     /// Sends one batch's `requests` (from [`super::runs::run_requests`]) once the items in
-    /// flight leave room for it (an empty writer takes any batch), by `deadline`. The error
-    /// of an earlier batch the server refused is this call's, and this batch is then not
-    /// sent.
+    /// flight leave room for it (an empty writer takes any batch), by `deadline`. An earlier
+    /// batch's refusal learned while waiting for room is this call's error, and this batch is
+    /// then not taken; once taken, a batch stays in flight whatever the call returns.
     pub async fn insert(
         &mut self,
         requests: Vec<InsertStreamRequest>,
@@ -85,44 +98,57 @@ impl BatchWriter {
             return Ok(());
         }
         let max = self.max_in_flight_items;
-        self.settle(deadline, |unconfirmed| {
-            unconfirmed == 0 || unconfirmed + items <= max
-        })
-        .await?;
+        let room = |unconfirmed: usize| unconfirmed == 0 || unconfirmed + items <= max;
+        self.settle(deadline, room, OnRefusal::Stop).await?;
         self.in_flight.push_back(Batch {
             requests,
             items,
             left: items,
-            sends: 0,
         });
-        let sent = self.in_flight.len() - 1;
-        self.send_from(sent, deadline).await
+        if self.stream.is_none() {
+            return self.reopen(deadline).await;
+        }
+        let last = self.in_flight.len() - 1;
+        self.send_from(last, deadline).await
     }
 
     /// Waits until at most `block_until` items are unconfirmed, by `deadline` (then
-    /// DEADLINE_EXCEEDED, everything still in flight).
+    /// DEADLINE_EXCEEDED, everything still in flight). A refusal learned meanwhile is the
+    /// error, once the rest is confirmed.
     pub async fn flush(&mut self, block_until: usize, deadline: Option<Instant>) -> Result<()> {
-        self.settle(deadline, |unconfirmed| unconfirmed <= block_until)
-            .await
+        let done = |unconfirmed: usize| unconfirmed <= block_until;
+        self.settle(deadline, done, OnRefusal::Continue).await
     }
 
-    /// Takes confirmations (waiting for them by `deadline`) until `done(unconfirmed)`.
+    /// Closes the stream; the items in flight are no longer followed (unconfirmed ones may
+    /// be lost).
+    pub fn close(&mut self) {
+        self.stream = None;
+        self.in_flight.clear();
+        self.broken = false;
+    }
+
+    /// Takes confirmations (waiting for them by `deadline`) until `done(unconfirmed)`,
+    /// sending what is in flight again first if the last stream broke.
     async fn settle(
         &mut self,
         deadline: Option<Instant>,
         done: impl Fn(usize) -> bool,
+        on_refusal: OnRefusal,
     ) -> Result<()> {
-        if self.sending {
-            self.reopen(deadline).await?;
-        }
-        loop {
+        let mut refusal: Option<ClientError> = None;
+        let result = loop {
+            if self.broken || (self.stream.is_none() && !self.in_flight.is_empty()) {
+                if let Err(e) = self.reopen(deadline).await {
+                    break Err(e);
+                }
+            }
             let unconfirmed = self.unconfirmed();
             if done(unconfirmed) {
-                return Ok(());
+                break Ok(());
             }
             let Some(stream) = self.stream.as_mut() else {
-                // (Nothing in flight without a stream: `done(0)` holds for every caller.)
-                return Ok(());
+                break Ok(()); // (nothing in flight: `done(0)` holds for every caller)
             };
             let next = stream.confirmed();
             let confirmed = match deadline {
@@ -130,7 +156,7 @@ impl BatchWriter {
                 Some(d) => match tokio::time::timeout_at(d.into(), next).await {
                     Ok(confirmed) => confirmed,
                     Err(_) => {
-                        return Err(ClientError::deadline(format!(
+                        break Err(ClientError::deadline(format!(
                             "Timeout exceeded: {unconfirmed} items the batch writer sent to {} \
                              are not confirmed yet (they stay in flight)",
                             self.client.address()
@@ -138,25 +164,53 @@ impl BatchWriter {
                     }
                 },
             };
-            match confirmed {
-                Ok(Some(keys)) => self.retire(keys.len()),
-                Ok(None) => {
-                    let closed = ClientError::new(
-                        Code::Unavailable,
-                        format!(
-                            "Server at {} closed the insert stream before confirming every item",
-                            self.client.address()
-                        ),
-                    );
-                    self.failed(closed, deadline).await?
+            let e = match confirmed {
+                Ok(Some(keys)) => {
+                    self.retire(keys.len());
+                    continue;
                 }
-                Err(e) => self.failed(e, deadline).await?,
+                Ok(None) => ClientError::new(
+                    Code::Unavailable,
+                    format!(
+                        "Server at {} closed the insert stream before confirming every item",
+                        self.client.address()
+                    ),
+                ),
+                Err(e) => e,
+            };
+            match self.failed(e) {
+                Failure::Refused(e) if on_refusal == OnRefusal::Continue => {
+                    refusal.get_or_insert(e);
+                }
+                Failure::Refused(e) => {
+                    // (The batches after it go again now, not at the next call.)
+                    let again = self.reopen(deadline).await;
+                    break Err(match again {
+                        Ok(()) => e,
+                        Err(again) => ClientError {
+                            message: format!(
+                                "{}; sending the batches after it again failed: {}",
+                                e.message, again.message
+                            ),
+                            ..e
+                        },
+                    });
+                }
+                Failure::Closed => {}
+                Failure::Fatal(e) => break Err(e),
             }
+        };
+        match (refusal, result) {
+            (Some(refusal), _) => Err(refusal),
+            (None, result) => result,
         }
     }
 
     /// Takes `n` confirmed items off the oldest batches.
     fn retire(&mut self, mut n: usize) {
+        if n > 0 {
+            self.closings = 0;
+        }
         while n > 0 {
             let Some(batch) = self.in_flight.front_mut() else {
                 return;
@@ -170,124 +224,121 @@ impl BatchWriter {
         }
     }
 
-    /// The stream failed with `e`: a refusal drops the oldest unconfirmed batch and is the
-    /// error; a closed stream is not (the batches go again on a new one); any other failure
-    /// drops everything in flight. Either way, the batches still in flight go again on a new
-    /// stream.
-    async fn failed(&mut self, e: ClientError, deadline: Option<Instant>) -> Result<()> {
-        self.stream = None;
+    /// What the stream's failure `e` means for the batches in flight (the stream is done
+    /// either way: the next wait opens a new one).
+    fn failed(&mut self, e: ClientError) -> Failure {
+        self.broken = true;
         if super::stream::refuses_item(e.code) {
-            let refused = self.in_flight.pop_front().map_or(0, |b| b.items);
+            // The server answers in order: the oldest batch not confirmed is the one.
+            let refused = self.in_flight.pop_front().map_or(0, |b| b.left);
             let again = self.unconfirmed();
-            let mut e = e;
-            e.message = format!(
-                "{} (the server refused a batch of {refused} items; the {again} items sent \
-                 after it were sent again)",
-                e.message
-            );
-            if let Err(again) = self.reopen(deadline).await {
-                e.message = format!(
-                    "{}; sending them again failed: {}",
-                    e.message, again.message
-                );
-            }
-            return Err(e);
+            return Failure::Refused(ClientError {
+                message: format!(
+                    "{} (the server refused {refused} items of a batch; the {again} items sent \
+                     after them go again)",
+                    e.message
+                ),
+                ..e
+            });
         }
         if crate::client::closed(&e) {
-            return self.reopen(deadline).await;
+            self.closings += 1;
+            if self.closings >= MAX_CLOSINGS {
+                self.closings = 0;
+                return Failure::Fatal(ClientError {
+                    message: format!(
+                        "{} (the insert stream closed {MAX_CLOSINGS} times in a row without \
+                         confirming anything; the batch writer's {} items stay in flight)",
+                        e.message,
+                        self.unconfirmed()
+                    ),
+                    ..e
+                });
+            }
+            return Failure::Closed;
         }
-        Err(self.give_up(e))
-    }
-
-    /// Drops every batch in flight, saying so in `e`.
-    fn give_up(&mut self, mut e: ClientError) -> ClientError {
         let lost = self.unconfirmed();
-        if lost > 0 {
-            e.message = format!(
+        self.close();
+        Failure::Fatal(ClientError {
+            message: format!(
                 "{} ({lost} items the batch writer sent were not confirmed and may not be stored)",
                 e.message
-            );
-        }
-        self.in_flight.clear();
-        self.stream = None;
-        self.sending = false;
-        e
+            ),
+            ..e
+        })
     }
 
-    /// A new stream, with every batch in flight sent again on it, oldest first.
+    /// A new stream with every batch in flight sent on it, oldest first: confirmations the
+    /// old stream holds are taken first (a server of this process confirms a request as it
+    /// stores it), so what was confirmed does not go again.
     async fn reopen(&mut self, deadline: Option<Instant>) -> Result<()> {
-        self.stream = None;
+        self.broken = true;
+        if let Some(mut old) = self.stream.take() {
+            while let Some(Ok(Some(keys))) = old.confirmed().now_or_never() {
+                self.retire(keys.len());
+            }
+        }
         if self.in_flight.is_empty() {
-            self.sending = false;
+            self.broken = false;
             return Ok(());
         }
         for batch in &mut self.in_flight {
             batch.left = batch.items;
         }
+        let server = self.client.server();
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        server
+            .ready("InsertStream", timeout, deadline.map(Into::into))
+            .await?;
+        self.stream = Some(server.insert_stream());
         self.send_from(0, deadline).await
     }
 
-    /// Sends the batches in flight from index `first` on (opening a stream if there is
-    /// none), each within its [`MAX_SENDS`].
+    /// Sends the batches in flight from index `first` on, on the stream. A send the deadline
+    /// cuts short (a server of this process stores a request as it takes it, and waits
+    /// while its rate limiter blocks) drops its batch: the items stored before the timeout
+    /// stay and the others are never stored, as with `Client::insert_requests`.
     async fn send_from(&mut self, first: usize, deadline: Option<Instant>) -> Result<()> {
-        if self.in_flight.iter().any(|b| b.sends >= MAX_SENDS) {
-            let e = ClientError::new(
-                Code::Unavailable,
-                format!(
-                    "The batch writer sent a batch to {} {MAX_SENDS} times without a \
-                     confirmation",
-                    self.client.address()
-                ),
-            );
-            return Err(self.give_up(e));
-        }
-        let first = if self.stream.is_none() {
-            let server = self.client.server();
-            let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if let Err(e) = server
-                .ready("InsertStream", timeout, deadline.map(Into::into))
-                .await
-            {
-                return Err(self.give_up(e));
-            }
-            self.stream = Some(server.insert_stream());
-            0
-        } else {
-            first
-        };
-        self.sending = true;
-        let stream = self.stream.as_mut().expect("opened above");
+        // (Until every request is sent: a call cut short leaves it set.)
+        self.broken = true;
+        let stream = self.stream.as_mut().expect("a stream to send on");
         let until = deadline.map(tokio::time::Instant::from);
-        for batch in self.in_flight.iter_mut().skip(first) {
-            batch.sends += 1;
+        for (i, batch) in self.in_flight.iter().enumerate().skip(first) {
             for request in &batch.requests {
                 let sent = match until {
                     None => stream.send(request.clone()).await,
-                    Some(d) => tokio::time::timeout_at(d, stream.send(request.clone()))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(ClientError::deadline(
-                                "Timeout exceeded: the batch writer could not send a batch in \
-                                 time",
-                            ))
-                        }),
+                    Some(d) => match tokio::time::timeout_at(d, stream.send(request.clone())).await
+                    {
+                        Ok(sent) => sent,
+                        Err(_) => {
+                            self.in_flight.remove(i);
+                            return Err(ClientError::deadline(
+                                "Timeout exceeded while the batch writer sent a batch: the items \
+                                 stored before the timeout stay, the others are not stored",
+                            ));
+                        }
+                    },
                 };
-                match sent {
-                    Ok(()) => {}
-                    // The call was cut short: the stream's state is unknown, and `sending`
-                    // (still set) has the next call send everything in flight again.
-                    Err(e) if e.code == Code::DeadlineExceeded => return Err(e),
+                if sent.is_err() {
                     // The stream ended (a refusal of an earlier request, or the connection):
                     // what was not sent stays in flight, and the next wait for confirmations
-                    // learns why from the stream and sends it again.
-                    Err(_) => {
-                        self.sending = false;
-                        return Ok(());
-                    }
+                    // learns why from the stream (then sends it again).
+                    self.broken = false;
+                    return Ok(());
                 }
             }
         }
-        self.sending = false;
+        self.broken = false;
         Ok(())
     }
+}
+
+/// What a stream's failure means (see [`BatchWriter::failed`]).
+enum Failure {
+    /// The server refused the oldest batch (dropped): the error.
+    Refused(ClientError),
+    /// The stream closed: the batches go again.
+    Closed,
+    /// The call fails.
+    Fatal(ClientError),
 }

@@ -107,17 +107,32 @@ impl Server for Grpc {
         // flight.
         let (requests, rx) = mpsc::unbounded_channel::<InsertStreamRequest>();
         let mut stub = self.client.stub.clone();
-        // Some servers (the reference) answer headers only with their first response, so
-        // the call is driven by `confirmed`, concurrently with sending.
-        let call = Box::pin(async move {
+        let call = async move {
             stub.insert_stream(UnboundedReceiverStream::new(rx))
                 .await
                 .map(tonic::Response::into_inner)
-        });
+        };
+        // Some servers (the reference) answer headers only with their first response: the
+        // call runs as a task of its own from now on, so what is sent reaches the server
+        // even while nobody awaits a confirmation (a batch writer with room in flight).
+        // Dropping the stream ends the task, as it would the call.
+        let (call, task): (InsertCall, _) = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn(call);
+                let abort = task.abort_handle();
+                let joined = async move {
+                    task.await
+                        .unwrap_or_else(|e| Err(tonic::Status::cancelled(e.to_string())))
+                };
+                (Box::pin(joined), Some(abort))
+            }
+            Err(_) => (Box::pin(call), None),
+        };
         Box::new(GrpcInsertStream {
             client: self.client.clone(),
             requests,
             call: Some(call),
+            task,
             responses: None,
         })
     }
@@ -151,7 +166,17 @@ struct GrpcInsertStream {
     requests: mpsc::UnboundedSender<InsertStreamRequest>,
     /// The call until the server answered it (then `responses`).
     call: Option<InsertCall>,
+    /// The task running the call, ended with the stream.
+    task: Option<tokio::task::AbortHandle>,
     responses: Option<Streaming<InsertStreamResponse>>,
+}
+
+impl Drop for GrpcInsertStream {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }
 
 impl InsertStream for GrpcInsertStream {
