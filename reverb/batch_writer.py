@@ -17,6 +17,8 @@ whatever happens, but for a refusal:
   again on a new stream: delivery is at least once. A key the server holds is a priority
   update, but an item a sampler took from a queue before its batch went again is inserted
   again.
+- Leaving a `with` block flushes, but not while a `ReverbError` propagates (as the trajectory
+  writer): then what is in flight may be lost.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ class BatchWriter:
 
     @property
     def num_unconfirmed_items(self) -> int:
-        """Items sent and not confirmed by the server yet."""
+        """Items sent and not confirmed by the server yet (with a server of this process,
+        batches already stored count until the writer next waits for confirmations)."""
         return 0 if self._closed else self._writer.num_unconfirmed()
 
     def close(self) -> None:

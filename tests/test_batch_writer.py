@@ -142,6 +142,32 @@ def test_refusals_in_a_flush_and_in_a_with_block_lose_no_other_batch(make_server
     assert got == set(np.concatenate(good).tolist())
 
 
+def test_a_refusal_then_a_timed_out_flush_says_both_and_keeps_the_rest(make_server) -> None:
+    """A flush learns of a refusal, then times out on a batch blocked in a full queue: its
+    error says both, and the blocked batch stays in flight until a reader makes room."""
+    server = make_server([_prioritized("p"), reverb.Table.queue("q", 2)])
+    client = reverb.Client(f"localhost:{server.port}")
+    writer = client.batch_writer()
+    writer.insert_steps({"v": np.arange(2)}, {"q": 1.0}, timeout=T)
+    writer.insert_steps({"v": np.arange(3)}, {"p": -1.0}, timeout=T)
+    writer.insert_steps({"v": np.arange(10, 13)}, {"q": 1.0}, timeout=T)
+    with pytest.raises(
+        reverb.errors.DeadlineExceededError, match=r"stay in flight.*Priority -1.0 is not valid"
+    ):
+        writer.flush(timeout_ms=500)
+    assert writer.num_unconfirmed_items == 3
+    got: list = []
+    reader = threading.Thread(
+        target=lambda: got.extend(int(s[0].data[0]) for s in client.sample("q", 5, timeout=T))
+    )
+    reader.start()
+    writer.flush(timeout_ms=int(T * 1000))
+    reader.join(T)
+    assert got == [0, 1, 10, 11, 12]
+    assert client.server_info(timeout=T)["p"].current_size == 0
+    writer.close()
+
+
 def test_a_timeout_of_a_blocked_batch(make_server, both_paths) -> None:
     """A full queue: over gRPC the batch is sent and stays in flight through a timed-out
     flush until a reader makes room; a server of this process stores it in the call, which

@@ -41,12 +41,16 @@ pub struct BatchWriter {
     /// What the stream received is unknown (a send or an opening was cut short): the next
     /// call opens a new one and sends everything in flight on it.
     broken: bool,
-    /// Streams closed in a row without confirming anything.
+    /// Streams closed in a row without confirming a whole batch.
     closings: u32,
+    /// The next batch's id.
+    next_id: u64,
 }
 
 /// One batch's requests, kept until its items are confirmed.
 struct Batch {
+    /// Its number among the writer's batches.
+    id: u64,
     requests: Vec<InsertStreamRequest>,
     items: usize,
     /// Its items the current stream has not confirmed.
@@ -73,6 +77,7 @@ impl BatchWriter {
             in_flight: VecDeque::new(),
             broken: false,
             closings: 0,
+            next_id: 0,
         }
     }
 
@@ -100,16 +105,19 @@ impl BatchWriter {
         let max = self.max_in_flight_items;
         let room = |unconfirmed: usize| unconfirmed == 0 || unconfirmed + items <= max;
         self.settle(deadline, room, OnRefusal::Stop).await?;
+        let id = self.next_id;
+        self.next_id += 1;
         self.in_flight.push_back(Batch {
+            id,
             requests,
             items,
             left: items,
         });
         if self.stream.is_none() {
-            return self.reopen(deadline).await;
+            return self.reopen(deadline, Some(id)).await;
         }
         let last = self.in_flight.len() - 1;
-        self.send_from(last, deadline).await
+        self.send_from(last, deadline, Some(id)).await
     }
 
     /// Waits until at most `block_until` items are unconfirmed, by `deadline` (then
@@ -139,7 +147,7 @@ impl BatchWriter {
         let mut refusal: Option<ClientError> = None;
         let result = loop {
             if self.broken || (self.stream.is_none() && !self.in_flight.is_empty()) {
-                if let Err(e) = self.reopen(deadline).await {
+                if let Err(e) = self.reopen(deadline, None).await {
                     break Err(e);
                 }
             }
@@ -184,7 +192,7 @@ impl BatchWriter {
                 }
                 Failure::Refused(e) => {
                     // (The batches after it go again now, not at the next call.)
-                    let again = self.reopen(deadline).await;
+                    let again = self.reopen(deadline, None).await;
                     break Err(match again {
                         Ok(()) => e,
                         Err(again) => ClientError {
@@ -196,21 +204,31 @@ impl BatchWriter {
                         },
                     });
                 }
-                Failure::Closed => {}
+                Failure::Closed => {
+                    // (A server short of memory or disk for now answers so too: a pause
+                    // before the next stream, up to the deadline.)
+                    let pause = std::time::Duration::from_millis(1 << (2 * self.closings));
+                    let until = deadline.map_or(pause, |d| {
+                        pause.min(d.saturating_duration_since(Instant::now()))
+                    });
+                    tokio::time::sleep(until).await;
+                }
                 Failure::Fatal(e) => break Err(e),
             }
         };
         match (refusal, result) {
-            (Some(refusal), _) => Err(refusal),
             (None, result) => result,
+            (Some(refusal), Ok(())) => Err(refusal),
+            // (What failed after the refusal says what became of the rest.)
+            (Some(refusal), Err(e)) => Err(ClientError {
+                message: format!("{}; before that: {}", e.message, refusal.message),
+                ..e
+            }),
         }
     }
 
     /// Takes `n` confirmed items off the oldest batches.
     fn retire(&mut self, mut n: usize) {
-        if n > 0 {
-            self.closings = 0;
-        }
         while n > 0 {
             let Some(batch) = self.in_flight.front_mut() else {
                 return;
@@ -220,6 +238,7 @@ impl BatchWriter {
             n -= taken;
             if batch.left == 0 {
                 self.in_flight.pop_front();
+                self.closings = 0;
             }
         }
     }
@@ -241,14 +260,14 @@ impl BatchWriter {
                 ..e
             });
         }
-        if crate::client::closed(&e) {
+        if crate::client::closed(&e) || e.code == Code::ResourceExhausted {
             self.closings += 1;
             if self.closings >= MAX_CLOSINGS {
                 self.closings = 0;
                 return Failure::Fatal(ClientError {
                     message: format!(
-                        "{} (the insert stream closed {MAX_CLOSINGS} times in a row without \
-                         confirming anything; the batch writer's {} items stay in flight)",
+                        "{} (the insert stream failed {MAX_CLOSINGS} times in a row without \
+                         confirming a batch; the batch writer's {} items stay in flight)",
                         e.message,
                         self.unconfirmed()
                     ),
@@ -271,12 +290,10 @@ impl BatchWriter {
     /// A new stream with every batch in flight sent on it, oldest first: confirmations the
     /// old stream holds are taken first (a server of this process confirms a request as it
     /// stores it), so what was confirmed does not go again.
-    async fn reopen(&mut self, deadline: Option<Instant>) -> Result<()> {
+    async fn reopen(&mut self, deadline: Option<Instant>, own: Option<u64>) -> Result<()> {
         self.broken = true;
         if let Some(mut old) = self.stream.take() {
-            while let Some(Ok(Some(keys))) = old.confirmed().now_or_never() {
-                self.retire(keys.len());
-            }
+            self.take_confirmed(&mut *old);
         }
         if self.in_flight.is_empty() {
             self.broken = false;
@@ -291,19 +308,34 @@ impl BatchWriter {
             .ready("InsertStream", timeout, deadline.map(Into::into))
             .await?;
         self.stream = Some(server.insert_stream());
-        self.send_from(0, deadline).await
+        self.send_from(0, deadline, own).await
     }
 
-    /// Sends the batches in flight from index `first` on, on the stream. A send the deadline
-    /// cuts short (a server of this process stores a request as it takes it, and waits
-    /// while its rate limiter blocks) drops its batch: the items stored before the timeout
-    /// stay and the others are never stored, as with `Client::insert_requests`.
-    async fn send_from(&mut self, first: usize, deadline: Option<Instant>) -> Result<()> {
+    /// Takes the confirmations `stream` holds already, without waiting.
+    fn take_confirmed(&mut self, stream: &mut dyn InsertStream) {
+        while let Some(Ok(Some(keys))) = stream.confirmed().now_or_never() {
+            self.retire(keys.len());
+        }
+    }
+
+    /// Sends the batches in flight from index `first` on, on the stream. When the deadline
+    /// cuts short the send of batch `own` (the one the calling insert took; a server of this
+    /// process stores a request as it takes it, and waits while its rate limiter blocks),
+    /// that batch is dropped: the items stored before the timeout stay and the others are
+    /// never stored, as with `Client::insert_requests`. Any other batch stays in flight.
+    async fn send_from(
+        &mut self,
+        first: usize,
+        deadline: Option<Instant>,
+        own: Option<u64>,
+    ) -> Result<()> {
         // (Until every request is sent: a call cut short leaves it set.)
         self.broken = true;
-        let stream = self.stream.as_mut().expect("a stream to send on");
+        let mut stream = self.stream.take().expect("a stream to send on");
         let until = deadline.map(tokio::time::Instant::from);
-        for (i, batch) in self.in_flight.iter().enumerate().skip(first) {
+        let mut cut = None;
+        let mut ended = None;
+        'batches: for batch in self.in_flight.iter().skip(first) {
             for request in &batch.requests {
                 let sent = match until {
                     None => stream.send(request.clone()).await,
@@ -311,25 +343,49 @@ impl BatchWriter {
                     {
                         Ok(sent) => sent,
                         Err(_) => {
-                            self.in_flight.remove(i);
-                            return Err(ClientError::deadline(
-                                "Timeout exceeded while the batch writer sent a batch: the items \
-                                 stored before the timeout stay, the others are not stored",
-                            ));
+                            cut = Some(batch.id);
+                            break 'batches;
                         }
                     },
                 };
-                if sent.is_err() {
-                    // The stream ended (a refusal of an earlier request, or the connection):
-                    // what was not sent stays in flight, and the next wait for confirmations
-                    // learns why from the stream (then sends it again).
-                    self.broken = false;
-                    return Ok(());
+                if let Err(e) = sent {
+                    ended = Some(e);
+                    break 'batches;
                 }
             }
         }
+        if let Some(id) = cut {
+            // (The stream stays broken: the next call opens a new one.)
+            let dropped = own == Some(id);
+            if dropped {
+                // Its stored requests' confirmations first (with those of the batches
+                // before it), so that none counts for a later batch.
+                self.take_confirmed(&mut *stream);
+                self.in_flight.retain(|b| b.id != id);
+            }
+            self.stream = Some(stream);
+            return Err(ClientError::deadline(if dropped {
+                "Timeout exceeded while the batch writer sent a batch: the items stored before \
+                 the timeout stay, the others are not stored"
+            } else {
+                "Timeout exceeded while the batch writer sent its batches again: they stay in \
+                 flight"
+            }));
+        }
+        self.stream = Some(stream);
         self.broken = false;
-        Ok(())
+        match ended {
+            // The stream ended (a refusal of an earlier request, or the connection): what was
+            // not sent stays in flight, and the next wait for confirmations learns why from
+            // the stream (then sends it again).
+            Some(e) if crate::client::closed(&e) || super::stream::refuses_item(e.code) => Ok(()),
+            // The call itself failed (a wrong token, say).
+            Some(e) => match self.failed(e) {
+                Failure::Fatal(e) | Failure::Refused(e) => Err(e),
+                Failure::Closed => Ok(()),
+            },
+            None => Ok(()),
+        }
     }
 }
 
