@@ -149,7 +149,8 @@ class Client:
     def mutate_priorities(
         self,
         table: str,
-        updates: Sequence[Tuple[int, float]],
+        keys: bytes,
+        priorities: bytes,
         deletes: Sequence[int],
         timeout: Optional[float] = None,
     ) -> None: ...

@@ -274,8 +274,13 @@ class Client:
         timeout: Optional[float] = None,
     ) -> None:
         """Deletes `deletes`, then sets the priorities in `updates`. Unknown keys are ignored."""
-        pairs = [(int(k), float(p)) for k, p in (updates or {}).items()]
-        self._client.mutate_priorities(table, pairs, [int(k) for k in deletes or []], timeout)
+        updates = updates or {}
+        n = len(updates)
+        # (As arrays: no Python tuple per update on either side of the call.)
+        keys = np.fromiter(updates.keys(), np.uint64, n).tobytes()
+        values = np.fromiter(updates.values(), np.float64, n).tobytes()
+        deleted = [int(k) for k in deletes or []]
+        self._client.mutate_priorities(table, keys, values, deleted, timeout)
 
     def reset(self, table: str, *, timeout: Optional[float] = None) -> None:
         """Removes every item of `table` and resets its rate limiter."""

@@ -487,6 +487,11 @@ impl Table {
                 st.delete_item(*key);
             }
         }
+        // The keys' entries looked up first, with loads only, so that their cache misses
+        // overlap (the loop below writes to each entry it finds).
+        for &(key, _) in updates {
+            std::hint::black_box(st.items.get(&key).is_some());
+        }
         let mut places = (Vec::with_capacity(updates.len()), Vec::new());
         for &(key, priority) in updates {
             if let Some(entry) = st.items.get_mut(&key) {

@@ -345,16 +345,31 @@ impl PyClient {
         Ok(infos.into_iter().map(PyTableInfo::new).collect())
     }
 
-    /// Deletes `deletes` then updates priorities.
-    #[pyo3(signature = (table, updates, deletes, timeout=None))]
+    /// Deletes `deletes` then sets the priorities of `keys` (uint64 and float64 bytes in
+    /// native order, as many of each: no Python object per update).
+    #[pyo3(signature = (table, keys, priorities, deletes, timeout=None))]
     fn mutate_priorities(
         &self,
         py: Python<'_>,
         table: String,
-        updates: Vec<(u64, f64)>,
+        keys: &[u8],
+        priorities: &[u8],
         deletes: Vec<u64>,
         timeout: Option<f64>,
     ) -> PyResult<()> {
+        if !keys.len().is_multiple_of(8) || keys.len() != priorities.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "mutate_priorities needs as many uint64 keys as float64 priorities, as bytes",
+            ));
+        }
+        let updates: Vec<(u64, f64)> = keys
+            .chunks_exact(8)
+            .zip(priorities.chunks_exact(8))
+            .map(|(k, p)| {
+                let k = u64::from_ne_bytes(k.try_into().expect("8 bytes"));
+                (k, f64::from_ne_bytes(p.try_into().expect("8 bytes")))
+            })
+            .collect();
         let timeout = seconds(timeout)?;
         self.call(py, |c| {
             Box::pin(async move { c.mutate_priorities(&table, updates, deletes, timeout).await })
