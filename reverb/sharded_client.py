@@ -27,6 +27,7 @@ import zlib
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Union
 
 from reverb import _native, _proto, errors, legacy_writer, replay_sample, reverb_types
+from reverb import batch_writer as batch_writer_lib
 from reverb import client as client_lib
 from reverb import structured_writer as structured_writer_lib
 from reverb import trajectory_writer as trajectory_writer_lib
@@ -171,17 +172,39 @@ class ShardedClient:
     ) -> None:
         """`Client.insert` into one shard: the one `shard_key` (an int, str or bytes) maps to,
         else the one `placement` chooses, else the next in round robin."""
+        index = self._placed(data, priorities, shard_key)
+        self._shards[index].insert(data, priorities, timeout=timeout)
+
+    def insert_steps(
+        self,
+        data: Any,
+        priorities: Dict[str, Any],
+        *,
+        timeout: Optional[float] = None,
+        shard_key: Any = None,
+    ) -> None:
+        """`Client.insert_steps` (N steps as N items per table) into one shard, chosen as
+        `insert` chooses (`placement` is called with the whole batch)."""
+        index = self._placed(data, priorities, shard_key)
+        self._shards[index].insert_steps(data, priorities, timeout=timeout)
+
+    def _placed(self, data: Any, priorities: Dict[str, Any], shard_key: Any) -> int:
+        """The shard an insert goes to (see `insert`)."""
         if shard_key is not None:
-            index = self._shard_of(shard_key)
-        elif self._placement is not None:
+            return self._shard_of(shard_key)
+        if self._placement is not None:
             index = int(self._placement(data, priorities))
             if not 0 <= index < len(self._shards):
                 raise ValueError(
                     f"placement chose shard {index}; there are {len(self._shards)} shards"
                 )
-        else:
-            index = self._round_robin()
-        self._shards[index].insert(data, priorities, timeout=timeout)
+            return index
+        return self._round_robin()
+
+    def batch_writer(self, **kwargs: Any) -> batch_writer_lib.BatchWriter:
+        """`Client.batch_writer` on one shard (the next in round robin): writers spread over
+        the shards."""
+        return self._shards[self._round_robin()].batch_writer(**kwargs)
 
     def trajectory_writer(self, num_keep_alive_refs: int, **kwargs: Any) -> ShardedTrajectoryWriter:
         """A trajectory writer (arguments as `Client.trajectory_writer`'s) whose episodes go to

@@ -175,6 +175,27 @@ def test_inserts_are_placed_round_robin_by_key_or_by_placement(make_server) -> N
         wrong.insert(np.int64(0), {"t": 1.0})
 
 
+def test_batches_go_to_one_shard_each_and_batch_writers_spread(make_server) -> None:
+    client = _shards(make_server, 3)
+
+    def sizes() -> List[int]:
+        return [info["t"].current_size for info in client.shard_info(timeout=CALL_TIMEOUT)]
+
+    for _ in range(3):
+        client.insert_steps(np.arange(4, dtype=np.int64), {"t": 1.0}, timeout=CALL_TIMEOUT)
+    assert sizes() == [4, 4, 4]
+    client.insert_steps(np.arange(5, dtype=np.int64), {"t": 1.0}, shard_key=4)
+    assert sizes() == [4, 9, 4]
+    for _ in range(3):
+        with client.batch_writer() as writer:
+            writer.insert_steps(np.arange(2, dtype=np.int64), {"t": 1.0}, timeout=CALL_TIMEOUT)
+    assert sorted(np.subtract(sizes(), [4, 9, 4]).tolist()) == [2, 2, 2]
+    # Keys written through the sharded client name their shard.
+    for shard, c in enumerate(client.shards):
+        keys = [int(s[0].info.key) for s in c.sample("t", 20, timeout=CALL_TIMEOUT)]
+        assert {key_shard(k) for k in keys} == {shard}
+
+
 def test_server_info_sums_the_shards_and_shard_info_reports_a_dead_one(make_server) -> None:
     servers = [make_server([_table()]) for _ in range(3)]
     client = reverb.ShardedClient([f"localhost:{s.port}" for s in servers])
