@@ -129,7 +129,7 @@ class BatchWriter:
             elif issubclass(exc_type, Exception):
                 try:
                     self.flush(timeout_ms=_FLUSH_ON_ERROR_TIMEOUT_MS)
-                except errors.ReverbError:
+                except Exception:  # noqa: BLE001 - a refusal (ValueError) too
                     pass  # the original exception is the one to report
         finally:
             self.close()
