@@ -1,7 +1,7 @@
 //! `reverb._native.BatchWriter`: the batch writer of `Client.batch_writer` (see
 //! `reverb_client::writer::batches`).
 
-use crate::blocking::{deadline_ms, run, run_here};
+use crate::blocking::{deadline_ms, run_for};
 use crate::client::{float64_priorities, step_requests, PyClient};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -44,11 +44,7 @@ impl PyBatchWriter {
             };
             f(guard).await
         };
-        if self.client.inproc().is_some() {
-            run_here(py, fut)
-        } else {
-            run(py, fut)
-        }
+        run_for(py, &self.client, fut)
     }
 }
 
@@ -82,11 +78,9 @@ impl PyBatchWriter {
         let deadline = deadline_ms(timeout_ms)?;
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let client = self.client.clone();
-        let takes_runs = if client.inproc().is_some() {
-            run_here(py, async move { client.takes_item_runs(timeout).await })?
-        } else {
-            run(py, async move { client.takes_item_runs(timeout).await })?
-        };
+        let takes_runs = run_for(py, &self.client, async move {
+            client.takes_item_runs(timeout).await
+        })?;
         if !takes_runs {
             return Ok(false);
         }

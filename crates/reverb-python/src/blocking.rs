@@ -105,6 +105,20 @@ pub(crate) fn join_error(e: tokio::task::JoinError) -> ClientError {
     ClientError::new(Code::Internal, format!("reverb client call {why}"))
 }
 
+/// Runs a call of `client`: on this thread ([`run_here`]) when it reaches a server of this
+/// process, else on the client runtime ([`run`]).
+pub(crate) fn run_for<T: Send + 'static>(
+    py: Python<'_>,
+    client: &reverb_client::Client,
+    fut: impl Future<Output = reverb_client::Result<T>> + Send + 'static,
+) -> PyResult<T> {
+    if client.inproc().is_some() {
+        run_here(py, fut)
+    } else {
+        run(py, fut)
+    }
+}
+
 /// Runs `fut` to completion on this thread (timers and I/O driven by the client runtime),
 /// without the GIL: one thread hop less than [`run`], for calls that stay in this process. A
 /// signal drops it, cancelling whatever it was doing.

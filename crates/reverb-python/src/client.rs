@@ -1,7 +1,7 @@
 //! `reverb._native.Client`: unary calls and `Client.sample` (over gRPC, or straight to a
 //! server of this process: `reverb_client` decides per call).
 
-use crate::blocking::{deadline_ms, lock_with_gil, on_views, run, run_here, seconds, slices};
+use crate::blocking::{deadline_ms, lock_with_gil, on_views, run, run_for, seconds, slices};
 use crate::errors::{client_error, IntoPyResult};
 use crate::numpy::{column_out, to_array};
 use crate::table_info::PyTableInfo;
@@ -102,12 +102,7 @@ impl PyClient {
         py: Python<'_>,
         f: impl FnOnce(Client) -> BoxFuture<T>,
     ) -> PyResult<T> {
-        let c = self.inner.clone();
-        if c.inproc().is_some() {
-            run_here(py, f(c))
-        } else {
-            run(py, f(c))
-        }
+        run_for(py, &self.inner, f(self.inner.clone()))
     }
 
     /// The client, with in-process calls allowed as the environment says now.

@@ -67,15 +67,12 @@ impl Client {
         requests: Vec<InsertStreamRequest>,
         timeout: Option<Duration>,
     ) -> Result<()> {
-        let mut keys = 0;
         for item in requests.iter().flat_map(|r| r.items.iter()) {
             PrioritizedItem::decode(item.clone()).map_err(|e| {
                 ClientError::invalid(format!("An item is not a PrioritizedItem message: {e}"))
             })?;
-            keys += 1;
         }
-        let runs = requests.iter().flat_map(|r| r.item_runs.iter());
-        keys += runs.map(|run| run.keys.len()).sum::<usize>();
+        let keys = crate::writer::runs::item_count(&requests);
         let requests = &requests;
         self.with_deadline("InsertStream", timeout, |server| async move {
             // The stream the last insert left open, if any. One the server has closed since

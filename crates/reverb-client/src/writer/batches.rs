@@ -95,10 +95,7 @@ impl BatchWriter {
         requests: Vec<InsertStreamRequest>,
         deadline: Option<Instant>,
     ) -> Result<()> {
-        let items: usize = requests
-            .iter()
-            .map(|r| r.items.len() + r.item_runs.iter().map(|run| run.keys.len()).sum::<usize>())
-            .sum();
+        let items = super::runs::item_count(&requests);
         if items == 0 {
             return Ok(());
         }

@@ -14,6 +14,14 @@ use std::time::Duration;
 /// What a server lists in `ServerInfoResponse.features` when it takes item runs.
 pub const FEATURE: &str = "item_runs";
 
+/// The items `requests` insert (those of their item runs too): the keys a server confirms
+/// for them.
+pub fn item_count(requests: &[InsertStreamRequest]) -> usize {
+    let runs = requests.iter().flat_map(|r| r.item_runs.iter());
+    requests.iter().map(|r| r.items.len()).sum::<usize>()
+        + runs.map(|run| run.keys.len()).sum::<usize>()
+}
+
 /// The requests of an insert of `steps` (leaves with a leading dimension N) as N items per
 /// `(table, priorities)` (N priorities each), item `i` holding step `i`, in one episode (sent
 /// with [`Client::insert_requests`]). Each request stays under half of `max_request_bytes` when
