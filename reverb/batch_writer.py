@@ -26,8 +26,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
-import numpy as np
-
 from reverb import errors
 
 if TYPE_CHECKING:
@@ -79,12 +77,9 @@ class BatchWriter:
         if steps is None:
             return
         arrays, pairs = steps
-        if not any(a.dtype.kind in "OSU" for a in arrays):
-            client._check_steps(arrays, pairs, left())
-            # (Priorities as float64 bytes: no Python float per step natively.)
-            rows = [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
-            if self._writer.insert_steps(arrays, rows, left_ms()):
-                return
+        native = client._native_steps(arrays, pairs, left())
+        if native is not None and self._writer.insert_steps(arrays, native, left_ms()):
+            return
         # Strings, or a server that takes items one by one (the reference's): the batches in
         # flight first, then this one stored before the call returns.
         self._writer.flush(0, left_ms())

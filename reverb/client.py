@@ -142,7 +142,8 @@ class Client:
         if steps is None:
             return
         arrays, pairs = steps
-        if any(a.dtype.kind in "OSU" for a in arrays):
+        native = self._native_steps(arrays, pairs, timeout)
+        if native is None:
             # (Strings go one step at a time, within the call's one timeout.)
             deadline = None if timeout is None else time.monotonic() + timeout
             for i in range(len(arrays[0])):
@@ -150,10 +151,8 @@ class Client:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 self.insert(step, {t: p[i] for t, p in pairs}, timeout=left)
             return
-        self._check_steps(arrays, pairs, timeout)
         timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
-        pairs_bytes = [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
-        self._client.insert_steps(arrays, pairs_bytes, timeout_ms)
+        self._client.insert_steps(arrays, native, timeout_ms)
 
     def _steps(
         self, data: Any, priorities: Dict[str, Union[float, Sequence[float]]]
@@ -188,19 +187,25 @@ class Client:
             pairs.append((str(table), values))
         return arrays, pairs
 
-    def _check_steps(
+    def _native_steps(
         self,
         arrays: List[np.ndarray],
         pairs: List[Tuple[str, np.ndarray]],
         timeout: Optional[float],
-    ) -> None:
-        """ValueError (nothing is inserted) for an unknown table, or steps that do not fit a
+    ) -> Optional[List[Tuple[str, bytes]]]:
+        """The priorities of steps `_steps` made, as the native batched insert takes them (per
+        table, float64 bytes: no Python float per step), once the tables and signatures are
+        checked; None when a leaf holds strings (the native batch does not take them).
+        ValueError (nothing is inserted) for an unknown table, or steps that do not fit a
         table's signature."""
+        if any(a.dtype.kind in "OSU" for a in arrays):
+            return None
         self._check_tables([t for t, _ in pairs], timeout)
         # (ValueError for unsupported dtypes.)
         step = [(_dtypes.tf_enum(a.dtype), a.shape[1:], (1, *a.shape[1:])) for a in arrays]
         for table, _ in pairs:
             self._check_signature(table, step)
+        return [(t, np.ascontiguousarray(p, np.float64).tobytes()) for t, p in pairs]
 
     def _check_tables(self, tables: Iterable[str], timeout: Optional[float]) -> None:
         """ValueError, as the reference's, when the server has no table of one of `tables`

@@ -5,7 +5,7 @@ reports about it, rather than sleeping and hoping."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 
 def wait_for(
@@ -27,3 +27,12 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def answers(client: Any) -> bool:
+    """Whether the server `client` reaches answers a call now (within a second)."""
+    try:
+        client.server_info(timeout=1.0)
+        return True
+    except Exception:  # noqa: BLE001 - not yet
+        return False

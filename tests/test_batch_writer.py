@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from _wait import wait_for
+from _wait import answers, wait_for
 
 import reverb
 from reverb import rate_limiters, selectors
@@ -23,6 +23,21 @@ pytestmark = pytest.mark.usefixtures("both_paths")
 def _queue_values(client: reverb.Client, table: str, n: int) -> list:
     """The `n` oldest items of a queue as (priority, its step's leaves)."""
     return [(s[0].info.priority, s[0].data) for s in client.sample(table, n, timeout=T)]
+
+
+def _flushed_while_read(
+    client: reverb.Client, writer: reverb.BatchWriter, table: str, n: int
+) -> list:
+    """Flushes `writer` while another thread takes `n` items from queue `table` (making room
+    for what is blocked); the first value of each item taken, in order."""
+    got: list = []
+    reader = threading.Thread(
+        target=lambda: got.extend(int(s[0].data[0]) for s in client.sample(table, n, timeout=T))
+    )
+    reader.start()
+    writer.flush(timeout_ms=int(T * 1000))
+    reader.join(T)
+    return got
 
 
 def _prioritized(name: str, max_size: int = 1000) -> reverb.Table:
@@ -74,14 +89,7 @@ def test_calls_return_while_the_server_stores(make_server, both_paths) -> None:
         writer.insert_steps({"v": np.arange(-256, 0)}, {"q": 1.0}, timeout=0.3)
     with pytest.raises(reverb.errors.DeadlineExceededError, match="stay in flight"):
         writer.flush(timeout_ms=200)
-    got: list = []
-    reader = threading.Thread(
-        target=lambda: got.extend(int(s[0].data[0]) for s in client.sample("q", 1280, timeout=T))
-    )
-    reader.start()
-    writer.flush(timeout_ms=int(T * 1000))
-    reader.join(T)
-    assert got == list(range(1280))
+    assert _flushed_while_read(client, writer, "q", 1280) == list(range(1280))
     assert writer.num_unconfirmed_items == 0
     writer.close()
 
@@ -156,14 +164,7 @@ def test_a_refusal_then_a_timed_out_flush_says_both_and_keeps_the_rest(make_serv
     ):
         writer.flush(timeout_ms=500)
     assert writer.num_unconfirmed_items == 3
-    got: list = []
-    reader = threading.Thread(
-        target=lambda: got.extend(int(s[0].data[0]) for s in client.sample("q", 5, timeout=T))
-    )
-    reader.start()
-    writer.flush(timeout_ms=int(T * 1000))
-    reader.join(T)
-    assert got == [0, 1, 10, 11, 12]
+    assert _flushed_while_read(client, writer, "q", 5) == [0, 1, 10, 11, 12]
     assert client.server_info(timeout=T)["p"].current_size == 0
     writer.close()
 
@@ -186,16 +187,7 @@ def test_a_timeout_of_a_blocked_batch(make_server, both_paths) -> None:
         with pytest.raises(reverb.errors.DeadlineExceededError, match="others are not stored"):
             writer.insert_steps({"v": np.arange(10, 13)}, {"q": 1.0}, timeout=0.3)
         expected = [0, 1, 2, 3, 10]
-    got: list = []
-    reader = threading.Thread(
-        target=lambda: got.extend(
-            int(s[0].data[0]) for s in client.sample("q", len(expected), timeout=T)
-        )
-    )
-    reader.start()
-    writer.flush(timeout_ms=int(T * 1000))
-    reader.join(T)
-    assert got == expected
+    assert _flushed_while_read(client, writer, "q", len(expected)) == expected
     writer.insert_steps({"v": np.arange(20, 22)}, {"q": 1.0}, timeout=T)
     writer.flush(timeout_ms=int(T * 1000))
     assert [int(d[0]) for _, d in _queue_values(client, "q", 2)] == [20, 21]
@@ -222,18 +214,10 @@ def test_batches_a_stopped_server_did_not_confirm_go_to_the_restarted_one(
             writer.flush(timeout_ms=1000)
         assert writer.num_unconfirmed_items == 3
         second = make_server([reverb.Table.queue("q", 100)], port=port)
-        wait_for(lambda: _answers(client), T, "the restarted server to answer")
+        wait_for(lambda: answers(client), T, "the restarted server to answer")
         writer.insert_steps({"v": np.arange(20, 22)}, {"q": 1.0}, timeout=T)
     assert second.localhost_client().server_info(timeout=T)["q"].current_size == 5
     assert [int(d[0]) for _, d in _queue_values(client, "q", 5)] == [10, 11, 12, 20, 21]
-
-
-def _answers(client: reverb.Client) -> bool:
-    try:
-        client.server_info(timeout=1.0)
-        return True
-    except Exception:  # noqa: BLE001 - not yet
-        return False
 
 
 def test_bad_batches_are_refused_before_anything_is_sent(make_server) -> None:

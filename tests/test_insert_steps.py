@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _metrics import waited, waiting
-from _wait import wait_for
+from _wait import answers, wait_for
 
 import reverb
 from reverb import rate_limiters, selectors
@@ -169,18 +169,10 @@ def test_inserts_go_on_after_the_server_restarts(make_server) -> None:
     assert client.server_info(timeout=T)["q"].current_size == 5
     first.stop()
     second = make_server([reverb.Table.queue("q", 100)], port=port)
-    wait_for(lambda: _answers(client), T, "the restarted server to answer")
+    wait_for(lambda: answers(client), T, "the restarted server to answer")
     client.insert_steps({"v": np.arange(10, 14)}, {"q": 1.0}, timeout=T)
     assert second.localhost_client().server_info(timeout=T)["q"].current_size == 4
     assert [int(d[0]) for _, d in _queue_contents(client, "q", 4)] == [10, 11, 12, 13]
-
-
-def _answers(client: reverb.Client) -> bool:
-    try:
-        client.server_info(timeout=1.0)
-        return True
-    except Exception:  # noqa: BLE001 - not yet
-        return False
 
 
 def test_a_refused_insert_is_not_sent_again(make_server, monkeypatch) -> None:
