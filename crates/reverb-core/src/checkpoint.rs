@@ -925,43 +925,46 @@ mod tests {
     /// by another program, or a bug) are refused when read, saying what is wrong.
     #[test]
     fn items_that_do_not_fit_their_chunks_are_refused() {
-        for (offset, length, what) in [
-            (
-                0,
-                5,
-                "references rows 0..5 of chunk 9, whose tensor 0 has 1 rows",
-            ),
-            (
-                -1,
-                1,
-                "has an invalid chunk slice (offset -1, length 1, index 0)",
-            ),
-        ] {
-            let t = table("a", SelectorKind::Fifo, 10);
-            let trajectory = FlatTrajectory {
-                columns: vec![flat_trajectory::Column {
-                    chunk_slices: vec![flat_trajectory::ChunkSlice {
-                        chunk_key: 9,
-                        offset,
-                        length,
-                        index: 0,
+        // (Uniform: a table that keeps its items' rows looks at the slice too.)
+        for sampler in [SelectorKind::Fifo, SelectorKind::Uniform] {
+            for (offset, length, what) in [
+                (
+                    0,
+                    5,
+                    "references rows 0..5 of chunk 9, whose tensor 0 has 1 rows",
+                ),
+                (
+                    -1,
+                    1,
+                    "has an invalid chunk slice (offset -1, length 1, index 0)",
+                ),
+            ] {
+                let t = table("a", sampler, 10);
+                let trajectory = FlatTrajectory {
+                    columns: vec![flat_trajectory::Column {
+                        chunk_slices: vec![flat_trajectory::ChunkSlice {
+                            chunk_key: 9,
+                            offset,
+                            length,
+                            index: 0,
+                        }],
+                        squeeze: false,
                     }],
-                    squeeze: false,
-                }],
-            };
-            let data = ItemData::new(3, &trajectory, vec![chunk(9)]).unwrap();
-            t.try_insert(data, 1.0).unwrap();
-            let mut out = Vec::new();
-            write(&mut out, &[(&t, &t.snapshot())], None).unwrap();
-            let Err(e) = read(&mut out.as_slice(), None, None) else {
-                panic!(
-                    "read an item that slices {offset}..{} of a 1-row chunk",
-                    offset + length
-                );
-            };
-            let e = e.to_string();
-            assert!(e.contains("corrupt checkpoint: Column 0 of item 3"), "{e}");
-            assert!(e.contains(what), "{e}");
+                };
+                let data = ItemData::new(3, &trajectory, vec![chunk(9)]).unwrap();
+                t.try_insert(data, 1.0).unwrap();
+                let mut out = Vec::new();
+                write(&mut out, &[(&t, &t.snapshot())], None).unwrap();
+                let Err(e) = read(&mut out.as_slice(), None, None) else {
+                    panic!(
+                        "read an item that slices {offset}..{} of a 1-row chunk",
+                        offset + length
+                    );
+                };
+                let e = e.to_string();
+                assert!(e.contains("corrupt checkpoint: Column 0 of item 3"), "{e}");
+                assert!(e.contains(what), "{e}");
+            }
         }
     }
 

@@ -9,6 +9,7 @@ pub mod error;
 pub mod journal;
 pub mod keymap;
 pub mod rate_limiter;
+pub mod rows;
 pub mod segment_log;
 pub mod selectors;
 pub mod table;

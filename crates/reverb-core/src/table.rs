@@ -6,11 +6,13 @@ use crate::chunk::ItemData;
 use crate::journal::TableJournal;
 use crate::keymap::KeyMap;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::rows::Rows;
 use crate::selectors::{prioritized_weight, Place, Selector, SelectorKind};
 use crate::{invalid_arg, Result};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, SeedableRng};
+use reverb_proto::gather::Batch;
 use reverb_proto::held::HeldSample;
 use reverb_proto::{SampleInfo, TableInfo, TableWorkerTime};
 use std::collections::VecDeque;
@@ -112,11 +114,16 @@ struct Entry {
     times_sampled: i32,
     /// The item's slot in the sampler ([`Place::slot`]; the remover keeps its own).
     slot: u32,
+    /// The item's record in the table's [`Rows`] ([`NO_RECORD`]: none).
+    record: u32,
 }
 
-// What a table's index holds per item beside its key: keep it at 32 bytes (64-bit).
+/// [`Entry::record`] of an item whose rows are not kept.
+const NO_RECORD: u32 = u32::MAX;
+
+// What a table's index holds per item beside its key: keep it at 40 bytes (64-bit).
 #[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<Entry>() == 32);
+const _: () = assert!(std::mem::size_of::<Entry>() == 40);
 
 impl Entry {
     /// The item's place in the sampler (`which` 0) or the remover (1).
@@ -155,6 +162,19 @@ struct State {
     rng: StdRng,
     /// Where its changes are logged (a disk-backed server's tables).
     journal: Option<TableJournal>,
+    /// The items' rows, when the table keeps them (see [`crate::rows`]).
+    rows: KeptRows,
+}
+
+/// Whether a table keeps its items' rows ([`Rows`], by sampler slot).
+enum KeptRows {
+    /// Decided by the next item (the table is empty).
+    Undecided,
+    /// Kept, for every item.
+    Kept(Rows),
+    /// Not kept until the table is next empty: an item does not fit, or the table logs to a
+    /// journal (its chunks may be on disk).
+    Not,
 }
 
 /// A replay table. Share it as `Arc<Table>`.
@@ -256,6 +276,7 @@ impl Table {
             next_seq: 0,
             rng,
             journal: None,
+            rows: KeptRows::Undecided,
         };
         Ok(Self {
             name: config.name.as_str().into(),
@@ -474,6 +495,56 @@ impl Table {
         out
     }
 
+    /// Samples as [`Table::try_sample`] does without a byte limit, the batch gathered from
+    /// the rows the table keeps (see [`crate::rows`]) as columns shaped as
+    /// [`reverb_proto::gather::gather`] shapes them: the same items, values and columns.
+    /// `None` when the table keeps no rows now, or deletes items as they are sampled
+    /// (`max_times_sampled`): then sample with [`Table::try_sample`]. An empty batch when
+    /// nothing may be sampled.
+    pub fn try_sample_rows(&self, max_items: usize) -> Option<Batch> {
+        if self.config.max_times_sampled > 0 {
+            return None;
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if !matches!(st.rows, KeptRows::Kept(_)) {
+            return None;
+        }
+        let mut n = 0;
+        while n < max_items && st.limiter.can_sample(n as i64 + 1) {
+            n += 1;
+        }
+        let mut keys = Vec::with_capacity(n);
+        st.sampler.sample_many(&mut st.rng, n, &mut keys);
+        let mut info = Vec::with_capacity(keys.len());
+        let mut records = Vec::with_capacity(keys.len());
+        for (key, probability) in keys {
+            st.limiter.sample();
+            let (entry, v) = st.count_entry_draw(key, probability);
+            records.push(entry.record);
+            info.push((
+                key,
+                v.probability,
+                v.table_size,
+                v.priority,
+                v.times_sampled,
+            ));
+        }
+        let KeptRows::Kept(rows) = &st.rows else {
+            unreachable!("checked above; sampling does not change it")
+        };
+        let columns = if info.is_empty() {
+            Vec::new()
+        } else {
+            rows.gather(&records)
+        };
+        drop(guard);
+        if !info.is_empty() {
+            self.changed.notify_waiters();
+        }
+        Some(Batch { info, columns })
+    }
+
     /// Deletes `deletes`, then applies `updates`; keys not in the table are ignored. All
     /// priorities are checked first, so a bad one changes nothing.
     pub fn mutate_items(&self, updates: &[(u64, f64)], deletes: &[u64]) -> Result<()> {
@@ -520,6 +591,7 @@ impl Table {
         st.episode_refs.clear();
         st.num_deleted_episodes = 0;
         st.num_unique_samples = 0;
+        st.rows = KeptRows::Undecided;
         if let Some(journal) = &mut st.journal {
             journal.reset();
         }
@@ -530,7 +602,11 @@ impl Table {
     /// Logs every later change of the table to `journal` (a disk-backed server's; None
     /// stops logging).
     pub(crate) fn set_journal(&self, journal: Option<TableJournal>) {
-        self.state.lock().journal = journal;
+        let mut st = self.state.lock();
+        if journal.is_some() {
+            st.rows = KeptRows::Not;
+        }
+        st.journal = journal;
     }
 
     /// Logs the counters to the table's journal if it has one and they changed.
@@ -618,6 +694,7 @@ impl Table {
         st.sampler.clear();
         st.remover.clear();
         st.episode_refs.clear();
+        st.rows = KeptRows::Undecided;
         for (item, priority, times_sampled) in snapshot.items {
             let item = Arc::try_unwrap(item).unwrap_or_else(|shared| (*shared).clone());
             st.add_item(item, priority, times_sampled)
@@ -729,6 +806,7 @@ impl State {
         for episode in episodes(&item) {
             *self.episode_refs.get_or_insert_with(episode, || 0) += 1;
         }
+        let record = self.keep_rows(&item);
         self.items.insert(
             key,
             Entry {
@@ -737,14 +815,44 @@ impl State {
                 seq,
                 times_sampled,
                 slot: sampler_slot,
+                record,
             },
         );
         Ok(())
     }
 
+    /// Keeps the rows of `item`, about to be added, if the table keeps rows (the first item
+    /// decides whether it does; it stops keeping them when one does not fit): its record.
+    fn keep_rows(&mut self, item: &ItemData) -> u32 {
+        match &mut self.rows {
+            KeptRows::Undecided => {
+                let may = self.journal.is_none() && self.items.is_empty();
+                match may.then(|| Rows::new(item)).flatten() {
+                    Some(rows) => {
+                        self.rows = KeptRows::Kept(rows);
+                        return 0;
+                    }
+                    None => self.rows = KeptRows::Not,
+                }
+            }
+            KeptRows::Kept(rows) => match rows.push(item) {
+                Some(record) => return record,
+                None => self.rows = KeptRows::Not,
+            },
+            KeptRows::Not => {}
+        }
+        NO_RECORD
+    }
+
     /// Counts a draw of `key` (its times sampled, the table's unique samples): its item and
     /// what its sample reports.
     fn count_draw(&mut self, key: u64, probability: f64) -> (&Arc<ItemData>, Drawn) {
+        let (entry, drawn) = self.count_entry_draw(key, probability);
+        (&entry.data, drawn)
+    }
+
+    /// [`State::count_draw`], giving the item's entry.
+    fn count_entry_draw(&mut self, key: u64, probability: f64) -> (&Entry, Drawn) {
         let table_size = self.items.len() as i64;
         let entry = self.items.get_mut(&key).expect("selector and items agree");
         entry.times_sampled += 1;
@@ -757,7 +865,7 @@ impl State {
             probability,
             table_size,
         };
-        (&entry.data, values)
+        (entry, values)
     }
 
     fn delete_item(&mut self, key: u64) {
@@ -769,6 +877,11 @@ impl State {
                 .get_mut(&moved)
                 .expect("selectors and items agree")
                 .slot = slot;
+        }
+        match &mut self.rows {
+            _ if self.items.is_empty() => self.rows = KeptRows::Undecided,
+            KeptRows::Kept(rows) if entry.record != NO_RECORD => rows.remove(entry.record),
+            _ => {}
         }
         let moved = self.remover.delete(entry.place(1));
         debug_assert!(moved.is_none(), "a remover keeps its own slots");

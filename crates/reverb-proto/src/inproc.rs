@@ -7,6 +7,7 @@
 //! `transport/inproc.rs`. The TensorFlow kernels are a separate library with a registry of their
 //! own (always empty); they reach the Python extension's servers through a C ABI instead.
 
+use crate::gather::Batch;
 use crate::held::HeldSample;
 use crate::{InsertStreamRequest, ServerInfoResponse};
 use std::collections::BTreeMap;
@@ -32,13 +33,15 @@ pub trait Service: Send + Sync {
     /// Samples up to `max_items` items of `table` in one batch (`SampleStream`), waiting for
     /// the rate limiter at most `rate_limiter_timeout` (forever when `None`): then
     /// DEADLINE_EXCEEDED. Never empty on success. Dropping the future stops the wait. The
-    /// items come as the server holds them, not copied.
+    /// items come as the server holds them, not copied, or (with `columns`, from a table
+    /// that keeps its items' rows) as their rows gathered into columns.
     fn sample<'a>(
         &'a self,
         table: &'a str,
         max_items: usize,
         rate_limiter_timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Vec<HeldSample>, Status>>;
+        columns: bool,
+    ) -> BoxFuture<'a, Result<SampledBatch, Status>>;
 
     /// Deletes `deletes`, then updates priorities (`MutatePriorities`).
     fn mutate_priorities(
@@ -56,6 +59,15 @@ pub trait Service: Send + Sync {
 
     /// Saves a checkpoint and returns its path (`Checkpoint`).
     fn checkpoint(&self) -> BoxFuture<'_, Result<String, Status>>;
+}
+
+/// A batch a server of this process sampled.
+#[derive(Debug)]
+pub enum SampledBatch {
+    /// The items, held in place.
+    Held(Vec<HeldSample>),
+    /// The items' rows as columns.
+    Columns(Batch),
 }
 
 /// One insert stream to a server of this process.
@@ -146,7 +158,8 @@ mod tests {
             _: &'a str,
             _: usize,
             _: Option<Duration>,
-        ) -> BoxFuture<'a, Result<Vec<HeldSample>, Status>> {
+            _: bool,
+        ) -> BoxFuture<'a, Result<SampledBatch, Status>> {
             unimplemented!()
         }
         fn mutate_priorities(&self, _: &str, _: &[(u64, f64)], _: &[u64]) -> Result<(), Status> {

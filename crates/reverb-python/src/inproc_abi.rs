@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use reverb_client::runtime;
 use reverb_client::transport::inproc::abi::{EmitFn, SharedData, CHUNK, ERROR, INFO, SHARED_DATA};
 use reverb_client::transport::inproc::loopback_port;
+use reverb_proto::inproc::SampledBatch;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -64,7 +65,12 @@ fn sample(
     {
         // (The runtime context lets the zero wait make its timer when nothing is there.)
         let _context = runtime().enter();
-        let mut now = std::pin::pin!(server.sample(table, max_items, Some(Duration::ZERO)));
+        let mut now = std::pin::pin!(held(server.sample(
+            table,
+            max_items,
+            Some(Duration::ZERO),
+            false
+        )));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match now.as_mut().poll(&mut cx) {
             std::task::Poll::Ready(Ok(batch)) => return Ok(batch),
@@ -75,7 +81,8 @@ fn sample(
         }
     }
     runtime().block_on(async {
-        let sampled = tokio::time::timeout(wait, server.sample(table, max_items, None));
+        let sampled =
+            tokio::time::timeout(wait, held(server.sample(table, max_items, None, false)));
         // Looks at the flag at every poll (and at least every CANCEL_POLL).
         let mut tick = tokio::time::interval(CANCEL_POLL);
         let cancel = std::future::poll_fn(|cx| {
@@ -93,6 +100,16 @@ fn sample(
             batch = sampled => batch.unwrap_or_else(|_| Ok(Vec::new())),
         }
     })
+}
+
+/// The held samples of a batch asked for without columns.
+async fn held(
+    sampled: impl std::future::Future<Output = Result<SampledBatch, Status>>,
+) -> Result<Vec<reverb_proto::held::HeldSample>, Status> {
+    match sampled.await? {
+        SampledBatch::Held(held) => Ok(held),
+        SampledBatch::Columns(_) => Err(Status::internal("columns came, not asked for")),
+    }
 }
 
 /// In-process sampling for clients built into other libraries (the TensorFlow kernels): up to

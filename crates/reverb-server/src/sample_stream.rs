@@ -16,7 +16,7 @@ use crate::status::RATE_LIMITER_TIMEOUT;
 use crate::tables::Tables;
 use bytes::Bytes;
 use reverb_core::{SampledItem, Table, Waiter};
-use reverb_proto::gather::{gather, DecodedCache};
+use reverb_proto::gather::{gather, Batch, DecodedCache};
 use reverb_proto::held::HeldSample;
 use reverb_proto::sample_stream_response::SampleEntry;
 use reverb_proto::shm::MIN_CHUNK_BYTES;
@@ -217,10 +217,28 @@ async fn serve(
         };
         // (A client that goes away drops this handler with its response stream; the checks
         // on `tx` matter only if the handler ever runs apart from it.)
-        let batch = sample_waiting(&table, max_items, max_bytes, timeout, tx.closed(), || {
-            tx.is_closed()
-        })
+        let rows = gathering.is_some();
+        let drawn = sample_waiting(
+            &table,
+            max_items,
+            max_bytes,
+            rows,
+            timeout,
+            tx.closed(),
+            || tx.is_closed(),
+        )
         .await?;
+        let batch = match drawn {
+            Drawn::Items(batch) => batch,
+            Drawn::Rows(batch) => {
+                remaining -= batch.info.len();
+                let columnar = columns.as_deref_mut().expect("rows are drawn for columns");
+                let (response, sample_bytes) = as_columns(batch, ring);
+                columnar.last = Some((request.table.clone(), Some(sample_bytes)));
+                send(response, tx).await?;
+                continue;
+            }
+        };
         let batch = tables.resident(&table, batch)?;
         remaining -= batch.len();
         if let Some(columnar) = columns.as_deref_mut().filter(|_| gathering.is_some()) {
@@ -237,24 +255,45 @@ async fn serve(
     Ok(())
 }
 
+/// A batch drawn from a table: its items, or their rows as columns.
+pub(crate) enum Drawn {
+    /// The items, held.
+    Items(Vec<SampledItem>),
+    /// The rows of the items as columns (see [`Table::try_sample_rows`]).
+    Rows(Batch),
+}
+
+/// Draws up to `max_items` items of `table` (about `max_bytes` of chunks at most), as rows
+/// when `rows` and the table keeps them; `None` when the rate limiter allows none.
+fn draw(table: &Table, max_items: usize, max_bytes: usize, rows: bool) -> Option<Drawn> {
+    if rows {
+        if let Some(batch) = table.try_sample_rows(max_items) {
+            return (!batch.info.is_empty()).then_some(Drawn::Rows(batch));
+        }
+    }
+    let batch = table.try_sample(max_items, max_bytes);
+    (!batch.is_empty()).then_some(Drawn::Items(batch))
+}
+
 /// Samples a batch of up to `max_items` items of `table` (about `max_bytes` of chunks at
-/// most), waiting while the rate limiter blocks: at most `timeout`, then DEADLINE_EXCEEDED.
-/// Stops (`Err(None)`) once the caller has gone: `is_gone()` holds or `gone` completes.
+/// most; as rows when `rows` and the table keeps them), waiting while the rate limiter
+/// blocks: at most `timeout`, then DEADLINE_EXCEEDED. Stops (`Err(None)`) once the caller
+/// has gone: `is_gone()` holds or `gone` completes.
 pub(crate) async fn sample_waiting(
     table: &Table,
     max_items: usize,
     max_bytes: usize,
+    rows: bool,
     timeout: Option<Duration>,
     gone: impl std::future::Future<Output = ()>,
     is_gone: impl Fn() -> bool,
-) -> Result<Vec<SampledItem>, Option<Status>> {
+) -> Result<Drawn, Option<Status>> {
     // Most calls find items: they register for the table's changes only once one did not.
     if is_gone() {
         return Err(None);
     }
-    let batch = table.try_sample(max_items, max_bytes);
-    if !batch.is_empty() {
-        return Ok(batch);
+    if let Some(drawn) = draw(table, max_items, max_bytes, rows) {
+        return Ok(drawn);
     }
     if timeout == Some(Duration::ZERO) {
         // Nothing to wait for: not counted as a call waiting on the rate limiter either.
@@ -272,9 +311,8 @@ pub(crate) async fn sample_waiting(
         if is_gone() {
             return Err(None);
         }
-        let batch = table.try_sample(max_items, max_bytes);
-        if !batch.is_empty() {
-            return Ok(batch);
+        if let Some(drawn) = draw(table, max_items, max_bytes, rows) {
+            return Ok(drawn);
         }
         _waiting.get_or_insert_with(|| table.waiting(Waiter::Sample));
         let expired = async {
@@ -345,6 +383,14 @@ fn gathered(
     if bytes > MAX_COLUMNS_BYTES {
         return None;
     }
+    Some(as_columns(gathered, ring))
+}
+
+/// The response carrying `gathered` as columns (large ones through the ring when it has
+/// room), and its bytes per sample.
+fn as_columns(gathered: Batch, ring: &mut Option<RingWriter>) -> (SampleStreamResponse, usize) {
+    let n = gathered.info.len();
+    let bytes: usize = gathered.columns.iter().map(|c| c.data.len()).sum();
     let mut batch = SampleBatch::from(gathered);
     for column in &mut batch.columns {
         into_ring(
@@ -358,7 +404,7 @@ fn gathered(
         entries: Vec::new(),
         batch: Some(batch),
     };
-    Some((response, bytes / held.len().max(1)))
+    (response, bytes / n.max(1))
 }
 
 /// `chunk` (a stored chunk's wire form, without ring fields of its own: those are this

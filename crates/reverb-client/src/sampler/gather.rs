@@ -49,6 +49,7 @@ mod tests {
     use crate::tensor::{encode_chunk_with, encode_strings, Tensor, DT_STRING};
     use proptest::prelude::*;
     use reverb_core::chunk::{Chunk, ItemData};
+    use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
     use reverb_proto::flat_trajectory::{ChunkSlice, Column};
     use reverb_proto::held::HeldSample;
     use reverb_proto::SampleBatch;
@@ -93,6 +94,23 @@ mod tests {
         rows: &[usize],
         columns: &[(usize, usize, bool)],
     ) -> HeldSample {
+        HeldSample {
+            item: Arc::new(item_data(key, chunks, rows, columns)),
+            table: "t".into(),
+            priority: key as f64 / 2.0,
+            times_sampled: key as i32,
+            probability: 1.0 / (key as f64 + 1.0),
+            table_size: 10,
+        }
+    }
+
+    /// The item of [`item`].
+    fn item_data(
+        key: u64,
+        chunks: &[Arc<Chunk>],
+        rows: &[usize],
+        columns: &[(usize, usize, bool)],
+    ) -> ItemData {
         let mut used: Vec<Arc<Chunk>> = Vec::new();
         let mut trajectory = FlatTrajectory::default();
         for (index, &(start, length, squeeze)) in columns.iter().enumerate() {
@@ -122,14 +140,7 @@ mod tests {
                 squeeze,
             });
         }
-        HeldSample {
-            item: Arc::new(ItemData::new(key, &trajectory, used).unwrap()),
-            table: "t".into(),
-            priority: key as f64 / 2.0,
-            times_sampled: key as i32,
-            probability: 1.0 / (key as f64 + 1.0),
-            table_size: 10,
-        }
+        ItemData::new(key, &trajectory, used).unwrap()
     }
 
     fn planned(samples: &[HeldSample]) -> crate::Result<Batch> {
@@ -224,6 +235,106 @@ mod tests {
                     })
                     .collect();
                 same(&stack(mixed, &mut cache).unwrap(), &expected);
+            }
+        }
+    }
+
+    /// A table of Uniform (or Prioritized) sampling, seeded.
+    fn table(prioritized: bool) -> Table {
+        let sampler = if prioritized {
+            SelectorKind::Prioritized {
+                priority_exponent: 0.8,
+            }
+        } else {
+            SelectorKind::Uniform
+        };
+        let config = TableConfig {
+            name: "t".into(),
+            sampler,
+            remover: SelectorKind::Fifo,
+            max_size: 12,
+            max_times_sampled: 0,
+            rate_limiter: RateLimiterConfig {
+                samples_per_insert: 1.0,
+                min_size_to_sample: 1,
+                min_diff: -f64::MAX,
+                max_diff: f64::MAX,
+            },
+            signature: None,
+        };
+        Table::with_seed(config, 7).unwrap()
+    }
+
+    proptest! {
+        /// A batch of the rows a table keeps is the batch gathered from the same items'
+        /// chunks (the same draws, values and columns): one-row items of shared chunks of
+        /// several rows (items of a run), stored and compressed, squeezed or not, through
+        /// evictions and deletes; a table stops keeping rows once an item of two rows comes,
+        /// and keeps them again once emptied.
+        #[test]
+        fn rows_a_table_keeps_are_the_gathered_batch(
+            chunks in proptest::collection::vec((1usize..5, any::<bool>()), 1..5),
+            squeeze in (any::<bool>(), any::<bool>()),
+            prioritized in any::<bool>(),
+            ops in proptest::collection::vec((0u8..6, any::<prop::sample::Index>(), any::<prop::sample::Index>()), 1..40),
+        ) {
+            let rows: Vec<usize> = chunks.iter().map(|c| c.0).collect();
+            let total: usize = rows.iter().sum();
+            let mut start = 0;
+            let stored: Vec<Arc<Chunk>> = chunks
+                .iter()
+                .enumerate()
+                .map(|(i, &(r, noisy))| {
+                    let c = Arc::new(chunk(i, start as i32, r, noisy, false));
+                    start += r;
+                    c
+                })
+                .collect();
+            let (kept, plain) = (table(prioritized), table(prioritized));
+            let mut wide = false; // an item of two rows is held
+            let mut cache = DecodedCache::default();
+            for (k, (op, x, y)) in ops.iter().enumerate() {
+                let key = k as u64 + 1;
+                match op {
+                    0..=2 => {
+                        let columns = [(x.index(total), 1, squeeze.0), (y.index(total), 1, squeeze.1)];
+                        for t in [&kept, &plain] {
+                            t.try_insert(item_data(key, &stored, &rows, &columns), key as f64).unwrap();
+                        }
+                    }
+                    3 if total > 1 && !wide => {
+                        let columns = [(x.index(total - 1), 2, false), (y.index(total), 1, squeeze.1)];
+                        for t in [&kept, &plain] {
+                            t.try_insert(item_data(key, &stored, &rows, &columns), 1.0).unwrap();
+                        }
+                        wide = true;
+                    }
+                    4 => {
+                        let victim = x.index(key as usize) as u64;
+                        for t in [&kept, &plain] {
+                            t.mutate_items(&[], &[victim]).unwrap();
+                        }
+                        if kept.size() == 0 {
+                            wide = false;
+                        }
+                    }
+                    _ => {
+                        let n = 1 + y.index(8);
+                        let batch = kept.try_sample_rows(n);
+                        if wide {
+                            prop_assert!(batch.is_none());
+                            continue;
+                        }
+                        if kept.size() == 0 {
+                            continue;
+                        }
+                        let batch = batch.expect("a table of one-row items keeps their rows");
+                        let held: Vec<HeldSample> =
+                            plain.try_sample(n, usize::MAX).into_iter().map(HeldSample::from).collect();
+                        let want = reverb_proto::gather::gather(&held, &mut cache).unwrap().unwrap();
+                        prop_assert_eq!(batch, want);
+                    }
+                }
             }
         }
     }

@@ -7,11 +7,11 @@
 
 use crate::auth::TokenCheck;
 use crate::insert_stream::Inserter;
-use crate::sample_stream::{sample_waiting, MAX_BATCH_ITEMS};
+use crate::sample_stream::{sample_waiting, Drawn, MAX_BATCH_ITEMS};
 use crate::service::ReverbServiceImpl;
 use crate::tables::Tables;
 use reverb_proto::held::HeldSample;
-use reverb_proto::inproc::{BoxFuture, InsertStream, Service};
+use reverb_proto::inproc::{BoxFuture, InsertStream, SampledBatch, Service};
 use reverb_proto::{InsertStreamRequest, ServerInfoResponse};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -86,7 +86,8 @@ impl Service for InProcServer {
         table: &'a str,
         max_items: usize,
         rate_limiter_timeout: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Vec<HeldSample>, Status>> {
+        columns: bool,
+    ) -> BoxFuture<'a, Result<SampledBatch, Status>> {
         Box::pin(async move {
             self.stopped.check()?;
             if max_items == 0 {
@@ -97,18 +98,25 @@ impl Service for InProcServer {
             let gone = self.stopped.wait();
             let is_gone = || self.stopped.check().is_err();
             // (Items are handed over, not copied into messages: no byte limit.)
-            let batch = sample_waiting(
+            let drawn = sample_waiting(
                 &table,
                 max_items,
                 usize::MAX,
+                columns,
                 rate_limiter_timeout,
                 gone,
                 is_gone,
             )
             .await
             .map_err(|e| e.unwrap_or_else(stopped))?;
+            let batch = match drawn {
+                Drawn::Rows(batch) => return Ok(SampledBatch::Columns(batch)),
+                Drawn::Items(batch) => batch,
+            };
             let batch = self.service.tables().resident(&table, batch)?;
-            Ok(batch.into_iter().map(HeldSample::from).collect())
+            Ok(SampledBatch::Held(
+                batch.into_iter().map(HeldSample::from).collect(),
+            ))
         })
     }
 

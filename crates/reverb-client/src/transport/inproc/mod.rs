@@ -5,7 +5,7 @@
 //! registry is always empty: they sample the Python extension's servers through a small C ABI
 //! the extension exports ([`abi`]), borrowing the chunk bytes instead of copying them.
 
-use crate::sample::Sampled;
+use crate::sample::{Columns, Sampled};
 use crate::{ClientError, Result};
 use std::time::Duration;
 
@@ -23,8 +23,8 @@ pub fn loopback_port(address: &str) -> Option<u16> {
 pub mod abi;
 
 use crate::transport::{BoxFuture, InsertStream, SampleStream, SampleStreamOptions, Server};
-use reverb_proto::inproc::Service;
-use reverb_proto::{InsertStreamRequest, ServerInfoResponse};
+use reverb_proto::inproc::{SampledBatch, Service};
+use reverb_proto::{InsertStreamRequest, SampleBatch, ServerInfoResponse};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -120,11 +120,12 @@ impl Server for InProc {
         table: &str,
         n: usize,
         rate_limiter_timeout: Option<Duration>,
-        _: SampleStreamOptions,
+        options: SampleStreamOptions,
     ) -> BoxFuture<'_, Result<Box<dyn SampleStream>>> {
         let source = Direct {
             service: self.current(),
             address: self.address.clone(),
+            columns: options.columnar,
         };
         let stream = batches(source, table, n, rate_limiter_timeout);
         Box::pin(async move { Ok(stream) })
@@ -215,6 +216,8 @@ trait Batches: Send + 'static {
 struct Direct {
     service: Arc<dyn Service>,
     address: Arc<str>,
+    /// Batches may come as columns (see [`SampleStreamOptions::columnar`]).
+    columns: bool,
 }
 
 impl Batches for Direct {
@@ -227,10 +230,18 @@ impl Batches for Direct {
         Box::pin(async move {
             let batch = self
                 .service
-                .sample(table, n, timeout)
+                .sample(table, n, timeout, self.columns)
                 .await
                 .map_err(error(&self.address))?;
-            Ok(batch.into_iter().map(|s| Ok(Sampled::Held(s))).collect())
+            Ok(match batch {
+                SampledBatch::Held(held) => {
+                    held.into_iter().map(|s| Ok(Sampled::Held(s))).collect()
+                }
+                SampledBatch::Columns(batch) => Columns::rows(SampleBatch::from(batch))?
+                    .into_iter()
+                    .map(Ok)
+                    .collect(),
+            })
         })
     }
 }
