@@ -21,7 +21,8 @@ pub use journal::Journal;
 pub use rate_limiter::{RateLimiter, RateLimiterConfig};
 pub use selectors::{Selector, SelectorKind};
 pub use table::{
-    BlockReason, InsertOutcome, SampledItem, Table, TableConfig, TableSnapshot, Waiter, Waiting,
+    BlockReason, Draw, InsertOutcome, SampledItem, Table, TableConfig, TableSnapshot, Waiter,
+    Waiting,
 };
 
 #[cfg(test)]

@@ -16,6 +16,10 @@ use std::sync::{Arc, Weak};
 /// Most bytes of rows (all columns) an item may have for its table to keep them.
 pub const MAX_ROW_BYTES: usize = 256;
 
+/// Most bytes of a compressed tensor decoded for the rows of its items (a table holding
+/// items of larger ones keeps no rows).
+const MAX_DECODED: usize = 64 << 10;
+
 /// Records of a block of [`Rows`] (a power of two).
 const BLOCK: usize = 1 << 14;
 
@@ -104,15 +108,17 @@ impl Rows {
         rows.push(item).map(|_| rows)
     }
 
-    /// Stores `item`'s rows: the record they are in; `None`, with nothing stored, when it
-    /// does not fit (other dtypes or shapes, a row it does not hold readable).
+    /// Stores `item`'s rows: the record they are in; `None` when it does not fit (other
+    /// dtypes or shapes, a row it does not hold readable): then no record is taken (a free
+    /// one may have been written in part).
     pub(crate) fn push(&mut self, item: &ItemData) -> Option<u32> {
         let width = self.columns.len();
         let stride = self.stride;
         let at = match self.free.last() {
             Some(&free) => free as usize,
             None => {
-                u32::try_from(self.used).ok()?;
+                // (u32::MAX is a table's mark of an item without a record.)
+                u32::try_from(self.used).ok().filter(|&u| u != u32::MAX)?;
                 if self.used == self.blocks.len() * BLOCK {
                     self.blocks
                         .push(vec![0u8; BLOCK * stride].into_boxed_slice());
@@ -144,7 +150,7 @@ impl Rows {
 
     /// Frees `record` (of an item removed).
     pub(crate) fn remove(&mut self, record: u32) {
-        debug_assert!((record as usize) < self.used && !self.free.contains(&record));
+        debug_assert!((record as usize) < self.used);
         self.free.push(record);
     }
 
@@ -289,6 +295,9 @@ impl RowColumn {
             return false;
         }
         let rows = rows as usize;
+        if len == 0 {
+            return true; // (Rows of no bytes: nothing to copy.)
+        }
         let bytes = match stored_bytes(content, len) {
             Some(raw) => {
                 let Some(bytes) = raw.get(row) else {
@@ -302,6 +311,8 @@ impl RowColumn {
                     None => return true,
                 }
             }
+            // (Decoded under the table's lock: not for large tensors.)
+            None if len > MAX_DECODED => return false,
             None => {
                 let mut decoded = vec![0u8; len];
                 match snap::raw::Decoder::new().decompress(content, &mut decoded) {

@@ -85,6 +85,15 @@ impl From<SampledItem> for HeldSample {
     }
 }
 
+/// A batch drawn from a table: its items, or their rows as columns.
+#[derive(Debug)]
+pub enum Draw {
+    /// The items, held.
+    Items(Vec<SampledItem>),
+    /// The items' rows as columns (see [`Table::try_sample_rows`]).
+    Rows(Batch),
+}
+
 /// A [`SampledItem`]'s values other than the item and its table, as drawn.
 #[derive(Debug, Clone, Copy)]
 struct Drawn {
@@ -166,7 +175,7 @@ struct State {
     rows: KeptRows,
 }
 
-/// Whether a table keeps its items' rows ([`Rows`], by sampler slot).
+/// Whether a table keeps its items' rows ([`Rows`]; each item's record is in its entry).
 enum KeptRows {
     /// Decided by the next item (the table is empty).
     Undecided,
@@ -495,13 +504,14 @@ impl Table {
         out
     }
 
-    /// Samples as [`Table::try_sample`] does without a byte limit, the batch gathered from
-    /// the rows the table keeps (see [`crate::rows`]) as columns shaped as
-    /// [`reverb_proto::gather::gather`] shapes them: the same items, values and columns.
-    /// `None` when the table keeps no rows now, or deletes items as they are sampled
-    /// (`max_times_sampled`): then sample with [`Table::try_sample`]. An empty batch when
-    /// nothing may be sampled.
-    pub fn try_sample_rows(&self, max_items: usize) -> Option<Batch> {
+    /// Samples as [`Table::try_sample`] does without a byte limit (the same draws, counts
+    /// and values), the batch gathered from the rows the table keeps (see [`crate::rows`]) as
+    /// columns shaped as [`reverb_proto::gather::gather`] shapes them; as items when a drawn
+    /// item's rows do not fit the others' (the table then stops keeping rows). `None` when
+    /// the table keeps no rows now, or deletes items as they are sampled
+    /// (`max_times_sampled`): then sample with [`Table::try_sample`]. An empty batch of rows
+    /// when nothing may be sampled.
+    pub fn try_sample_rows(&self, max_items: usize) -> Option<Draw> {
         if self.config.max_times_sampled > 0 {
             return None;
         }
@@ -516,33 +526,49 @@ impl Table {
         }
         let mut keys = Vec::with_capacity(n);
         st.sampler.sample_many(&mut st.rng, n, &mut keys);
-        let mut info = Vec::with_capacity(keys.len());
-        let mut records = Vec::with_capacity(keys.len());
-        for (key, probability) in keys {
-            st.limiter.sample();
-            let (entry, v) = st.count_entry_draw(key, probability);
-            records.push(entry.record);
-            info.push((
-                key,
-                v.probability,
-                v.table_size,
-                v.priority,
-                v.times_sampled,
-            ));
-        }
-        let KeptRows::Kept(rows) = &st.rows else {
-            unreachable!("checked above; sampling does not change it")
-        };
-        let columns = if info.is_empty() {
-            Vec::new()
+        let draw = if st.read_rows(&keys) {
+            let mut info = Vec::with_capacity(keys.len());
+            let mut records = Vec::with_capacity(keys.len());
+            for (key, probability) in keys {
+                st.limiter.sample();
+                let (entry, v) = st.count_entry_draw(key, probability);
+                records.push(entry.record);
+                info.push((
+                    key,
+                    v.probability,
+                    v.table_size,
+                    v.priority,
+                    v.times_sampled,
+                ));
+            }
+            let columns = match &st.rows {
+                KeptRows::Kept(rows) if !info.is_empty() => rows.gather(&records),
+                _ => Vec::new(),
+            };
+            Draw::Rows(Batch { info, columns })
         } else {
-            rows.gather(&records)
+            let items = keys
+                .into_iter()
+                .map(|(key, probability)| {
+                    st.limiter.sample();
+                    let (item, v) = st.count_draw(key, probability);
+                    SampledItem {
+                        item: item.clone(),
+                        table: self.name.clone(),
+                        priority: v.priority,
+                        times_sampled: v.times_sampled,
+                        probability: v.probability,
+                        table_size: v.table_size,
+                    }
+                })
+                .collect();
+            Draw::Items(items)
         };
         drop(guard);
-        if !info.is_empty() {
+        if n > 0 {
             self.changed.notify_waiters();
         }
-        Some(Batch { info, columns })
+        Some(draw)
     }
 
     /// Deletes `deletes`, then applies `updates`; keys not in the table are ignored. All
@@ -603,9 +629,11 @@ impl Table {
     /// stops logging).
     pub(crate) fn set_journal(&self, journal: Option<TableJournal>) {
         let mut st = self.state.lock();
-        if journal.is_some() {
-            st.rows = KeptRows::Not;
-        }
+        st.rows = match journal {
+            Some(_) => KeptRows::Not,
+            None if st.items.is_empty() => KeptRows::Undecided,
+            None => std::mem::replace(&mut st.rows, KeptRows::Not),
+        };
         st.journal = journal;
     }
 
@@ -821,27 +849,42 @@ impl State {
         Ok(())
     }
 
-    /// Keeps the rows of `item`, about to be added, if the table keeps rows (the first item
-    /// decides whether it does; it stops keeping them when one does not fit): its record.
+    /// The record of `item`, about to be added: the first item of an empty table decides
+    /// whether the table keeps rows, and takes the first record; the others' rows are read
+    /// when they are first drawn ([`State::read_rows`]), so that inserts do not pay for them.
     fn keep_rows(&mut self, item: &ItemData) -> u32 {
-        match &mut self.rows {
-            KeptRows::Undecided => {
-                let may = self.journal.is_none() && self.items.is_empty();
-                match may.then(|| Rows::new(item)).flatten() {
-                    Some(rows) => {
-                        self.rows = KeptRows::Kept(rows);
-                        return 0;
-                    }
-                    None => self.rows = KeptRows::Not,
+        if let KeptRows::Undecided = self.rows {
+            let may = self.journal.is_none() && self.items.is_empty();
+            match may.then(|| Rows::new(item)).flatten() {
+                Some(rows) => {
+                    self.rows = KeptRows::Kept(rows);
+                    return 0;
                 }
-            }
-            KeptRows::Kept(rows) => match rows.push(item) {
-                Some(record) => return record,
                 None => self.rows = KeptRows::Not,
-            },
-            KeptRows::Not => {}
+            }
         }
         NO_RECORD
+    }
+
+    /// Reads the rows of the items of `keys` not read yet into records; false (the table
+    /// then keeps no rows) when one does not fit the others.
+    fn read_rows(&mut self, keys: &[(u64, f64)]) -> bool {
+        let KeptRows::Kept(rows) = &mut self.rows else {
+            return false;
+        };
+        for (key, _) in keys {
+            let entry = self.items.get_mut(key).expect("selector and items agree");
+            if entry.record == NO_RECORD {
+                match rows.push(&entry.data) {
+                    Some(record) => entry.record = record,
+                    None => {
+                        self.rows = KeptRows::Not;
+                        return false;
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// Counts a draw of `key` (its times sampled, the table's unique samples): its item and

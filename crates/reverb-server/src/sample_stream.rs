@@ -15,7 +15,7 @@ use crate::shm::RingWriter;
 use crate::status::RATE_LIMITER_TIMEOUT;
 use crate::tables::Tables;
 use bytes::Bytes;
-use reverb_core::{SampledItem, Table, Waiter};
+use reverb_core::{Draw, SampledItem, Table, Waiter};
 use reverb_proto::gather::{gather, Batch, DecodedCache};
 use reverb_proto::held::HeldSample;
 use reverb_proto::sample_stream_response::SampleEntry;
@@ -229,8 +229,8 @@ async fn serve(
         )
         .await?;
         let batch = match drawn {
-            Drawn::Items(batch) => batch,
-            Drawn::Rows(batch) => {
+            Draw::Items(batch) => batch,
+            Draw::Rows(batch) => {
                 remaining -= batch.info.len();
                 let columnar = columns.as_deref_mut().expect("rows are drawn for columns");
                 let (response, sample_bytes) = as_columns(batch, ring);
@@ -255,24 +255,18 @@ async fn serve(
     Ok(())
 }
 
-/// A batch drawn from a table: its items, or their rows as columns.
-pub(crate) enum Drawn {
-    /// The items, held.
-    Items(Vec<SampledItem>),
-    /// The rows of the items as columns (see [`Table::try_sample_rows`]).
-    Rows(Batch),
-}
-
 /// Draws up to `max_items` items of `table` (about `max_bytes` of chunks at most), as rows
 /// when `rows` and the table keeps them; `None` when the rate limiter allows none.
-fn draw(table: &Table, max_items: usize, max_bytes: usize, rows: bool) -> Option<Drawn> {
-    if rows {
-        if let Some(batch) = table.try_sample_rows(max_items) {
-            return (!batch.info.is_empty()).then_some(Drawn::Rows(batch));
-        }
+fn draw(table: &Table, max_items: usize, max_bytes: usize, rows: bool) -> Option<Draw> {
+    let draw = match rows.then(|| table.try_sample_rows(max_items)).flatten() {
+        Some(draw) => draw,
+        None => Draw::Items(table.try_sample(max_items, max_bytes)),
+    };
+    match &draw {
+        Draw::Rows(batch) if batch.info.is_empty() => None,
+        Draw::Items(items) if items.is_empty() => None,
+        _ => Some(draw),
     }
-    let batch = table.try_sample(max_items, max_bytes);
-    (!batch.is_empty()).then_some(Drawn::Items(batch))
 }
 
 /// Samples a batch of up to `max_items` items of `table` (about `max_bytes` of chunks at
@@ -287,7 +281,7 @@ pub(crate) async fn sample_waiting(
     timeout: Option<Duration>,
     gone: impl std::future::Future<Output = ()>,
     is_gone: impl Fn() -> bool,
-) -> Result<Drawn, Option<Status>> {
+) -> Result<Draw, Option<Status>> {
     // Most calls find items: they register for the table's changes only once one did not.
     if is_gone() {
         return Err(None);

@@ -49,7 +49,7 @@ mod tests {
     use crate::tensor::{encode_chunk_with, encode_strings, Tensor, DT_STRING};
     use proptest::prelude::*;
     use reverb_core::chunk::{Chunk, ItemData};
-    use reverb_core::{RateLimiterConfig, SelectorKind, Table, TableConfig};
+    use reverb_core::{Draw, RateLimiterConfig, SelectorKind, Table, TableConfig};
     use reverb_proto::flat_trajectory::{ChunkSlice, Column};
     use reverb_proto::held::HeldSample;
     use reverb_proto::SampleBatch;
@@ -320,19 +320,29 @@ mod tests {
                     }
                     _ => {
                         let n = 1 + y.index(8);
-                        let batch = kept.try_sample_rows(n);
-                        if wide {
-                            prop_assert!(batch.is_none());
-                            continue;
-                        }
+                        let held = |items: Vec<reverb_core::SampledItem>| -> Vec<HeldSample> {
+                            items.into_iter().map(HeldSample::from).collect()
+                        };
+                        let got = match kept.try_sample_rows(n) {
+                            Some(Draw::Rows(batch)) => {
+                                prop_assert!(!batch.info.is_empty() || kept.size() == 0);
+                                Ok(Some(batch))
+                            }
+                            Some(Draw::Items(items)) => {
+                                prop_assert!(wide, "items only once a two-row item is held");
+                                reverb_proto::gather::gather(&held(items), &mut cache)
+                            }
+                            None => {
+                                let empty = kept.size() == 0;
+                                prop_assert!(wide || empty, "rows are kept while every item has one row");
+                                reverb_proto::gather::gather(&held(kept.try_sample(n, usize::MAX)), &mut cache)
+                            }
+                        };
                         if kept.size() == 0 {
                             continue;
                         }
-                        let batch = batch.expect("a table of one-row items keeps their rows");
-                        let held: Vec<HeldSample> =
-                            plain.try_sample(n, usize::MAX).into_iter().map(HeldSample::from).collect();
-                        let want = reverb_proto::gather::gather(&held, &mut cache).unwrap().unwrap();
-                        prop_assert_eq!(batch, want);
+                        let want = reverb_proto::gather::gather(&held(plain.try_sample(n, usize::MAX)), &mut cache);
+                        prop_assert_eq!(got, want);
                     }
                 }
             }

@@ -105,8 +105,9 @@ pub(crate) struct SampleStreamOptions {
     pub one_shot: bool,
     /// Open a new call even when one is kept open.
     pub fresh: bool,
-    /// Ask for batches as columns ([`crate::Sampled::Row`]; gRPC only: a server of this
-    /// process hands its items over in place).
+    /// Ask for batches as columns ([`crate::Sampled::Row`]): a gRPC server gathers them, a
+    /// server of this process hands over those of tables that keep their items' rows (and
+    /// the others' items in place).
     pub columnar: bool,
 }
 

@@ -7,9 +7,10 @@
 
 use crate::auth::TokenCheck;
 use crate::insert_stream::Inserter;
-use crate::sample_stream::{sample_waiting, Drawn, MAX_BATCH_ITEMS};
+use crate::sample_stream::{sample_waiting, MAX_BATCH_ITEMS};
 use crate::service::ReverbServiceImpl;
 use crate::tables::Tables;
+use reverb_core::Draw;
 use reverb_proto::held::HeldSample;
 use reverb_proto::inproc::{BoxFuture, InsertStream, SampledBatch, Service};
 use reverb_proto::{InsertStreamRequest, ServerInfoResponse};
@@ -110,8 +111,8 @@ impl Service for InProcServer {
             .await
             .map_err(|e| e.unwrap_or_else(stopped))?;
             let batch = match drawn {
-                Drawn::Rows(batch) => return Ok(SampledBatch::Columns(batch)),
-                Drawn::Items(batch) => batch,
+                Draw::Rows(batch) => return Ok(SampledBatch::Columns(batch)),
+                Draw::Items(batch) => batch,
             };
             let batch = self.service.tables().resident(&table, batch)?;
             Ok(SampledBatch::Held(
