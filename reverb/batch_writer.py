@@ -26,14 +26,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
-from reverb import errors
+from reverb.trajectory_writer import flush_on_exit
 
 if TYPE_CHECKING:
     from reverb import _native
     from reverb.client import Client
-
-# How long leaving a `with` block because of an exception waits for unconfirmed items.
-_FLUSH_ON_ERROR_TIMEOUT_MS = 10_000
 
 
 class BatchWriter:
@@ -117,15 +114,8 @@ class BatchWriter:
         # As the trajectory writer: flush unless a ReverbError is propagating (bounded while
         # another exception propagates; Ctrl-C and SystemExit skip it), then close.
         try:
-            if self._closed or (exc_type is not None and issubclass(exc_type, errors.ReverbError)):
-                return
-            if exc_type is None:
-                self.flush()
-            elif issubclass(exc_type, Exception):
-                try:
-                    self.flush(timeout_ms=_FLUSH_ON_ERROR_TIMEOUT_MS)
-                except Exception:  # noqa: BLE001 - a refusal (ValueError) too
-                    pass  # the original exception is the one to report
+            if not self._closed:
+                flush_on_exit(self.flush, exc_type)
         finally:
             self.close()
 

@@ -19,6 +19,20 @@ Path = Tuple[Any, ...]
 _FLUSH_ON_ERROR_TIMEOUT_MS = 10_000
 
 
+def flush_on_exit(flush: Any, exc_type: Any) -> None:
+    """What a writer's `__exit__` flushes: everything when no exception propagates; nothing
+    while a ReverbError propagates (as in the reference), or Ctrl-C / SystemExit; while
+    another exception propagates, what a bounded flush manages (it must not turn an error
+    into a hang), any error of it dropped: the propagating exception is the one to report."""
+    if exc_type is None:
+        flush()
+    elif issubclass(exc_type, Exception) and not issubclass(exc_type, errors.ReverbError):
+        try:
+            flush(timeout_ms=_FLUSH_ON_ERROR_TIMEOUT_MS)
+        except Exception:  # noqa: BLE001 - a refusal (ValueError, NotFoundError) too
+            pass
+
+
 # A column of an item: references to cells of one writer's history, optionally squeezed
 # (exactly one cell, no leading dimension): `TrajectoryColumn(data_references, *,
 # squeeze=False, path=None)`, made by indexing `writer.history`. `len`, iteration (cell
@@ -255,15 +269,8 @@ class TrajectoryWriter:
         # As in the reference: flush unless a ReverbError is propagating. While another
         # exception propagates the flush is bounded (it must not turn an error into a hang),
         # and Ctrl-C / SystemExit skip it.
-        if self._closed or (exc_type is not None and issubclass(exc_type, errors.ReverbError)):
-            return
-        if exc_type is None:
-            self.flush()
-        elif issubclass(exc_type, Exception):
-            try:
-                self.flush(timeout_ms=_FLUSH_ON_ERROR_TIMEOUT_MS)
-            except errors.ReverbError:
-                pass  # the original exception is the one to report
+        if not self._closed:
+            flush_on_exit(self.flush, exc_type)
 
     def __del__(self) -> None:
         try:

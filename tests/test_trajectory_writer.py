@@ -720,3 +720,22 @@ def test_an_explicit_chunk_length_is_kept_by_slow_writers(served) -> None:
     writer.flush(timeout_ms=TMS)
     assert client.server_info(timeout=T)["a"].current_size == 1
     writer.close()
+
+
+def test_leaving_with_an_exception_reports_it_not_a_refusal_of_the_flush(make_server) -> None:
+    """An exception leaving a `with` block is the one raised, though the bounded flush on the
+    way out is refused (a priority the prioritized table does not take); the items before the
+    refused one are stored."""
+    table = reverb.Table(
+        "p", selectors.Prioritized(0.8), selectors.Fifo(), 10, rate_limiters.MinSize(1)
+    )
+    client = make_server([table]).localhost_client()
+    with pytest.raises(RuntimeError, match="the caller's"):
+        with client.trajectory_writer(1) as writer:
+            writer.append({"x": np.int32(1)})
+            writer.create_item("p", 1.0, {"x": writer.history["x"][-1]})
+            writer.flush()
+            writer.append({"x": np.int32(2)})
+            writer.create_item("p", -1.0, {"x": writer.history["x"][-1]})
+            raise RuntimeError("the caller's")
+    assert client.server_info(timeout=T)["p"].current_size == 1
