@@ -75,7 +75,9 @@ class Shards:
     @staticmethod
     def _link(i: int, mbit: float) -> None:
         ns, host, peer = f"rvbbench{i}", f"rvbh{i}", f"rvbn{i}"
+        # (What a run killed midway left: its namespace, and a host end not yet paired.)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", host], capture_output=True)
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer)
         sh("ip", "link", "set", peer, "netns", ns)
