@@ -49,12 +49,7 @@ fn main() {
         remover: SelectorKind::Fifo,
         max_size: n as i64,
         max_times_sampled: 0,
-        rate_limiter: RateLimiterConfig {
-            samples_per_insert: 1.0,
-            min_size_to_sample: 1,
-            min_diff: -f64::MAX,
-            max_diff: f64::MAX,
-        },
+        rate_limiter: RateLimiterConfig::min_size(1),
         signature: None,
     })
     .expect("valid table");

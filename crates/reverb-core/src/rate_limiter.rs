@@ -18,6 +18,17 @@ pub struct RateLimiterConfig {
 }
 
 impl RateLimiterConfig {
+    /// The reference's `MinSize`: samples once the table holds `min_size` items, inserts
+    /// always.
+    pub fn min_size(min_size: i64) -> Self {
+        Self {
+            samples_per_insert: 1.0,
+            min_size_to_sample: min_size,
+            min_diff: -f64::MAX,
+            max_diff: f64::MAX,
+        }
+    }
+
     /// Checks the settings the reference checks (`min_size_to_sample > 0`, `samples_per_insert > 0`).
     pub fn validate(&self) -> Result<()> {
         if self.min_size_to_sample < 1 {

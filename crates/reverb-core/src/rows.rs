@@ -24,8 +24,8 @@ const MAX_DECODED: usize = 64 << 10;
 const BLOCK: usize = 1 << 14;
 
 /// The rows of a table's items: one record per item holding its row of each column in turn
-/// (a record is a line or two of memory: inserting, evicting or drawing an item touches that,
-/// not a line per column). An item keeps its record while held; the records of removed items
+/// (a record is a line or two of memory: drawing an item touches that, not a line per
+/// column). An item keeps its record while held; the records of removed items
 /// are used again, most recently freed first (a FIFO table writes its records in turn).
 pub(crate) struct Rows {
     columns: Vec<RowColumn>,

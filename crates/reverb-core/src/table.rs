@@ -91,7 +91,7 @@ pub enum Draw {
     /// The items, held.
     Items(Vec<SampledItem>),
     /// The items' rows as columns (see [`Table::try_sample_rows`]).
-    Rows(Batch),
+    Columns(Batch),
 }
 
 /// A [`SampledItem`]'s values other than the item and its table, as drawn.
@@ -450,15 +450,7 @@ impl Table {
         if max == 0 && max_bytes == usize::MAX && !st.sampler.is_empty() {
             // Nothing changes the table between draws: as many as the rate limiter allows
             // are drawn together (the selector's descents overlap), then counted.
-            // (`can_sample(n)`: whether n more samples may be drawn, as n single checks
-            // with a sample counted after each.)
-            let mut n = 0;
-            while n < max_items && st.limiter.can_sample(n as i64 + 1) {
-                n += 1;
-            }
-            let mut keys = Vec::with_capacity(n);
-            st.sampler.sample_many(&mut st.rng, n, &mut keys);
-            debug_assert_eq!(keys.len(), n, "a selector with keys always draws");
+            let keys = st.draw_allowed(max_items);
             for (key, probability) in keys {
                 st.limiter.sample();
                 let (item, values) = st.count_draw(key, probability);
@@ -485,16 +477,12 @@ impl Table {
         }
         let out: Vec<SampledItem> = drawn
             .into_iter()
-            .map(|(key, item, v)| SampledItem {
-                item: item.unwrap_or_else(|| {
+            .map(|(key, item, v)| {
+                let item = item.unwrap_or_else(|| {
                     let entry = st.items.get(&key).expect("drawn above");
                     entry.data.clone()
-                }),
-                table: self.name.clone(),
-                priority: v.priority,
-                times_sampled: v.times_sampled,
-                probability: v.probability,
-                table_size: v.table_size,
+                });
+                self.sampled(item, v)
             })
             .collect();
         drop(guard);
@@ -502,6 +490,18 @@ impl Table {
             self.changed.notify_waiters();
         }
         out
+    }
+
+    /// The sample of `item`, drawn from this table with `values`.
+    fn sampled(&self, item: Arc<ItemData>, values: Drawn) -> SampledItem {
+        SampledItem {
+            item,
+            table: self.name.clone(),
+            priority: values.priority,
+            times_sampled: values.times_sampled,
+            probability: values.probability,
+            table_size: values.table_size,
+        }
     }
 
     /// Samples as [`Table::try_sample`] does without a byte limit (the same draws, counts
@@ -520,12 +520,8 @@ impl Table {
         if !matches!(st.rows, KeptRows::Kept(_)) {
             return None;
         }
-        let mut n = 0;
-        while n < max_items && st.limiter.can_sample(n as i64 + 1) {
-            n += 1;
-        }
-        let mut keys = Vec::with_capacity(n);
-        st.sampler.sample_many(&mut st.rng, n, &mut keys);
+        let keys = st.draw_allowed(max_items);
+        let n = keys.len();
         let draw = if st.read_rows(&keys) {
             let mut info = Vec::with_capacity(keys.len());
             let mut records = Vec::with_capacity(keys.len());
@@ -545,21 +541,14 @@ impl Table {
                 KeptRows::Kept(rows) if !info.is_empty() => rows.gather(&records),
                 _ => Vec::new(),
             };
-            Draw::Rows(Batch { info, columns })
+            Draw::Columns(Batch { info, columns })
         } else {
             let items = keys
                 .into_iter()
                 .map(|(key, probability)| {
                     st.limiter.sample();
                     let (item, v) = st.count_draw(key, probability);
-                    SampledItem {
-                        item: item.clone(),
-                        table: self.name.clone(),
-                        priority: v.priority,
-                        times_sampled: v.times_sampled,
-                        probability: v.probability,
-                        table_size: v.table_size,
-                    }
+                    self.sampled(item.clone(), v)
                 })
                 .collect();
             Draw::Items(items)
@@ -847,6 +836,23 @@ impl State {
             },
         );
         Ok(())
+    }
+
+    /// Draws as many keys as the rate limiter allows, up to `max_items`, together (the
+    /// selector's descents overlap); nothing is counted yet. (`can_sample(n)`: whether n more
+    /// samples may be drawn, as n single checks with a sample counted after each.)
+    fn draw_allowed(&mut self, max_items: usize) -> Vec<(u64, f64)> {
+        let mut n = 0;
+        while n < max_items && self.limiter.can_sample(n as i64 + 1) {
+            n += 1;
+        }
+        let mut keys = Vec::with_capacity(n);
+        self.sampler.sample_many(&mut self.rng, n, &mut keys);
+        debug_assert!(
+            keys.len() == n || self.sampler.is_empty(),
+            "a selector with keys always draws"
+        );
+        keys
     }
 
     /// The record of `item`, about to be added: the first item of an empty table decides

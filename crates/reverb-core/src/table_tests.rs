@@ -6,12 +6,7 @@ use reverb_proto::{flat_trajectory, ChunkData, FlatTrajectory, SequenceRange};
 use std::sync::{Arc, Weak};
 
 fn limiter(min_size: i64) -> RateLimiterConfig {
-    RateLimiterConfig {
-        samples_per_insert: 1.0,
-        min_size_to_sample: min_size,
-        min_diff: -f64::MAX,
-        max_diff: f64::MAX,
-    }
+    RateLimiterConfig::min_size(min_size)
 }
 
 fn config(sampler: SelectorKind, remover: SelectorKind, max_size: i64) -> TableConfig {

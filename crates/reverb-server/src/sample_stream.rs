@@ -230,7 +230,7 @@ async fn serve(
         .await?;
         let batch = match drawn {
             Draw::Items(batch) => batch,
-            Draw::Rows(batch) => {
+            Draw::Columns(batch) => {
                 remaining -= batch.info.len();
                 let columnar = columns.as_deref_mut().expect("rows are drawn for columns");
                 let (response, sample_bytes) = as_columns(batch, ring);
@@ -263,7 +263,7 @@ fn draw(table: &Table, max_items: usize, max_bytes: usize, rows: bool) -> Option
         None => Draw::Items(table.try_sample(max_items, max_bytes)),
     };
     match &draw {
-        Draw::Rows(batch) if batch.info.is_empty() => None,
+        Draw::Columns(batch) if batch.info.is_empty() => None,
         Draw::Items(items) if items.is_empty() => None,
         _ => Some(draw),
     }

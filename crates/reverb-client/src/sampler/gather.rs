@@ -254,12 +254,7 @@ mod tests {
             remover: SelectorKind::Fifo,
             max_size: 12,
             max_times_sampled: 0,
-            rate_limiter: RateLimiterConfig {
-                samples_per_insert: 1.0,
-                min_size_to_sample: 1,
-                min_diff: -f64::MAX,
-                max_diff: f64::MAX,
-            },
+            rate_limiter: RateLimiterConfig::min_size(1),
             signature: None,
         };
         Table::with_seed(config, 7).unwrap()
@@ -324,7 +319,7 @@ mod tests {
                             items.into_iter().map(HeldSample::from).collect()
                         };
                         let got = match kept.try_sample_rows(n) {
-                            Some(Draw::Rows(batch)) => {
+                            Some(Draw::Columns(batch)) => {
                                 prop_assert!(!batch.info.is_empty() || kept.size() == 0);
                                 Ok(Some(batch))
                             }

@@ -111,7 +111,7 @@ impl Service for InProcServer {
             .await
             .map_err(|e| e.unwrap_or_else(stopped))?;
             let batch = match drawn {
-                Draw::Rows(batch) => return Ok(SampledBatch::Columns(batch)),
+                Draw::Columns(batch) => return Ok(SampledBatch::Columns(batch)),
                 Draw::Items(batch) => batch,
             };
             let batch = self.service.tables().resident(&table, batch)?;

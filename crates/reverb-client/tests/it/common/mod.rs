@@ -56,12 +56,7 @@ fn fifo_removed(
             remover: SelectorKind::Fifo,
             max_size,
             max_times_sampled,
-            rate_limiter: RateLimiterConfig {
-                samples_per_insert: 1.0,
-                min_size_to_sample: 1,
-                min_diff: -f64::MAX,
-                max_diff: f64::MAX,
-            },
+            rate_limiter: RateLimiterConfig::min_size(1),
             signature: None,
         })
         .unwrap(),

@@ -113,12 +113,7 @@ pub async fn serve(tables: Vec<Arc<Table>>) -> (Stub, Connector) {
 /// A rate limiter that lets samples go ahead once the table holds `min_size` items and never
 /// blocks inserts (the reference's `MinSize`).
 pub fn min_size(min_size: i64) -> RateLimiterConfig {
-    RateLimiterConfig {
-        samples_per_insert: 1.0,
-        min_size_to_sample: min_size,
-        min_diff: -f64::MAX,
-        max_diff: f64::MAX,
-    }
+    RateLimiterConfig::min_size(min_size)
 }
 
 /// The reference's `Queue(size)` rate limiter: samples wait for an insert, inserts wait
